@@ -1,0 +1,215 @@
+//! Constants (weights): dtype, shape, content hash, and storage that is either inline bytes or a
+//! slice of a memory-mapped external data file. Bytes are never copied needlessly: inline data
+//! is a [`bytes::Bytes`] that may itself point into the memory-mapped model file.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use memmap2::Mmap;
+
+use crate::arena::entity;
+use crate::dtype::DType;
+
+entity!(
+    /// A constant tensor in [`crate::Module::consts`].
+    Const,
+    "$"
+);
+
+/// A file of external tensor data, memory-mapped once and shared by every constant in it.
+#[derive(Debug)]
+pub struct ExternalFile {
+    /// Absolute or working-directory-relative path of the file.
+    pub path: PathBuf,
+    /// The location string as the model wrote it (relative to the model's directory).
+    pub location: String,
+    file: File,
+    map: Mmap,
+}
+
+impl ExternalFile {
+    /// Opens and maps `path`. `location` is the name recorded in the model.
+    pub fn open(path: &Path, location: &str) -> std::io::Result<ExternalFile> {
+        let file = File::open(path)?;
+        // SAFETY: the map is read-only; we document that external data files must not be modified
+        // while a module that maps them is alive (the same contract as ONNX Runtime's mmap loader).
+        let map = unsafe { Mmap::map(&file)? };
+        Ok(ExternalFile {
+            path: path.to_owned(),
+            location: location.to_owned(),
+            file,
+            map,
+        })
+    }
+
+    /// File size in bytes.
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The open file, for positional reads that do not fault pages into the map.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The mapped bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+/// Where a constant's bytes live.
+#[derive(Clone, Debug)]
+pub enum Storage {
+    /// Little-endian packed elements (sub-byte types packed low nibble first).
+    Inline(Bytes),
+    /// String tensor elements.
+    Strings(Vec<Bytes>),
+    /// The bytes are not available: the constant was parsed from `.mmir` text that elides
+    /// weights. Only its dtype, shape and content hash are known.
+    Absent,
+    /// A byte range of an external data file.
+    External {
+        /// The mapped file.
+        file: Arc<ExternalFile>,
+        /// Byte offset of the first element.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+}
+
+/// A constant tensor.
+#[derive(Debug)]
+pub struct ConstData {
+    /// Source name (initializer name), if any. Not necessarily unique across graphs.
+    pub name: Option<String>,
+    /// Element type.
+    pub dtype: DType,
+    /// Static shape (constants never have symbolic dims).
+    pub shape: Vec<i64>,
+    /// The bytes.
+    pub storage: Storage,
+    hash: OnceLock<u64>,
+}
+
+impl Clone for ConstData {
+    fn clone(&self) -> Self {
+        let hash = OnceLock::new();
+        if let Some(h) = self.hash.get() {
+            let _ = hash.set(*h);
+        }
+        ConstData {
+            name: self.name.clone(),
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            storage: self.storage.clone(),
+            hash,
+        }
+    }
+}
+
+impl PartialEq for ConstData {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.dtype == other.dtype
+            && self.shape == other.shape
+            && self.content_hash() == other.content_hash()
+    }
+}
+
+impl ConstData {
+    /// A constant with the given storage; the content hash is computed on first use.
+    pub fn new(name: Option<String>, dtype: DType, shape: Vec<i64>, storage: Storage) -> Self {
+        ConstData {
+            name,
+            dtype,
+            shape,
+            storage,
+            hash: OnceLock::new(),
+        }
+    }
+
+    /// A constant whose content hash is already known (for example parsed from `.mmir` text).
+    pub fn with_hash(mut self, hash: u64) -> Self {
+        self.hash = OnceLock::from(hash);
+        self
+    }
+
+    /// Number of elements.
+    pub fn num_elements(&self) -> usize {
+        self.shape.iter().map(|&d| d.max(0) as usize).product()
+    }
+
+    /// Size of the stored data in bytes (string tensors: sum of element lengths).
+    pub fn byte_len(&self) -> u64 {
+        match &self.storage {
+            Storage::Inline(b) => b.len() as u64,
+            Storage::Strings(v) => v.iter().map(|s| s.len() as u64).sum(),
+            Storage::Absent => 0,
+            Storage::External { len, .. } => *len,
+        }
+    }
+
+    /// The raw bytes, when the constant is not a string tensor. External data is read through
+    /// the memory map, lazily, page by page.
+    pub fn raw_bytes(&self) -> Option<&[u8]> {
+        match &self.storage {
+            Storage::Inline(b) => Some(b),
+            Storage::Strings(_) | Storage::Absent => None,
+            Storage::External { file, offset, len } => file
+                .bytes()
+                .get(*offset as usize..(*offset + *len) as usize),
+        }
+    }
+
+    /// A 48-bit content hash (xxh3 of dtype, shape and bytes), computed once. External data is
+    /// hashed with positional reads so hashing does not keep the file resident.
+    pub fn content_hash(&self) -> u64 {
+        *self.hash.get_or_init(|| {
+            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            h.update(&self.dtype.onnx_code().to_le_bytes());
+            for d in &self.shape {
+                h.update(&d.to_le_bytes());
+            }
+            match &self.storage {
+                Storage::Inline(b) => h.update(b),
+                Storage::Absent => h.update(b"<absent>"),
+                Storage::Strings(v) => {
+                    for s in v {
+                        h.update(&(s.len() as u64).to_le_bytes());
+                        h.update(s);
+                    }
+                }
+                Storage::External { file, offset, len } => {
+                    let mut buf = vec![0u8; 1 << 20];
+                    let mut pos = *offset;
+                    let end = offset + len;
+                    while pos < end {
+                        let n = ((end - pos) as usize).min(buf.len());
+                        if file.file().read_exact_at(&mut buf[..n], pos).is_err() {
+                            h.update(b"<unreadable>");
+                            break;
+                        }
+                        h.update(&buf[..n]);
+                        pos += n as u64;
+                    }
+                }
+            }
+            h.digest() >> 16
+        })
+    }
+
+    /// The hash as printed in `.mmir` (12 hex digits).
+    pub fn short_hash(&self) -> String {
+        format!("{:012x}", self.content_hash())
+    }
+}

@@ -1,0 +1,944 @@
+#!/usr/bin/env python3
+"""Generate the ONNX test fixtures under tests/fixtures/.
+
+Every fixture is a small model with a real architecture (built from a
+``transformers`` config class or plain ``torch.nn`` modules) and randomly
+initialised weights drawn from fixed seeds, exported to ONNX, together with:
+
+* ``inputs.npz``  -- one array per ONNX graph input, keyed by the exact input name;
+* ``outputs.npz`` -- one array per ONNX graph output, keyed by the exact output
+  name, computed by ONNX Runtime (CPUExecutionProvider) on the exported model
+  fed with ``inputs.npz``.
+
+Nothing is downloaded: configurations are written out here and weights are
+random.  Run through ``tools/gen_fixtures.sh`` so that the pinned versions in
+``tools/requirements-fixtures.txt`` are used.
+
+Usage::
+
+    tools/gen_fixtures.sh                     # regenerate every fixture
+    tools/gen_fixtures.sh --only clip         # regenerate one fixture
+    tools/gen_fixtures.sh --big-llama DIR     # large LLaMA with external data
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import sys
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.export import Dim  # noqa: E402
+
+import transformers  # noqa: E402
+from transformers import (  # noqa: E402
+    CLIPConfig,
+    CLIPModel,
+    CLIPVisionConfig,
+    CLIPVisionModel,
+    DynamicCache,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaModel,
+    ViTConfig,
+    ViTModel,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FIXTURES_DIR = REPO_ROOT / "tests" / "fixtures"
+
+# Opset used with the TorchScript exporter (dynamo=False).  The dynamo
+# exporter keeps its own default opset.
+TORCHSCRIPT_OPSET = 17
+
+# Attention is exported with the plain "eager" implementation so that the
+# graphs contain MatMul/Softmax attention rather than fused kernels.
+ATTN_IMPL = "eager"
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> np.random.Generator:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    return np.random.default_rng(seed)
+
+
+def set_attn_impl(config) -> None:
+    """Select the eager attention implementation on a config and its sub-configs."""
+    try:
+        config._attn_implementation = ATTN_IMPL
+    except Exception:  # pragma: no cover - depends on transformers version
+        pass
+    for key in ("text_config", "vision_config"):
+        sub = getattr(config, key, None)
+        if sub is not None:
+            set_attn_impl(sub)
+
+
+def to_tuple(out) -> tuple:
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    return tuple(out)
+
+
+def export_model(
+    model: nn.Module,
+    args: tuple,
+    path: Path,
+    input_names: list[str],
+    output_names: list[str],
+    dynamic_shapes=None,
+    dynamic_axes=None,
+    prefer_dynamo: bool = True,
+    external_data: bool = False,
+    torchscript_kwargs: dict | None = None,
+) -> str:
+    """Export ``model`` to ``path``; returns a description of the exporter used.
+
+    The dynamo exporter is tried first (when ``prefer_dynamo``), with
+    ``dynamic_shapes`` built from named ``torch.export.Dim`` objects.  If it
+    fails, the TorchScript exporter is used with ``dynamic_axes``.
+    """
+    model.eval()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    errors = []
+    if prefer_dynamo:
+        try:
+            with torch.no_grad():
+                program = torch.onnx.export(
+                    model,
+                    args,
+                    dynamo=True,
+                    dynamic_shapes=dynamic_shapes,
+                    input_names=input_names,
+                    output_names=output_names,
+                    external_data=external_data,
+                    optimize=True,
+                    verbose=False,
+                )
+            proto = program.model_proto
+            save_proto(proto, path, external_data)
+            return f"dynamo (opset {opset_of(proto)})"
+        except Exception as exc:  # fall back below
+            errors.append(exc)
+            print(f"  dynamo export failed ({type(exc).__name__}: {str(exc)[:300]}); "
+                  "falling back to TorchScript exporter", file=sys.stderr)
+            if os.environ.get("GEN_FIXTURES_DEBUG"):
+                traceback.print_exc()
+    if dynamic_axes is None:
+        raise RuntimeError(f"no dynamic_axes for TorchScript fallback: {errors}")
+    kwargs = dict(
+        opset_version=TORCHSCRIPT_OPSET,
+        input_names=input_names,
+        output_names=output_names,
+        dynamic_axes=dynamic_axes,
+        dynamo=False,
+    )
+    kwargs.update(torchscript_kwargs or {})
+    tmp = path.with_suffix(".tmp.onnx")
+    with torch.no_grad():
+        torch.onnx.export(model, args, str(tmp), **kwargs)
+    proto = onnx.load(str(tmp), load_external_data=True)
+    tmp.unlink()
+    for p in tmp.parent.glob(tmp.name + "*"):
+        p.unlink()
+    save_proto(proto, path, external_data)
+    return f"torchscript (opset {opset_of(proto)})"
+
+
+def save_proto(proto: onnx.ModelProto, path: Path, external_data: bool) -> None:
+    if external_data:
+        location = path.name + ".data"
+        data_path = path.parent / location
+        if data_path.exists():
+            data_path.unlink()
+        onnx.save_model(
+            proto,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=location,
+            size_threshold=1024,
+        )
+    else:
+        onnx.save_model(proto, str(path))
+
+
+def opset_of(proto: onnx.ModelProto) -> int:
+    for imp in proto.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return -1
+
+
+def check_onnx(path: Path) -> onnx.ModelProto:
+    """Run the full ONNX checker and strict shape inference (checking only)."""
+    onnx.checker.check_model(str(path), full_check=True)
+    proto = onnx.load(str(path), load_external_data=False)
+    onnx.shape_inference.infer_shapes_path(str(path), str(path) + ".inferred.tmp",
+                                           check_type=True, strict_mode=True)
+    os.unlink(str(path) + ".inferred.tmp")
+    return proto
+
+
+def run_ort(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    graph_inputs = [i.name for i in sess.get_inputs()]
+    missing = set(graph_inputs) - set(feeds)
+    extra = set(feeds) - set(graph_inputs)
+    if missing or extra:
+        raise RuntimeError(f"{path.name}: input mismatch, missing={missing} extra={extra}")
+    names = [o.name for o in sess.get_outputs()]
+    values = sess.run(names, {k: feeds[k] for k in graph_inputs})
+    return dict(zip(names, values))
+
+
+def compare(name: str, ort_out: dict[str, np.ndarray], torch_out: tuple, output_names) -> None:
+    for key, ref in zip(output_names, torch_out):
+        got = ort_out[key]
+        ref = ref.detach().cpu().numpy()
+        if got.shape != ref.shape:
+            raise RuntimeError(f"{name}: output {key} shape {got.shape} != torch {ref.shape}")
+        diff = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)))) if got.size else 0.0
+        if diff > 1e-3:
+            raise RuntimeError(f"{name}: output {key} differs from torch by {diff}")
+
+
+def shape_str(vi: onnx.ValueInfoProto) -> str:
+    t = vi.type.tensor_type
+    elem = onnx.TensorProto.DataType.Name(t.elem_type).lower()
+    if not t.HasField("shape"):
+        return f"{elem}[?]"
+    dims = []
+    for d in t.shape.dim:
+        if d.HasField("dim_param"):
+            dims.append(repr(d.dim_param))
+        elif d.HasField("dim_value"):
+            dims.append(str(d.dim_value))
+        else:
+            dims.append("?")
+    return f"{elem}[{', '.join(dims)}]"
+
+
+def summarize(path: Path, proto: onnx.ModelProto, exporter: str) -> None:
+    ops = collections.Counter(
+        (n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}")
+        for n in proto.graph.node
+    )
+    size = path.stat().st_size
+    data = path.parent / (path.name + ".data")
+    extra = f" + {data.stat().st_size / 2**20:.1f} MiB external data" if data.exists() else ""
+    print(f"  {path.relative_to(path.parent.parent)}: {size / 2**10:.1f} KiB{extra}, "
+          f"{exporter}, {len(proto.graph.node)} nodes")
+    print("    ops: " + ", ".join(f"{k}={v}" for k, v in ops.most_common()))
+    for vi in proto.graph.input:
+        print(f"    in  {vi.name}: {shape_str(vi)}")
+    for vi in proto.graph.output:
+        print(f"    out {vi.name}: {shape_str(vi)}")
+    params = sorted({d.dim_param for vi in list(proto.graph.value_info) + list(proto.graph.output)
+                     + list(proto.graph.input)
+                     for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")})
+    print("    dim_params: " + ", ".join(repr(p) for p in params))
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    # np.savez_compressed stores keys verbatim (dots and slashes included).
+    np.savez_compressed(str(path), **arrays)
+
+
+def finish(
+    name: str,
+    out_dir: Path,
+    model_path: Path,
+    exporter: str,
+    feeds: dict[str, np.ndarray],
+    torch_out: tuple | None,
+    output_names: list[str],
+) -> dict[str, np.ndarray]:
+    proto = check_onnx(model_path)
+    outs = run_ort(model_path, feeds)
+    if torch_out is not None:
+        compare(name, outs, torch_out, output_names)
+    summarize(model_path, proto, exporter)
+    return outs
+
+
+def fresh_dir(out_root: Path, name: str) -> Path:
+    d = out_root / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    return d
+
+
+# --------------------------------------------------------------------------
+# KV-cache wrappers
+# --------------------------------------------------------------------------
+
+
+def build_cache(config, flat_past: tuple) -> DynamicCache:
+    """Build a DynamicCache from (key0, value0, key1, value1, ...)."""
+    cache = DynamicCache(config=config)
+    for layer in range(len(flat_past) // 2):
+        cache.update(flat_past[2 * layer], flat_past[2 * layer + 1], layer)
+    return cache
+
+
+def flatten_cache(cache) -> tuple:
+    flat = []
+    if hasattr(cache, "layers"):
+        for layer in cache.layers:
+            flat += [layer.keys, layer.values]
+    else:  # older cache layout
+        for k, v in zip(cache.key_cache, cache.value_cache):
+            flat += [k, v]
+    return tuple(flat)
+
+
+class CausalLMWithPast(nn.Module):
+    """Flat-tensor wrapper: (input_ids, attention_mask, [position_ids], k0, v0, ...)
+    -> (logits, present k0, present v0, ...)."""
+
+    def __init__(self, model: nn.Module, with_position_ids: bool):
+        super().__init__()
+        self.model = model
+        self.with_position_ids = with_position_ids
+
+    def forward(self, input_ids, attention_mask, *rest):
+        if self.with_position_ids:
+            position_ids, past = rest[0], rest[1:]
+        else:
+            position_ids, past = None, rest
+        cache = build_cache(self.model.config, past)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            return_dict=True,
+        )
+        return (out.logits,) + flatten_cache(out.past_key_values)
+
+
+def kv_names(n_layers: int) -> tuple[list[str], list[str]]:
+    past, present = [], []
+    for i in range(n_layers):
+        past += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        present += [f"present.{i}.key", f"present.{i}.value"]
+    return past, present
+
+
+def export_causal_lm_with_past(
+    name: str,
+    out_dir: Path,
+    model: nn.Module,
+    n_layers: int,
+    n_kv_heads: int,
+    head_dim: int,
+    vocab: int,
+    with_position_ids: bool,
+    rng: np.random.Generator,
+    external_data: bool = False,
+    batch: int = 2,
+    seq: int = 3,
+    past_seq: int = 5,
+) -> None:
+    wrapper = CausalLMWithPast(model, with_position_ids).eval()
+    total = past_seq + seq
+    input_ids = torch.from_numpy(rng.integers(0, vocab, size=(batch, seq), dtype=np.int64))
+    # left padding on the second row: its first past position is masked out
+    attention_mask = torch.ones(batch, total, dtype=torch.int64)
+    attention_mask[1, 0] = 0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past_seq:].contiguous()
+    past = []
+    for _ in range(n_layers):
+        for _kv in range(2):
+            past.append(torch.from_numpy(
+                rng.standard_normal((batch, n_kv_heads, past_seq, head_dim)).astype(np.float32)))
+    past_names, present_names = kv_names(n_layers)
+
+    args = [input_ids, attention_mask]
+    input_names = ["input_ids", "attention_mask"]
+    if with_position_ids:
+        args.append(position_ids)
+        input_names.append("position_ids")
+    args += past
+    input_names += past_names
+    output_names = ["logits"] + present_names
+
+    b, s, p = Dim("batch", min=1, max=64), Dim("seq", min=1, max=1024), Dim("past_seq", min=1, max=1024)
+    t = Dim("total_seq", min=2, max=2048)
+    dyn = [{0: b, 1: s}, {0: b, 1: t}]
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total_seq"},
+            "logits": {0: "batch", 1: "seq"}}
+    if with_position_ids:
+        dyn.append({0: b, 1: s})
+        axes["position_ids"] = {0: "batch", 1: "seq"}
+    dyn += [{0: b, 2: p}] * len(past)
+    for n in past_names:
+        axes[n] = {0: "batch", 2: "past_seq"}
+    for n in present_names:
+        axes[n] = {0: "batch", 2: "total_seq"}
+
+    with torch.no_grad():
+        ref = to_tuple(wrapper(*args))
+    path = out_dir / "model.onnx"
+    exporter = export_model(wrapper, tuple(args), path, input_names, output_names,
+                            dynamic_shapes=tuple(dyn), dynamic_axes=axes,
+                            external_data=external_data)
+    feeds = {n: a.numpy() for n, a in zip(input_names, args)}
+    outs = finish(name, out_dir, path, exporter, feeds, ref, output_names)
+    save_npz(out_dir / "inputs.npz", feeds)
+    save_npz(out_dir / "outputs.npz", outs)
+
+
+# --------------------------------------------------------------------------
+# fixtures
+# --------------------------------------------------------------------------
+
+
+def tiny_vit_config(**kw) -> ViTConfig:
+    cfg = ViTConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        image_size=32,
+        patch_size=8,
+        num_channels=3,
+        **kw,
+    )
+    set_attn_impl(cfg)
+    return cfg
+
+
+class ViTWrapper(nn.Module):
+    def __init__(self, model: ViTModel, interpolate: bool):
+        super().__init__()
+        self.model = model
+        self.interpolate = interpolate
+
+    def forward(self, pixel_values):
+        out = self.model(pixel_values=pixel_values, interpolate_pos_encoding=self.interpolate,
+                         return_dict=True)
+        return out.last_hidden_state, out.pooler_output
+
+
+def gen_vit(out_root: Path) -> None:
+    name = "vit"
+    rng = seed_everything(1)
+    out_dir = fresh_dir(out_root, name)
+    model = ViTWrapper(ViTModel(tiny_vit_config()), interpolate=False).eval()
+    pixel_values = torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
+    input_names = ["pixel_values"]
+    output_names = ["last_hidden_state", "pooler_output"]
+    with torch.no_grad():
+        ref = model(pixel_values)
+    path = out_dir / "model.onnx"
+    exporter = export_model(
+        model, (pixel_values,), path, input_names, output_names,
+        dynamic_shapes=({0: Dim("batch", min=1, max=64)},),
+        dynamic_axes={"pixel_values": {0: "batch"}, "last_hidden_state": {0: "batch"},
+                      "pooler_output": {0: "batch"}},
+    )
+    feeds = {"pixel_values": pixel_values.numpy()}
+    outs = finish(name, out_dir, path, exporter, feeds, ref, output_names)
+    save_npz(out_dir / "inputs.npz", feeds)
+    save_npz(out_dir / "outputs.npz", outs)
+
+
+def gen_vit_dynamic(out_root: Path) -> None:
+    name = "vit_dynamic"
+    rng = seed_everything(2)
+    out_dir = fresh_dir(out_root, name)
+    model = ViTWrapper(ViTModel(tiny_vit_config()), interpolate=True).eval()
+    # 48x40 image: 6x5 patches (the position table was built for 4x4)
+    pixel_values = torch.from_numpy(rng.standard_normal((2, 3, 48, 40)).astype(np.float32))
+    input_names = ["pixel_values"]
+    output_names = ["last_hidden_state", "pooler_output"]
+    with torch.no_grad():
+        ref = model(pixel_values)
+    path = out_dir / "model.onnx"
+    exporter = export_model(
+        model, (pixel_values,), path, input_names, output_names,
+        dynamic_shapes=({0: Dim("batch", min=1, max=64),
+                         2: Dim("height", min=16, max=512),
+                         3: Dim("width", min=16, max=512)},),
+        dynamic_axes={"pixel_values": {0: "batch", 2: "height", 3: "width"},
+                      "last_hidden_state": {0: "batch", 1: "seq"},
+                      "pooler_output": {0: "batch"}},
+    )
+    feeds = {"pixel_values": pixel_values.numpy()}
+    outs = finish(name, out_dir, path, exporter, feeds, ref, output_names)
+    save_npz(out_dir / "inputs.npz", feeds)
+    save_npz(out_dir / "outputs.npz", outs)
+
+
+class CLIPWrapper(nn.Module):
+    def __init__(self, model: CLIPModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, pixel_values):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         pixel_values=pixel_values, return_dict=True)
+        return out.logits_per_image, out.text_embeds, out.image_embeds
+
+
+CLIP_EOS = 255
+
+
+def tiny_clip_vision_config() -> CLIPVisionConfig:
+    return CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+        num_channels=3,
+        projection_dim=32,
+    )
+
+
+def gen_clip(out_root: Path) -> None:
+    name = "clip"
+    rng = seed_everything(3)
+    out_dir = fresh_dir(out_root, name)
+    text_cfg = dict(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+        projection_dim=32,
+        bos_token_id=254,
+        eos_token_id=CLIP_EOS,
+        pad_token_id=0,
+    )
+    cfg = CLIPConfig(text_config=text_cfg, vision_config=tiny_clip_vision_config().to_dict(),
+                     projection_dim=32)
+    set_attn_impl(cfg)
+    model = CLIPWrapper(CLIPModel(cfg)).eval()
+
+    text_batch, seq, img_batch = 3, 8, 2
+    ids = rng.integers(1, 250, size=(text_batch, seq), dtype=np.int64)
+    mask = np.ones((text_batch, seq), dtype=np.int64)
+    lengths = [8, 6, 4]
+    for row, n in enumerate(lengths):
+        ids[row, 0] = 254
+        ids[row, n - 1] = CLIP_EOS
+        ids[row, n:] = 0
+        mask[row, n:] = 0
+    input_ids = torch.from_numpy(ids)
+    attention_mask = torch.from_numpy(mask)
+    pixel_values = torch.from_numpy(rng.standard_normal((img_batch, 3, 32, 32)).astype(np.float32))
+    args = (input_ids, attention_mask, pixel_values)
+    input_names = ["input_ids", "attention_mask", "pixel_values"]
+    output_names = ["logits_per_image", "text_embeds", "image_embeds"]
+    with torch.no_grad():
+        ref = model(*args)
+    tb, s, ib = Dim("text_batch", min=1, max=64), Dim("seq", min=2, max=32), Dim("image_batch", min=1, max=64)
+    path = out_dir / "model.onnx"
+    exporter = export_model(
+        model, args, path, input_names, output_names,
+        dynamic_shapes=({0: tb, 1: s}, {0: tb, 1: s}, {0: ib}),
+        dynamic_axes={"input_ids": {0: "text_batch", 1: "seq"},
+                      "attention_mask": {0: "text_batch", 1: "seq"},
+                      "pixel_values": {0: "image_batch"},
+                      "logits_per_image": {0: "image_batch", 1: "text_batch"},
+                      "text_embeds": {0: "text_batch"},
+                      "image_embeds": {0: "image_batch"}},
+    )
+    feeds = {n: a.numpy() for n, a in zip(input_names, args)}
+    outs = finish(name, out_dir, path, exporter, feeds, ref, output_names)
+    save_npz(out_dir / "inputs.npz", feeds)
+    save_npz(out_dir / "outputs.npz", outs)
+
+
+def gen_gpt2_kv(out_root: Path) -> None:
+    name = "gpt2_kv"
+    rng = seed_everything(4)
+    out_dir = fresh_dir(out_root, name)
+    cfg = GPT2Config(vocab_size=256, n_positions=128, n_embd=32, n_layer=2, n_head=4,
+                     n_inner=128, bos_token_id=0, eos_token_id=0)
+    set_attn_impl(cfg)
+    model = GPT2LMHeadModel(cfg).eval()
+    export_causal_lm_with_past(name, out_dir, model, n_layers=2, n_kv_heads=4, head_dim=8,
+                               vocab=256, with_position_ids=False, rng=rng)
+
+
+def tiny_llama_config(**kw) -> LlamaConfig:
+    base = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    base.update(kw)
+    cfg = LlamaConfig(**base)
+    set_attn_impl(cfg)
+    return cfg
+
+
+def gen_llama_gqa_kv(out_root: Path) -> None:
+    name = "llama_gqa_kv"
+    rng = seed_everything(5)
+    out_dir = fresh_dir(out_root, name)
+    cfg = tiny_llama_config()
+    model = LlamaForCausalLM(cfg).eval()
+    export_causal_lm_with_past(name, out_dir, model, n_layers=2, n_kv_heads=2, head_dim=16,
+                               vocab=256, with_position_ids=True, rng=rng)
+
+
+class VisionProjector(nn.Module):
+    """CLIP vision tower -> penultimate hidden layer without CLS -> MLP projector."""
+
+    def __init__(self, vision_cfg: CLIPVisionConfig, text_hidden: int):
+        super().__init__()
+        set_attn_impl(vision_cfg)
+        self.vision_tower = CLIPVisionModel(vision_cfg)
+        self.projector = nn.Sequential(
+            nn.Linear(vision_cfg.hidden_size, text_hidden),
+            nn.GELU(),
+            nn.Linear(text_hidden, text_hidden),
+        )
+
+    def forward(self, pixel_values):
+        out = self.vision_tower(pixel_values=pixel_values, output_hidden_states=True, return_dict=True)
+        features = out.hidden_states[-2][:, 1:]
+        return self.projector(features)
+
+
+class TinyLlava(nn.Module):
+    def __init__(self, vision_cfg: CLIPVisionConfig, text_cfg: LlamaConfig):
+        super().__init__()
+        self.vision = VisionProjector(vision_cfg, text_cfg.hidden_size)
+        self.language_model = LlamaModel(text_cfg)
+        self.lm_head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
+
+    def forward(self, pixel_values, input_ids):
+        image_embeds = self.vision(pixel_values)
+        token_embeds = self.language_model.embed_tokens(input_ids)
+        embeds = torch.cat([image_embeds, token_embeds], dim=1)
+        hidden = self.language_model(inputs_embeds=embeds, return_dict=True).last_hidden_state
+        return self.lm_head(hidden)
+
+
+def gen_llava(out_root: Path) -> None:
+    name = "llava"
+    rng = seed_everything(6)
+    out_dir = fresh_dir(out_root, name)
+    model = TinyLlava(tiny_clip_vision_config(), tiny_llama_config()).eval()
+    pixel_values = torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
+    input_ids = torch.from_numpy(rng.integers(0, 256, size=(2, 7), dtype=np.int64))
+    args = (pixel_values, input_ids)
+    input_names = ["pixel_values", "input_ids"]
+    output_names = ["logits"]
+    with torch.no_grad():
+        ref = to_tuple(model(*args))
+    b, s = Dim("batch", min=1, max=64), Dim("seq", min=2, max=200)
+    path = out_dir / "model.onnx"
+    exporter = export_model(
+        model, args, path, input_names, output_names,
+        dynamic_shapes=({0: b}, {0: b, 1: s}),
+        dynamic_axes={"pixel_values": {0: "batch"}, "input_ids": {0: "batch", 1: "seq"},
+                      "logits": {0: "batch", 1: "total_seq"}},
+    )
+    feeds = {n: a.numpy() for n, a in zip(input_names, args)}
+    outs = finish(name, out_dir, path, exporter, feeds, ref, output_names)
+    save_npz(out_dir / "inputs.npz", feeds)
+    save_npz(out_dir / "outputs.npz", outs)
+
+
+class EmbedsDecoder(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.model = LlamaForCausalLM(cfg)
+
+    def forward(self, inputs_embeds):
+        return self.model(inputs_embeds=inputs_embeds, use_cache=False, return_dict=True).logits
+
+
+def gen_pipeline(out_root: Path) -> None:
+    name = "pipeline"
+    rng = seed_everything(7)
+    out_dir = fresh_dir(out_root, name)
+    text_cfg = tiny_llama_config()
+    encoder = VisionProjector(tiny_clip_vision_config(), text_cfg.hidden_size).eval()
+    decoder = EmbedsDecoder(text_cfg).eval()
+
+    pixel_values = torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
+    enc_path = out_dir / "vision_encoder.onnx"
+    with torch.no_grad():
+        enc_ref = to_tuple(encoder(pixel_values))
+    enc_exporter = export_model(
+        encoder, (pixel_values,), enc_path, ["pixel_values"], ["image_embeds"],
+        dynamic_shapes=({0: Dim("batch", min=1, max=64)},),
+        dynamic_axes={"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}},
+    )
+    enc_feeds = {"pixel_values": pixel_values.numpy()}
+    enc_outs = finish(name, out_dir, enc_path, enc_exporter, enc_feeds, enc_ref, ["image_embeds"])
+
+    # Decoder input: ORT image embeddings followed by embeddings of a few tokens.
+    token_ids = torch.from_numpy(rng.integers(0, 256, size=(2, 5), dtype=np.int64))
+    with torch.no_grad():
+        token_embeds = decoder.model.model.embed_tokens(token_ids)
+    inputs_embeds = torch.cat([torch.from_numpy(enc_outs["image_embeds"]), token_embeds], dim=1)
+    dec_path = out_dir / "decoder.onnx"
+    with torch.no_grad():
+        dec_ref = to_tuple(decoder(inputs_embeds))
+    dec_exporter = export_model(
+        decoder, (inputs_embeds,), dec_path, ["inputs_embeds"], ["logits"],
+        dynamic_shapes=({0: Dim("batch", min=1, max=64), 1: Dim("seq", min=2, max=256)},),
+        dynamic_axes={"inputs_embeds": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
+    )
+    dec_feeds = {"inputs_embeds": inputs_embeds.numpy()}
+    dec_outs = finish(name, out_dir, dec_path, dec_exporter, dec_feeds, dec_ref, ["logits"])
+
+    inputs = {**enc_feeds, **dec_feeds}
+    outputs = {}
+    collide_in = set(enc_feeds) & set(dec_feeds)
+    collide_out = set(enc_outs) & set(dec_outs)
+    if collide_in or collide_out:
+        inputs = {**{f"vision_encoder.{k}": v for k, v in enc_feeds.items()},
+                  **{f"decoder.{k}": v for k, v in dec_feeds.items()}}
+        outputs = {**{f"vision_encoder.{k}": v for k, v in enc_outs.items()},
+                   **{f"decoder.{k}": v for k, v in dec_outs.items()}}
+    else:
+        outputs = {**enc_outs, **dec_outs}
+    save_npz(out_dir / "inputs.npz", inputs)
+    save_npz(out_dir / "outputs.npz", outputs)
+
+
+# --- quantization-aware-trained CNN --------------------------------------
+
+
+class FakeQuantAct(nn.Module):
+    """Per-tensor uint8 fake quantization with an EMA min/max observer."""
+
+    def __init__(self, momentum: float = 0.1):
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("min_val", torch.tensor(0.0))
+        self.register_buffer("max_val", torch.tensor(1.0))
+        self.register_buffer("initialized", torch.tensor(False))
+
+    def qparams(self):
+        lo = torch.clamp(self.min_val, max=0.0)
+        hi = torch.clamp(self.max_val, min=lo + 1e-6)
+        scale = (hi - lo) / 255.0
+        zero_point = torch.clamp(torch.round(-lo / scale), 0, 255).to(torch.int32)
+        return scale.reshape(()).float(), zero_point.reshape(())
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                lo, hi = x.min(), x.max()
+                if not bool(self.initialized):
+                    self.min_val.copy_(lo)
+                    self.max_val.copy_(hi)
+                    self.initialized.fill_(True)
+                else:
+                    self.min_val.lerp_(lo, self.momentum)
+                    self.max_val.lerp_(hi, self.momentum)
+        scale, zero_point = self.qparams()
+        return torch.fake_quantize_per_tensor_affine(x, scale, zero_point, 0, 255)
+
+
+class QATConv(nn.Module):
+    """Conv (per-channel symmetric int8 fake-quantized weights) -> BatchNorm -> ReLU -> FakeQuant."""
+
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, kernel_size=3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.act_fq = FakeQuantAct()
+
+    def quantized_weight(self):
+        w = self.conv.weight
+        amax = w.detach().abs().amax(dim=(1, 2, 3)).clamp(min=1e-8)
+        scale = (amax / 127.0).float()
+        zero_point = torch.zeros(w.shape[0], dtype=torch.int32)
+        return torch.fake_quantize_per_channel_affine(w, scale, zero_point, 0, -128, 127)
+
+    def forward(self, x):
+        x = nn.functional.conv2d(x, self.quantized_weight(), None, padding=1)
+        return self.act_fq(self.relu(self.bn(x)))
+
+
+class QATCNN(nn.Module):
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.input_fq = FakeQuantAct()
+        self.block1 = QATConv(3, 8)
+        self.pool1 = nn.MaxPool2d(2)
+        self.block2 = QATConv(8, 16)
+        self.pool2 = nn.MaxPool2d(2)
+        self.block3 = QATConv(16, 32)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        x = self.input_fq(x)
+        x = self.pool1(self.block1(x))
+        x = self.pool2(self.block2(x))
+        x = self.block3(x)
+        x = torch.flatten(self.gap(x), 1)
+        return self.fc(x)
+
+
+def gen_qat_cnn(out_root: Path) -> None:
+    name = "qat_cnn"
+    rng = seed_everything(8)
+    out_dir = fresh_dir(out_root, name)
+    model = QATCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model.train()
+    for _ in range(20):
+        x = torch.randn(16, 3, 32, 32)
+        y = torch.randint(0, 10, (16,))
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+    x = torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
+    with torch.no_grad():
+        ref = to_tuple(model(x))
+    path = out_dir / "model.onnx"
+    # TorchScript exporter; PRESERVE keeps the (eval-mode) BatchNormalization
+    # nodes instead of folding them into the convolutions, and disabling
+    # constant folding keeps the weight QuantizeLinear/DequantizeLinear pairs.
+    exporter = export_model(
+        model, (x,), path, ["input"], ["logits"],
+        dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+        prefer_dynamo=False,
+        torchscript_kwargs=dict(training=torch.onnx.TrainingMode.PRESERVE,
+                                do_constant_folding=False),
+    )
+    feeds = {"input": x.numpy()}
+    outs = finish(name, out_dir, path, exporter, feeds, ref, ["logits"])
+    proto = onnx.load(str(path))
+    ops = collections.Counter(n.op_type for n in proto.graph.node)
+    if ops["BatchNormalization"] != 3 or ops["QuantizeLinear"] < 4:
+        raise RuntimeError(f"{name}: unexpected op counts {dict(ops)}")
+    save_npz(out_dir / "inputs.npz", feeds)
+    save_npz(out_dir / "outputs.npz", outs)
+
+
+# --- large model (not committed) ------------------------------------------
+
+
+def gen_big_llama(out_dir: Path) -> None:
+    name = "big_llama"
+    rng = seed_everything(9)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for p in ("model.onnx", "model.onnx.data", "inputs.npz", "outputs.npz"):
+        if (out_dir / p).exists():
+            (out_dir / p).unlink()
+    cfg = tiny_llama_config(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=32,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=2048,
+    )
+    with torch.no_grad():
+        model = LlamaForCausalLM(cfg).eval()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"  {name}: {n_params / 1e6:.1f}M parameters ({n_params * 4 / 2**30:.2f} GiB f32)")
+    export_causal_lm_with_past(name, out_dir, model, n_layers=32, n_kv_heads=4, head_dim=64,
+                               vocab=32000, with_position_ids=True, rng=rng, external_data=True,
+                               batch=2, seq=3, past_seq=4)
+
+
+FIXTURES = {
+    "vit": gen_vit,
+    "vit_dynamic": gen_vit_dynamic,
+    "clip": gen_clip,
+    "gpt2_kv": gen_gpt2_kv,
+    "llama_gqa_kv": gen_llama_gqa_kv,
+    "llava": gen_llava,
+    "qat_cnn": gen_qat_cnn,
+    "pipeline": gen_pipeline,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=sorted(FIXTURES), action="append",
+                        help="regenerate only this fixture (may be repeated)")
+    parser.add_argument("--out", type=Path, default=FIXTURES_DIR,
+                        help=f"output root (default: {FIXTURES_DIR})")
+    parser.add_argument("--big-llama", type=Path, metavar="DIR",
+                        help="also write a 32-layer LLaMA (~1.6 GiB, external data) to DIR")
+    args = parser.parse_args()
+
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"onnx {onnx.__version__}, onnxruntime {ort.__version__}")
+    if args.big_llama is not None and args.only is None:
+        names = []
+    else:
+        names = args.only or list(FIXTURES)
+    failed = []
+    for fixture in names:
+        print(f"[{fixture}]")
+        try:
+            FIXTURES[fixture](args.out)
+        except Exception:
+            traceback.print_exc()
+            failed.append(fixture)
+    if args.big_llama is not None:
+        print("[big_llama]")
+        try:
+            gen_big_llama(args.big_llama)
+        except Exception:
+            traceback.print_exc()
+            failed.append("big_llama")
+    if failed:
+        print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

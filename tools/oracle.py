@@ -1,0 +1,630 @@
+#!/usr/bin/env python3
+"""Reference oracle for mmq: ONNX checker and ONNX Runtime (CPU) execution.
+
+Run with the project virtual environment (see tools/setup-venv.sh):
+
+    .venv/bin/python tools/oracle.py SUBCOMMAND ...
+
+Subcommands:
+
+  node-dump OUTDIR
+      Build every case of the ONNX node test suite in memory and write
+      OUTDIR/<case>/model.onnx for each, plus OUTDIR/cases.txt (sorted names).
+
+  node-eval CASEDIR --converted CONVDIR -o RESULT.json [--only NAME...]
+      For each node test case (restricted to CASEDIR/cases.txt when present),
+      run the original model and CONVDIR/<case>/model.onnx in ONNX Runtime on
+      the case inputs and compare with the expected outputs the way the ONNX
+      backend test runner does. Also run the full ONNX checker on the
+      converted model. Writes a JSON object keyed by case name:
+          {"original": "pass" | "fail: ...",
+           "converted": "pass" | "fail: ..." | "missing",
+           "checker": "ok" | "<first error line>" | "missing"}
+      Cases run in worker processes, so a crash or hang inside ONNX Runtime
+      is recorded as a failure of that case and the run continues.
+
+  check MODEL.onnx
+      onnx.checker.check_model(MODEL, full_check=True); exit 1 on error.
+
+  run-compare MODEL.onnx INPUTS.npz EXPECTED.npz [--exact | --tol RTOL] [--atol ATOL]
+      Run MODEL on the inputs and compare every output named in EXPECTED.npz.
+      Prints the max abs diff per output; exit 1 on mismatch.
+
+  run MODEL.onnx INPUTS.npz -o OUT.npz
+      Run MODEL on the inputs and save all outputs.
+
+Only the standard library, onnx, onnxruntime and numpy are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+REASON_MAX = 200
+DEFAULT_RTOL = 1e-3
+DEFAULT_ATOL = 1e-7
+DEFAULT_CASE_TIMEOUT = 120.0
+
+PHASES = ("original", "checker", "converted")
+
+
+# --------------------------------------------------------------------------
+# helpers
+
+
+def short(text: str, limit: int = REASON_MAX) -> str:
+    """Collapse text to one line of at most `limit` characters."""
+    parts = [line.strip() for line in str(text).splitlines()]
+    line = "; ".join(p for p in parts if p)
+    if len(line) > limit:
+        line = line[: limit - 3] + "..."
+    return line
+
+
+def first_line(text: str, limit: int = REASON_MAX) -> str:
+    for line in str(text).splitlines():
+        if line.strip():
+            return short(line, limit)
+    return ""
+
+
+def exc_reason(exc: BaseException) -> str:
+    msg = short(str(exc))
+    name = type(exc).__name__
+    if not msg:
+        return name
+    if isinstance(exc, AssertionError):
+        return short(msg)
+    return short(f"{name}: {msg}")
+
+
+def fail(reason: str) -> str:
+    return short(f"fail: {reason}")
+
+
+def make_session(model: str | bytes):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
+    # As in onnxruntime.backend: never hide a failure behind a provider fallback.
+    sess.disable_fallback()
+    return sess
+
+
+def check_model(path: str) -> None:
+    import onnx
+
+    onnx.checker.check_model(path, full_check=True)
+
+
+# --------------------------------------------------------------------------
+# node test suite
+
+
+def collect_cases() -> list[Any]:
+    """All node test cases, built in memory (the onnx wheel ships no data)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import numpy as np
+        from onnx.backend.test.case.node import collect_testcases
+
+        with np.errstate(all="ignore"):
+            return list(collect_testcases())
+
+
+def normalize_value(value: Any) -> Any:
+    """Case data as ONNX Runtime takes it (TensorProto -> ndarray, scalar -> 0-d)."""
+    import numpy as np
+    import onnx
+
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    if isinstance(value, list):
+        return [normalize_value(v) for v in value]
+    return value
+
+
+def graph_input_names(model: Any) -> list[str]:
+    inits = {t.name for t in model.graph.initializer}
+    inits |= {t.values.name for t in model.graph.sparse_initializer}
+    return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def run_case(model: str | bytes, case: Any) -> str:
+    """Run one model on every data set of a case and compare like the backend runner."""
+    from onnx.backend.test.runner import Runner
+
+    try:
+        sess = make_session(model)
+    except Exception as exc:  # noqa: BLE001
+        return fail(exc_reason(exc))
+    # Inputs are positional in the case; bind them to the original model's
+    # input names so a converted model may order its inputs differently.
+    in_names = graph_input_names(case.model)
+    out_names = [o.name for o in case.model.graph.output]
+    for inputs, ref_outputs in case.data_sets:
+        try:
+            feeds = {
+                name: normalize_value(value)
+                for name, value in zip(in_names, inputs)
+            }
+            outputs = sess.run(out_names, feeds)
+        except Exception as exc:  # noqa: BLE001
+            return fail(exc_reason(exc))
+        try:
+            refs = [normalize_value(r) for r in ref_outputs]
+            Runner.assert_similar_outputs(
+                ref_outputs=refs,
+                outputs=list(outputs),
+                rtol=getattr(case, "rtol", DEFAULT_RTOL),
+                atol=getattr(case, "atol", DEFAULT_ATOL),
+                model_dir=None,
+            )
+        except Exception as exc:  # noqa: BLE001
+            return fail(exc_reason(exc))
+    return "pass"
+
+
+def run_phase(case: Any, phase: str, convdir: Path) -> str:
+    if phase == "original":
+        return run_case(case.model.SerializeToString(), case)
+    conv = convdir / case.name / "model.onnx"
+    if not conv.is_file():
+        return "missing"
+    if phase == "checker":
+        try:
+            check_model(str(conv))
+        except Exception as exc:  # noqa: BLE001
+            return first_line(f"{type(exc).__name__}: {exc}") or type(exc).__name__
+        return "ok"
+    if phase == "converted":
+        return run_case(str(conv), case)
+    raise ValueError(f"unknown phase {phase}")
+
+
+def cmd_node_dump(args: argparse.Namespace) -> int:
+    import onnx
+
+    t0 = time.monotonic()
+    out = Path(args.outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    cases = collect_cases()
+    names = []
+    for case in cases:
+        d = out / case.name
+        d.mkdir(exist_ok=True)
+        onnx.save(case.model, str(d / "model.onnx"))
+        names.append(case.name)
+    names = sorted(set(names))
+    (out / "cases.txt").write_text("".join(n + "\n" for n in names))
+    print(f"node-dump: wrote {len(names)} cases to {out} in {time.monotonic() - t0:.1f}s")
+    return 0
+
+
+def cmd_node_worker(args: argparse.Namespace) -> int:
+    """Internal: evaluate tasks read from stdin, report JSON lines on fd args.fd."""
+    report = os.fdopen(args.fd, "w", buffering=1)
+    tasks = json.loads(sys.stdin.read())
+    by_name = {c.name: c for c in collect_cases()}
+    convdir = Path(args.converted)
+    report.write(json.dumps({"ready": True}) + "\n")
+    for name, phase in tasks:
+        report.write(json.dumps({"start": [name, phase]}) + "\n")
+        case = by_name.get(name)
+        if case is None:
+            result = fail("unknown case")
+        else:
+            try:
+                result = run_phase(case, phase, convdir)
+            except Exception as exc:  # noqa: BLE001
+                result = fail(exc_reason(exc))
+        report.write(json.dumps({"done": [name, phase, result]}) + "\n")
+    report.close()
+    return 0
+
+
+class Worker:
+    """One worker process evaluating a queue of (case, phase) tasks."""
+
+    def __init__(self, tasks: list[tuple[str, str]], convdir: str, timeout: float):
+        self.pending = list(tasks)
+        self.convdir = convdir
+        self.timeout = timeout
+        self.proc: subprocess.Popen | None = None
+        self.reader = None
+        self.buf = b""
+        self.current: tuple[str, str] | None = None
+        self.deadline = 0.0
+        self.errlog = None
+
+    def start(self) -> None:
+        rfd, wfd = os.pipe()
+        self.errlog = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "_node-worker",
+             "--converted", self.convdir, "--fd", str(wfd)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=self.errlog,
+            pass_fds=(wfd,),
+        )
+        os.close(wfd)
+        self.reader = os.fdopen(rfd, "rb", buffering=0)
+        os.set_blocking(rfd, False)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(self.pending).encode())
+        self.proc.stdin.close()
+        self.buf = b""
+        self.current = None
+        # Collecting the test cases takes a while; allow for it.
+        self.deadline = time.monotonic() + self.timeout + 300
+
+    def stderr_tail(self) -> str:
+        if self.errlog is None:
+            return ""
+        self.errlog.seek(0, os.SEEK_END)
+        size = self.errlog.tell()
+        self.errlog.seek(max(0, size - 4096))
+        lines = [l for l in self.errlog.read().decode(errors="replace").splitlines() if l.strip()]
+        return lines[-1].strip() if lines else ""
+
+    def on_data(self, results: dict) -> bool:
+        """Consume available output; return False at end of stream."""
+        assert self.reader is not None
+        chunk = self.reader.read(65536)
+        if chunk is None:
+            return True
+        if not chunk:
+            return False
+        self.buf += chunk
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if "start" in msg:
+                self.current = tuple(msg["start"])
+                self.deadline = time.monotonic() + self.timeout
+            elif "done" in msg:
+                name, phase, result = msg["done"]
+                results.setdefault(name, {})[phase] = result
+                if self.pending and tuple(self.pending[0]) == (name, phase):
+                    self.pending.pop(0)
+                self.current = None
+        return True
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        self.finish()
+
+    def finish(self) -> int | None:
+        rc = None
+        if self.proc is not None:
+            rc = self.proc.wait()
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        return rc
+
+    def abandon_current(self, results: dict, reason: str) -> None:
+        """Record the task in progress (or the next one) as failed and drop it."""
+        task = self.current or (tuple(self.pending[0]) if self.pending else None)
+        if task is None:
+            return
+        name, phase = task
+        results.setdefault(name, {})[phase] = fail(reason)
+        self.pending = [t for t in self.pending if tuple(t) != task]
+        self.current = None
+
+
+def describe_exit(rc: int | None) -> str:
+    if rc is not None and rc < 0:
+        try:
+            return f"worker killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"worker killed by signal {-rc}"
+    return f"worker exited with status {rc}"
+
+
+def run_workers(tasks_per_worker: list[list[tuple[str, str]]], convdir: str,
+                timeout: float, results: dict) -> int:
+    """Drive the workers to completion, restarting any that crash or hang."""
+    workers = [Worker(t, convdir, timeout) for t in tasks_per_worker if t]
+    restarts = 0
+    sel = selectors.DefaultSelector()
+    for w in workers:
+        w.start()
+        sel.register(w.reader, selectors.EVENT_READ, w)
+    active = set(workers)
+    while active:
+        now = time.monotonic()
+        wait = max(0.0, min(w.deadline for w in active) - now)
+        for key, _ in sel.select(timeout=min(wait, 5.0)):
+            w = key.data
+            if w.on_data(results):
+                continue
+            sel.unregister(w.reader)
+            rc = w.finish()
+            if w.pending:
+                reason = describe_exit(rc)
+                tail = w.stderr_tail()
+                if tail:
+                    reason += f" ({tail})"
+                w.abandon_current(results, reason)
+            if w.pending:
+                restarts += 1
+                w.start()
+                sel.register(w.reader, selectors.EVENT_READ, w)
+            else:
+                active.discard(w)
+        now = time.monotonic()
+        for w in list(active):
+            if now > w.deadline and w.reader is not None:
+                sel.unregister(w.reader)
+                w.kill()
+                w.abandon_current(results, f"timeout after {timeout:g}s")
+                if w.pending:
+                    restarts += 1
+                    w.start()
+                    sel.register(w.reader, selectors.EVENT_READ, w)
+                else:
+                    active.discard(w)
+    return restarts
+
+
+def cmd_node_eval(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    casedir = Path(args.casedir)
+    listing = casedir / "cases.txt"
+    if listing.is_file():
+        names = [l.strip() for l in listing.read_text().splitlines() if l.strip()]
+    elif casedir.is_dir():
+        names = sorted(p.name for p in casedir.iterdir() if (p / "model.onnx").is_file())
+    else:
+        print(f"node-eval: {casedir} is not a directory", file=sys.stderr)
+        return 2
+    if args.only:
+        wanted = set(args.only)
+        unknown = wanted - set(names)
+        if unknown:
+            print(f"node-eval: unknown case(s): {', '.join(sorted(unknown))}", file=sys.stderr)
+            return 2
+        names = [n for n in names if n in wanted]
+    names = sorted(set(names))
+    jobs = max(1, min(args.jobs, len(names) or 1))
+    buckets: list[list[tuple[str, str]]] = [[] for _ in range(jobs)]
+    for i, name in enumerate(names):
+        buckets[i % jobs].extend((name, phase) for phase in PHASES)
+
+    results: dict[str, dict[str, str]] = {}
+    restarts = run_workers(buckets, str(Path(args.converted).resolve()), args.timeout, results)
+    for name in names:
+        rec = results.setdefault(name, {})
+        for phase in PHASES:
+            rec.setdefault(phase, fail("not evaluated"))
+
+    out = Path(args.output)
+    if out.parent:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+    n = len(names)
+    orig = sum(r["original"] == "pass" for r in results.values())
+    present = [r for r in results.values() if r["converted"] != "missing"]
+    conv = sum(r["converted"] == "pass" for r in present)
+    checked = sum(r["checker"] == "ok" for r in present)
+    both = sum(r["original"] == "pass" and r["converted"] == "pass" for r in present)
+    print(
+        f"node-eval: {n} cases; original pass {orig}/{n}; converted present {len(present)}, "
+        f"pass {conv} (of which original also passes: {both}); checker ok {checked}; "
+        f"worker restarts {restarts}; {time.monotonic() - t0:.1f}s"
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------
+# single-model commands
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        check_model(args.model)
+    except Exception as exc:  # noqa: BLE001
+        print(f"{args.model}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def load_npz(path: str) -> dict[str, Any]:
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def to_ort_value(value: Any) -> Any:
+    import numpy as np
+
+    if value.dtype.kind == "U":
+        return value.astype(object)
+    return value
+
+
+def run_model(model: str, inputs_path: str):
+    """Returns (session, {output name: value}) after feeding the graph inputs."""
+    sess = make_session(model)
+    data = load_npz(inputs_path)
+    wanted = [i.name for i in sess.get_inputs()]
+    missing = [n for n in wanted if n not in data]
+    if missing:
+        raise KeyError(f"inputs missing from {inputs_path}: {', '.join(missing)}")
+    feeds = {n: to_ort_value(data[n]) for n in wanted}
+    names = [o.name for o in sess.get_outputs()]
+    values = sess.run(names, feeds)
+    return sess, dict(zip(names, values))
+
+
+def max_abs_diff(a: Any, b: Any) -> float:
+    import numpy as np
+
+    if a.shape != b.shape or a.size == 0:
+        return 0.0
+    if a.dtype.kind in "OUSV" or b.dtype.kind in "OUSV":
+        return 0.0 if np.array_equal(a, b) else float("inf")
+    x = a.astype(np.float64)
+    y = b.astype(np.float64)
+    nan_x, nan_y = np.isnan(x), np.isnan(y)
+    if np.any(nan_x != nan_y):
+        return float("nan")
+    mask = ~nan_x
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(x[mask] - y[mask])
+    d = np.where(np.isnan(d), 0.0, d)  # inf - inf of equal sign
+    return float(d.max()) if d.size else 0.0
+
+
+def cmd_run_compare(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    try:
+        _, got = run_model(args.model, args.inputs)
+    except Exception as exc:  # noqa: BLE001
+        print(f"run-compare: {exc_reason(exc)}", file=sys.stderr)
+        return 1
+    expected = load_npz(args.expected)
+    ok = True
+    for name in sorted(expected):
+        exp = to_ort_value(expected[name])
+        if name not in got:
+            print(f"{name}: MISSING from model outputs")
+            ok = False
+            continue
+        out = got[name]
+        if not isinstance(out, np.ndarray):
+            print(f"{name}: model output is {type(out).__name__}, not a tensor")
+            ok = False
+            continue
+        problems = []
+        if out.dtype != exp.dtype:
+            problems.append(f"dtype {out.dtype} != expected {exp.dtype}")
+        if out.shape != exp.shape:
+            problems.append(f"shape {out.shape} != expected {exp.shape}")
+        diff = max_abs_diff(out, exp)
+        if not problems:
+            if args.exact:
+                same = (
+                    np.array_equal(out, exp)
+                    if out.dtype.kind == "O"
+                    else np.ascontiguousarray(out).tobytes() == np.ascontiguousarray(exp).tobytes()
+                )
+                if not same:
+                    problems.append("not bitwise identical")
+            elif out.dtype.kind in "OUSb":
+                if not np.array_equal(out, exp):
+                    problems.append("values differ")
+            else:
+                try:
+                    np.testing.assert_allclose(out, exp, rtol=args.tol, atol=args.atol)
+                except AssertionError:
+                    problems.append(f"exceeds rtol={args.tol:g} atol={args.atol:g}")
+        status = "ok" if not problems else "MISMATCH: " + "; ".join(problems)
+        print(f"{name}: max abs diff {diff:.6g} {status}")
+        ok = ok and not problems
+    return 0 if ok else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    try:
+        _, got = run_model(args.model, args.inputs)
+    except Exception as exc:  # noqa: BLE001
+        print(f"run: {exc_reason(exc)}", file=sys.stderr)
+        return 1
+    arrays = {}
+    for name, value in got.items():
+        if value is None:
+            print(f"run: output {name} is an empty optional; not saved", file=sys.stderr)
+        elif isinstance(value, list):
+            # Sequence outputs: one entry per element, named NAME[i].
+            for i, v in enumerate(value):
+                arrays[f"{name}[{i}]"] = v
+        else:
+            arrays[name] = value
+    for k, v in arrays.items():
+        if isinstance(v, np.ndarray) and v.dtype.kind == "O":
+            arrays[k] = v.astype(str)  # string tensors, saved without pickling
+    np.savez(args.output, **arrays)
+    return 0
+
+
+# --------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("node-dump", help="write every ONNX node test model")
+    s.add_argument("outdir")
+    s.set_defaults(func=cmd_node_dump)
+
+    s = sub.add_parser("node-eval", help="evaluate converted node test models")
+    s.add_argument("casedir")
+    s.add_argument("--converted", required=True, help="folder of <case>/model.onnx")
+    s.add_argument("-o", "--output", required=True, help="result JSON path")
+    s.add_argument("--only", nargs="+", metavar="NAME", help="evaluate only these cases")
+    s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
+    s.add_argument("--timeout", type=float, default=DEFAULT_CASE_TIMEOUT,
+                   help=f"seconds per case phase (default {DEFAULT_CASE_TIMEOUT:g})")
+    s.set_defaults(func=cmd_node_eval)
+
+    s = sub.add_parser("_node-worker", help=argparse.SUPPRESS)
+    s.add_argument("--converted", required=True)
+    s.add_argument("--fd", type=int, required=True)
+    s.set_defaults(func=cmd_node_worker)
+
+    s = sub.add_parser("check", help="run the full ONNX checker")
+    s.add_argument("model")
+    s.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("run-compare", help="run a model and compare with expected outputs")
+    s.add_argument("model")
+    s.add_argument("inputs")
+    s.add_argument("expected")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--exact", action="store_true", help="require bitwise-identical outputs")
+    g.add_argument("--tol", type=float, default=DEFAULT_RTOL, metavar="RTOL",
+                   help=f"relative tolerance (default {DEFAULT_RTOL:g})")
+    s.add_argument("--atol", type=float, default=DEFAULT_ATOL,
+                   help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
+    s.set_defaults(func=cmd_run_compare)
+
+    s = sub.add_parser("run", help="run a model and save its outputs")
+    s.add_argument("model")
+    s.add_argument("inputs")
+    s.add_argument("-o", "--output", required=True)
+    s.set_defaults(func=cmd_run)
+
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
