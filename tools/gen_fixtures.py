@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import inspect
+import logging
 import os
 import shutil
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -266,21 +269,39 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     np.savez_compressed(str(path), **arrays)
 
 
-def finish(
+def export_and_verify(
     name: str,
-    out_dir: Path,
-    model_path: Path,
-    exporter: str,
-    feeds: dict[str, np.ndarray],
-    torch_out: tuple | None,
+    model: nn.Module,
+    args: tuple,
+    path: Path,
+    input_names: list[str],
     output_names: list[str],
-) -> dict[str, np.ndarray]:
-    proto = check_onnx(model_path)
-    outs = run_ort(model_path, feeds)
-    if torch_out is not None:
-        compare(name, outs, torch_out, output_names)
-    summarize(model_path, proto, exporter)
-    return outs
+    alt_args: list[tuple] = (),
+    **export_kwargs,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Export, check and run one model; returns (inputs, outputs) keyed by graph names.
+
+    ``args`` are positional tensors in the order of ``input_names``.  The ONNX
+    Runtime outputs are compared against PyTorch, also for every tuple in
+    ``alt_args`` (other input shapes, to exercise the dynamic dimensions).
+    """
+    model.eval()
+    with torch.no_grad():
+        ref = to_tuple(model(*args))
+    exporter = export_model(model, args, path, input_names, output_names, **export_kwargs)
+    proto = check_onnx(path)
+    feeds = {n: a.detach().numpy() for n, a in zip(input_names, args)}
+    outs = run_ort(path, feeds)
+    if list(outs) != output_names:
+        raise RuntimeError(f"{name}: graph outputs {list(outs)} != {output_names}")
+    compare(name, outs, ref, output_names)
+    for alt in alt_args:
+        with torch.no_grad():
+            alt_ref = to_tuple(model(*alt))
+        alt_outs = run_ort(path, {n: a.detach().numpy() for n, a in zip(input_names, alt)})
+        compare(name + " (alternative shapes)", alt_outs, alt_ref, output_names)
+    summarize(path, proto, exporter)
+    return feeds, outs
 
 
 def fresh_dir(out_root: Path, name: str) -> Path:
@@ -323,6 +344,9 @@ class CausalLMWithPast(nn.Module):
         super().__init__()
         self.model = model
         self.with_position_ids = with_position_ids
+        # Recent transformers releases renamed `past_key_values` to `cache`.
+        params = inspect.signature(model.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     def forward(self, input_ids, attention_mask, *rest):
         if self.with_position_ids:
@@ -334,11 +358,14 @@ class CausalLMWithPast(nn.Module):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
             return_dict=True,
+            **{self.cache_kwarg: cache},
         )
-        return (out.logits,) + flatten_cache(out.past_key_values)
+        present = getattr(out, "cache", None)
+        if present is None:
+            present = out.past_key_values
+        return (out.logits,) + flatten_cache(present)
 
 
 def kv_names(n_layers: int) -> tuple[list[str], list[str]]:
@@ -347,6 +374,35 @@ def kv_names(n_layers: int) -> tuple[list[str], list[str]]:
         past += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
         present += [f"present.{i}.key", f"present.{i}.value"]
     return past, present
+
+
+def kv_args(
+    rng: np.random.Generator,
+    n_layers: int,
+    n_kv_heads: int,
+    head_dim: int,
+    vocab: int,
+    with_position_ids: bool,
+    batch: int,
+    seq: int,
+    past_seq: int,
+    pad_first: bool,
+) -> tuple:
+    """Random (input_ids, attention_mask, [position_ids], past k/v...) for a decode step."""
+    total = past_seq + seq
+    input_ids = torch.from_numpy(rng.integers(0, vocab, size=(batch, seq), dtype=np.int64))
+    attention_mask = torch.ones(batch, total, dtype=torch.int64)
+    if pad_first and batch > 1:
+        # left padding on the last row: its first cached position is masked out
+        attention_mask[-1, 0] = 0
+    args = [input_ids, attention_mask]
+    if with_position_ids:
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past_seq:].contiguous()
+        args.append(position_ids)
+    for _ in range(2 * n_layers):
+        args.append(torch.from_numpy(
+            rng.standard_normal((batch, n_kv_heads, past_seq, head_dim)).astype(np.float32)))
+    return tuple(args)
 
 
 def export_causal_lm_with_past(
@@ -360,55 +416,41 @@ def export_causal_lm_with_past(
     with_position_ids: bool,
     rng: np.random.Generator,
     external_data: bool = False,
-    batch: int = 2,
-    seq: int = 3,
-    past_seq: int = 5,
+    check_alt_shapes: bool = True,
 ) -> None:
     wrapper = CausalLMWithPast(model, with_position_ids).eval()
-    total = past_seq + seq
-    input_ids = torch.from_numpy(rng.integers(0, vocab, size=(batch, seq), dtype=np.int64))
-    # left padding on the second row: its first past position is masked out
-    attention_mask = torch.ones(batch, total, dtype=torch.int64)
-    attention_mask[1, 0] = 0
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past_seq:].contiguous()
-    past = []
-    for _ in range(n_layers):
-        for _kv in range(2):
-            past.append(torch.from_numpy(
-                rng.standard_normal((batch, n_kv_heads, past_seq, head_dim)).astype(np.float32)))
+    shape = dict(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, vocab=vocab,
+                 with_position_ids=with_position_ids)
+    args = kv_args(rng, batch=2, seq=3, past_seq=5, pad_first=True, **shape)
+    alt = [kv_args(rng, batch=1, seq=1, past_seq=9, pad_first=False, **shape),
+           kv_args(rng, batch=3, seq=4, past_seq=2, pad_first=True, **shape)]
     past_names, present_names = kv_names(n_layers)
-
-    args = [input_ids, attention_mask]
     input_names = ["input_ids", "attention_mask"]
     if with_position_ids:
-        args.append(position_ids)
         input_names.append("position_ids")
-    args += past
     input_names += past_names
     output_names = ["logits"] + present_names
 
-    b, s, p = Dim("batch", min=1, max=64), Dim("seq", min=1, max=1024), Dim("past_seq", min=1, max=1024)
+    b = Dim("batch", min=1, max=64)
+    s = Dim("seq", min=1, max=1024)
+    p = Dim("past_seq", min=1, max=1024)
     t = Dim("total_seq", min=2, max=2048)
-    dyn = [{0: b, 1: s}, {0: b, 1: t}]
+    rest = ([{0: b, 1: s}] if with_position_ids else []) + [{0: b, 2: p}] * (2 * n_layers)
     axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total_seq"},
             "logits": {0: "batch", 1: "seq"}}
     if with_position_ids:
-        dyn.append({0: b, 1: s})
         axes["position_ids"] = {0: "batch", 1: "seq"}
-    dyn += [{0: b, 2: p}] * len(past)
-    for n in past_names:
-        axes[n] = {0: "batch", 2: "past_seq"}
-    for n in present_names:
-        axes[n] = {0: "batch", 2: "total_seq"}
+    axes.update({n: {0: "batch", 2: "past_seq"} for n in past_names})
+    axes.update({n: {0: "batch", 2: "total_seq"} for n in present_names})
 
-    with torch.no_grad():
-        ref = to_tuple(wrapper(*args))
-    path = out_dir / "model.onnx"
-    exporter = export_model(wrapper, tuple(args), path, input_names, output_names,
-                            dynamic_shapes=tuple(dyn), dynamic_axes=axes,
-                            external_data=external_data)
-    feeds = {n: a.numpy() for n, a in zip(input_names, args)}
-    outs = finish(name, out_dir, path, exporter, feeds, ref, output_names)
+    feeds, outs = export_and_verify(
+        name, wrapper, args, out_dir / "model.onnx", input_names, output_names,
+        alt_args=alt if check_alt_shapes else [],
+        # forward(input_ids, attention_mask, *rest)
+        dynamic_shapes=({0: b, 1: s}, {0: b, 1: t}, tuple(rest)),
+        dynamic_axes=axes,
+        external_data=external_data,
+    )
     save_npz(out_dir / "inputs.npz", feeds)
     save_npz(out_dir / "outputs.npz", outs)
 
@@ -418,7 +460,15 @@ def export_causal_lm_with_past(
 # --------------------------------------------------------------------------
 
 
-def tiny_vit_config(**kw) -> ViTConfig:
+def randn(rng: np.random.Generator, *shape: int) -> torch.Tensor:
+    return torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+
+
+def randint(rng: np.random.Generator, high: int, *shape: int, low: int = 0) -> torch.Tensor:
+    return torch.from_numpy(rng.integers(low, high, size=shape, dtype=np.int64))
+
+
+def tiny_vit_config() -> ViTConfig:
     cfg = ViTConfig(
         hidden_size=64,
         num_hidden_layers=2,
@@ -427,7 +477,6 @@ def tiny_vit_config(**kw) -> ViTConfig:
         image_size=32,
         patch_size=8,
         num_channels=3,
-        **kw,
     )
     set_attn_impl(cfg)
     return cfg
@@ -449,21 +498,15 @@ def gen_vit(out_root: Path) -> None:
     name = "vit"
     rng = seed_everything(1)
     out_dir = fresh_dir(out_root, name)
-    model = ViTWrapper(ViTModel(tiny_vit_config()), interpolate=False).eval()
-    pixel_values = torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
-    input_names = ["pixel_values"]
-    output_names = ["last_hidden_state", "pooler_output"]
-    with torch.no_grad():
-        ref = model(pixel_values)
-    path = out_dir / "model.onnx"
-    exporter = export_model(
-        model, (pixel_values,), path, input_names, output_names,
+    model = ViTWrapper(ViTModel(tiny_vit_config()), interpolate=False)
+    feeds, outs = export_and_verify(
+        name, model, (randn(rng, 2, 3, 32, 32),), out_dir / "model.onnx",
+        ["pixel_values"], ["last_hidden_state", "pooler_output"],
+        alt_args=[(randn(rng, 1, 3, 32, 32),), (randn(rng, 5, 3, 32, 32),)],
         dynamic_shapes=({0: Dim("batch", min=1, max=64)},),
         dynamic_axes={"pixel_values": {0: "batch"}, "last_hidden_state": {0: "batch"},
                       "pooler_output": {0: "batch"}},
     )
-    feeds = {"pixel_values": pixel_values.numpy()}
-    outs = finish(name, out_dir, path, exporter, feeds, ref, output_names)
     save_npz(out_dir / "inputs.npz", feeds)
     save_npz(out_dir / "outputs.npz", outs)
 
@@ -472,16 +515,14 @@ def gen_vit_dynamic(out_root: Path) -> None:
     name = "vit_dynamic"
     rng = seed_everything(2)
     out_dir = fresh_dir(out_root, name)
-    model = ViTWrapper(ViTModel(tiny_vit_config()), interpolate=True).eval()
-    # 48x40 image: 6x5 patches (the position table was built for 4x4)
-    pixel_values = torch.from_numpy(rng.standard_normal((2, 3, 48, 40)).astype(np.float32))
-    input_names = ["pixel_values"]
-    output_names = ["last_hidden_state", "pooler_output"]
-    with torch.no_grad():
-        ref = model(pixel_values)
-    path = out_dir / "model.onnx"
-    exporter = export_model(
-        model, (pixel_values,), path, input_names, output_names,
+    model = ViTWrapper(ViTModel(tiny_vit_config()), interpolate=True)
+    # 48x40 pixels = 6x5 patches of 8x8 (the position table is for 4x4 patches,
+    # so the position embeddings are resized bicubically inside the graph).
+    feeds, outs = export_and_verify(
+        name, model, (randn(rng, 2, 3, 48, 40),), out_dir / "model.onnx",
+        ["pixel_values"], ["last_hidden_state", "pooler_output"],
+        alt_args=[(randn(rng, 1, 3, 32, 64),), (randn(rng, 3, 3, 24, 24),),
+                  (randn(rng, 1, 3, 37, 29),)],
         dynamic_shapes=({0: Dim("batch", min=1, max=64),
                          2: Dim("height", min=16, max=512),
                          3: Dim("width", min=16, max=512)},),
@@ -489,8 +530,6 @@ def gen_vit_dynamic(out_root: Path) -> None:
                       "last_hidden_state": {0: "batch", 1: "seq"},
                       "pooler_output": {0: "batch"}},
     )
-    feeds = {"pixel_values": pixel_values.numpy()}
-    outs = finish(name, out_dir, path, exporter, feeds, ref, output_names)
     save_npz(out_dir / "inputs.npz", feeds)
     save_npz(out_dir / "outputs.npz", outs)
 
@@ -506,11 +545,11 @@ class CLIPWrapper(nn.Module):
         return out.logits_per_image, out.text_embeds, out.image_embeds
 
 
-CLIP_EOS = 255
+CLIP_BOS, CLIP_EOS = 254, 255
 
 
 def tiny_clip_vision_config() -> CLIPVisionConfig:
-    return CLIPVisionConfig(
+    cfg = CLIPVisionConfig(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -520,6 +559,19 @@ def tiny_clip_vision_config() -> CLIPVisionConfig:
         num_channels=3,
         projection_dim=32,
     )
+    set_attn_impl(cfg)
+    return cfg
+
+
+def clip_text(rng: np.random.Generator, lengths: list[int], seq: int) -> tuple:
+    ids = rng.integers(1, 250, size=(len(lengths), seq), dtype=np.int64)
+    mask = np.ones((len(lengths), seq), dtype=np.int64)
+    for row, n in enumerate(lengths):
+        ids[row, 0] = CLIP_BOS
+        ids[row, n - 1] = CLIP_EOS
+        ids[row, n:] = 0
+        mask[row, n:] = 0
+    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 def gen_clip(out_root: Path) -> None:
@@ -534,36 +586,26 @@ def gen_clip(out_root: Path) -> None:
         num_attention_heads=4,
         max_position_embeddings=32,
         projection_dim=32,
-        bos_token_id=254,
+        bos_token_id=CLIP_BOS,
         eos_token_id=CLIP_EOS,
         pad_token_id=0,
     )
     cfg = CLIPConfig(text_config=text_cfg, vision_config=tiny_clip_vision_config().to_dict(),
                      projection_dim=32)
     set_attn_impl(cfg)
-    model = CLIPWrapper(CLIPModel(cfg)).eval()
-
-    text_batch, seq, img_batch = 3, 8, 2
-    ids = rng.integers(1, 250, size=(text_batch, seq), dtype=np.int64)
-    mask = np.ones((text_batch, seq), dtype=np.int64)
-    lengths = [8, 6, 4]
-    for row, n in enumerate(lengths):
-        ids[row, 0] = 254
-        ids[row, n - 1] = CLIP_EOS
-        ids[row, n:] = 0
-        mask[row, n:] = 0
-    input_ids = torch.from_numpy(ids)
-    attention_mask = torch.from_numpy(mask)
-    pixel_values = torch.from_numpy(rng.standard_normal((img_batch, 3, 32, 32)).astype(np.float32))
-    args = (input_ids, attention_mask, pixel_values)
-    input_names = ["input_ids", "attention_mask", "pixel_values"]
-    output_names = ["logits_per_image", "text_embeds", "image_embeds"]
-    with torch.no_grad():
-        ref = model(*args)
-    tb, s, ib = Dim("text_batch", min=1, max=64), Dim("seq", min=2, max=32), Dim("image_batch", min=1, max=64)
-    path = out_dir / "model.onnx"
-    exporter = export_model(
-        model, args, path, input_names, output_names,
+    model = CLIPWrapper(CLIPModel(cfg))
+    # three captions (lengths 8, 6, 4; right-padded) against two images
+    args = (*clip_text(rng, [8, 6, 4], 8), randn(rng, 2, 3, 32, 32))
+    alt = [(*clip_text(rng, [5], 5), randn(rng, 4, 3, 32, 32)),
+           (*clip_text(rng, [12, 3], 12), randn(rng, 1, 3, 32, 32))]
+    tb = Dim("text_batch", min=1, max=64)
+    s = Dim("seq", min=2, max=32)
+    ib = Dim("image_batch", min=1, max=64)
+    feeds, outs = export_and_verify(
+        name, model, args, out_dir / "model.onnx",
+        ["input_ids", "attention_mask", "pixel_values"],
+        ["logits_per_image", "text_embeds", "image_embeds"],
+        alt_args=alt,
         dynamic_shapes=({0: tb, 1: s}, {0: tb, 1: s}, {0: ib}),
         dynamic_axes={"input_ids": {0: "text_batch", 1: "seq"},
                       "attention_mask": {0: "text_batch", 1: "seq"},
@@ -572,8 +614,6 @@ def gen_clip(out_root: Path) -> None:
                       "text_embeds": {0: "text_batch"},
                       "image_embeds": {0: "image_batch"}},
     )
-    feeds = {n: a.numpy() for n, a in zip(input_names, args)}
-    outs = finish(name, out_dir, path, exporter, feeds, ref, output_names)
     save_npz(out_dir / "inputs.npz", feeds)
     save_npz(out_dir / "outputs.npz", outs)
 
@@ -585,7 +625,7 @@ def gen_gpt2_kv(out_root: Path) -> None:
     cfg = GPT2Config(vocab_size=256, n_positions=128, n_embd=32, n_layer=2, n_head=4,
                      n_inner=128, bos_token_id=0, eos_token_id=0)
     set_attn_impl(cfg)
-    model = GPT2LMHeadModel(cfg).eval()
+    model = GPT2LMHeadModel(cfg)
     export_causal_lm_with_past(name, out_dir, model, n_layers=2, n_kv_heads=4, head_dim=8,
                                vocab=256, with_position_ids=False, rng=rng)
 
@@ -616,8 +656,7 @@ def gen_llama_gqa_kv(out_root: Path) -> None:
     name = "llama_gqa_kv"
     rng = seed_everything(5)
     out_dir = fresh_dir(out_root, name)
-    cfg = tiny_llama_config()
-    model = LlamaForCausalLM(cfg).eval()
+    model = LlamaForCausalLM(tiny_llama_config())
     export_causal_lm_with_past(name, out_dir, model, n_layers=2, n_kv_heads=2, head_dim=16,
                                vocab=256, with_position_ids=True, rng=rng)
 
@@ -627,7 +666,6 @@ class VisionProjector(nn.Module):
 
     def __init__(self, vision_cfg: CLIPVisionConfig, text_hidden: int):
         super().__init__()
-        set_attn_impl(vision_cfg)
         self.vision_tower = CLIPVisionModel(vision_cfg)
         self.projector = nn.Sequential(
             nn.Linear(vision_cfg.hidden_size, text_hidden),
@@ -652,7 +690,8 @@ class TinyLlava(nn.Module):
         image_embeds = self.vision(pixel_values)
         token_embeds = self.language_model.embed_tokens(input_ids)
         embeds = torch.cat([image_embeds, token_embeds], dim=1)
-        hidden = self.language_model(inputs_embeds=embeds, return_dict=True).last_hidden_state
+        hidden = self.language_model(inputs_embeds=embeds, use_cache=False,
+                                     return_dict=True).last_hidden_state
         return self.lm_head(hidden)
 
 
@@ -660,24 +699,17 @@ def gen_llava(out_root: Path) -> None:
     name = "llava"
     rng = seed_everything(6)
     out_dir = fresh_dir(out_root, name)
-    model = TinyLlava(tiny_clip_vision_config(), tiny_llama_config()).eval()
-    pixel_values = torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
-    input_ids = torch.from_numpy(rng.integers(0, 256, size=(2, 7), dtype=np.int64))
-    args = (pixel_values, input_ids)
-    input_names = ["pixel_values", "input_ids"]
-    output_names = ["logits"]
-    with torch.no_grad():
-        ref = to_tuple(model(*args))
+    model = TinyLlava(tiny_clip_vision_config(), tiny_llama_config())
     b, s = Dim("batch", min=1, max=64), Dim("seq", min=2, max=200)
-    path = out_dir / "model.onnx"
-    exporter = export_model(
-        model, args, path, input_names, output_names,
+    feeds, outs = export_and_verify(
+        name, model, (randn(rng, 2, 3, 32, 32), randint(rng, 256, 2, 7)), out_dir / "model.onnx",
+        ["pixel_values", "input_ids"], ["logits"],
+        alt_args=[(randn(rng, 1, 3, 32, 32), randint(rng, 256, 1, 2)),
+                  (randn(rng, 3, 3, 32, 32), randint(rng, 256, 3, 20))],
         dynamic_shapes=({0: b}, {0: b, 1: s}),
         dynamic_axes={"pixel_values": {0: "batch"}, "input_ids": {0: "batch", 1: "seq"},
                       "logits": {0: "batch", 1: "total_seq"}},
     )
-    feeds = {n: a.numpy() for n, a in zip(input_names, args)}
-    outs = finish(name, out_dir, path, exporter, feeds, ref, output_names)
     save_npz(out_dir / "inputs.npz", feeds)
     save_npz(out_dir / "outputs.npz", outs)
 
@@ -696,53 +728,78 @@ def gen_pipeline(out_root: Path) -> None:
     rng = seed_everything(7)
     out_dir = fresh_dir(out_root, name)
     text_cfg = tiny_llama_config()
-    encoder = VisionProjector(tiny_clip_vision_config(), text_cfg.hidden_size).eval()
-    decoder = EmbedsDecoder(text_cfg).eval()
+    encoder = VisionProjector(tiny_clip_vision_config(), text_cfg.hidden_size)
+    decoder = EmbedsDecoder(text_cfg)
+    hidden = text_cfg.hidden_size
 
-    pixel_values = torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
-    enc_path = out_dir / "vision_encoder.onnx"
-    with torch.no_grad():
-        enc_ref = to_tuple(encoder(pixel_values))
-    enc_exporter = export_model(
-        encoder, (pixel_values,), enc_path, ["pixel_values"], ["image_embeds"],
+    enc_feeds, enc_outs = export_and_verify(
+        name, encoder, (randn(rng, 2, 3, 32, 32),), out_dir / "vision_encoder.onnx",
+        ["pixel_values"], ["image_embeds"],
+        alt_args=[(randn(rng, 1, 3, 32, 32),), (randn(rng, 3, 3, 32, 32),)],
         dynamic_shapes=({0: Dim("batch", min=1, max=64)},),
         dynamic_axes={"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}},
     )
-    enc_feeds = {"pixel_values": pixel_values.numpy()}
-    enc_outs = finish(name, out_dir, enc_path, enc_exporter, enc_feeds, enc_ref, ["image_embeds"])
 
-    # Decoder input: ORT image embeddings followed by embeddings of a few tokens.
-    token_ids = torch.from_numpy(rng.integers(0, 256, size=(2, 5), dtype=np.int64))
+    # Decoder input: the (ONNX Runtime) image embeddings followed by the
+    # embeddings of five text tokens.
+    token_ids = randint(rng, 256, 2, 5)
     with torch.no_grad():
         token_embeds = decoder.model.model.embed_tokens(token_ids)
     inputs_embeds = torch.cat([torch.from_numpy(enc_outs["image_embeds"]), token_embeds], dim=1)
-    dec_path = out_dir / "decoder.onnx"
-    with torch.no_grad():
-        dec_ref = to_tuple(decoder(inputs_embeds))
-    dec_exporter = export_model(
-        decoder, (inputs_embeds,), dec_path, ["inputs_embeds"], ["logits"],
+    dec_feeds, dec_outs = export_and_verify(
+        name, decoder, (inputs_embeds,), out_dir / "decoder.onnx",
+        ["inputs_embeds"], ["logits"],
+        alt_args=[(randn(rng, 1, 3, hidden),), (randn(rng, 3, 30, hidden),)],
         dynamic_shapes=({0: Dim("batch", min=1, max=64), 1: Dim("seq", min=2, max=256)},),
         dynamic_axes={"inputs_embeds": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
     )
-    dec_feeds = {"inputs_embeds": inputs_embeds.numpy()}
-    dec_outs = finish(name, out_dir, dec_path, dec_exporter, dec_feeds, dec_ref, ["logits"])
 
-    inputs = {**enc_feeds, **dec_feeds}
-    outputs = {}
-    collide_in = set(enc_feeds) & set(dec_feeds)
-    collide_out = set(enc_outs) & set(dec_outs)
-    if collide_in or collide_out:
-        inputs = {**{f"vision_encoder.{k}": v for k, v in enc_feeds.items()},
-                  **{f"decoder.{k}": v for k, v in dec_feeds.items()}}
-        outputs = {**{f"vision_encoder.{k}": v for k, v in enc_outs.items()},
-                   **{f"decoder.{k}": v for k, v in dec_outs.items()}}
+    if (set(enc_feeds) & set(dec_feeds)) or (set(enc_outs) & set(dec_outs)):
+        def prefixed(prefix, arrays):
+            return {f"{prefix}.{k}": v for k, v in arrays.items()}
+        inputs = {**prefixed("vision_encoder", enc_feeds), **prefixed("decoder", dec_feeds)}
+        outputs = {**prefixed("vision_encoder", enc_outs), **prefixed("decoder", dec_outs)}
     else:
+        inputs = {**enc_feeds, **dec_feeds}
         outputs = {**enc_outs, **dec_outs}
     save_npz(out_dir / "inputs.npz", inputs)
     save_npz(out_dir / "outputs.npz", outputs)
 
 
 # --- quantization-aware-trained CNN --------------------------------------
+#
+# Training uses torch's fake-quantization ops.  After training the
+# quantization parameters are frozen to Python numbers, and export goes through
+# autograd functions whose ONNX symbolic emits QuantizeLinear/DequantizeLinear
+# with constant scale/zero-point tensors of the proper element types (uint8
+# activations, per-channel symmetric int8 weights).
+
+
+class _FakeQuantPerTensor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale: float, zero_point: int):
+        return torch.fake_quantize_per_tensor_affine(x, scale, zero_point, 0, 255)
+
+    @staticmethod
+    def symbolic(g, x, scale: float, zero_point: int):
+        s = g.op("Constant", value_t=torch.tensor(scale, dtype=torch.float32))
+        z = g.op("Constant", value_t=torch.tensor(zero_point, dtype=torch.uint8))
+        return g.op("DequantizeLinear", g.op("QuantizeLinear", x, s, z), s, z)
+
+
+class _FakeQuantPerChannel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, scales: tuple, axis: int):
+        scale = torch.tensor(scales, dtype=torch.float32)
+        zero_point = torch.zeros(len(scales), dtype=torch.int32)
+        return torch.fake_quantize_per_channel_affine(w, scale, zero_point, axis, -128, 127)
+
+    @staticmethod
+    def symbolic(g, w, scales: tuple, axis: int):
+        s = g.op("Constant", value_t=torch.tensor(scales, dtype=torch.float32))
+        z = g.op("Constant", value_t=torch.zeros(len(scales), dtype=torch.int8))
+        q = g.op("QuantizeLinear", w, s, z, axis_i=axis)
+        return g.op("DequantizeLinear", q, s, z, axis_i=axis)
 
 
 class FakeQuantAct(nn.Module):
@@ -753,23 +810,30 @@ class FakeQuantAct(nn.Module):
         self.momentum = momentum
         self.register_buffer("min_val", torch.tensor(0.0))
         self.register_buffer("max_val", torch.tensor(1.0))
-        self.register_buffer("initialized", torch.tensor(False))
+        self.observed = False
+        self.frozen: tuple[float, int] | None = None
 
-    def qparams(self):
+    def qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         lo = torch.clamp(self.min_val, max=0.0)
-        hi = torch.clamp(self.max_val, min=lo + 1e-6)
+        hi = torch.maximum(torch.clamp(self.max_val, min=0.0), lo + 1e-6)
         scale = (hi - lo) / 255.0
         zero_point = torch.clamp(torch.round(-lo / scale), 0, 255).to(torch.int32)
-        return scale.reshape(()).float(), zero_point.reshape(())
+        return scale.float(), zero_point
+
+    def freeze(self) -> None:
+        scale, zero_point = self.qparams()
+        self.frozen = (float(scale), int(zero_point))
 
     def forward(self, x):
+        if self.frozen is not None:
+            return _FakeQuantPerTensor.apply(x, *self.frozen)
         if self.training:
             with torch.no_grad():
                 lo, hi = x.min(), x.max()
-                if not bool(self.initialized):
+                if not self.observed:
                     self.min_val.copy_(lo)
                     self.max_val.copy_(hi)
-                    self.initialized.fill_(True)
+                    self.observed = True
                 else:
                     self.min_val.lerp_(lo, self.momentum)
                     self.max_val.lerp_(hi, self.momentum)
@@ -782,20 +846,29 @@ class QATConv(nn.Module):
 
     def __init__(self, cin: int, cout: int):
         super().__init__()
-        self.conv = nn.Conv2d(cin, cout, kernel_size=3, padding=1, bias=False)
+        self.conv = nn.Conv2d(cin, cout, kernel_size=3, padding=1, bias=True)
         self.bn = nn.BatchNorm2d(cout)
         self.relu = nn.ReLU()
         self.act_fq = FakeQuantAct()
+        self.frozen_scales: tuple | None = None
+
+    def weight_scales(self) -> torch.Tensor:
+        amax = self.conv.weight.detach().abs().amax(dim=(1, 2, 3)).clamp(min=1e-8)
+        return (amax / 127.0).float()
+
+    def freeze(self) -> None:
+        self.frozen_scales = tuple(float(v) for v in self.weight_scales())
+        self.act_fq.freeze()
 
     def quantized_weight(self):
         w = self.conv.weight
-        amax = w.detach().abs().amax(dim=(1, 2, 3)).clamp(min=1e-8)
-        scale = (amax / 127.0).float()
+        if self.frozen_scales is not None:
+            return _FakeQuantPerChannel.apply(w, self.frozen_scales, 0)
         zero_point = torch.zeros(w.shape[0], dtype=torch.int32)
-        return torch.fake_quantize_per_channel_affine(w, scale, zero_point, 0, -128, 127)
+        return torch.fake_quantize_per_channel_affine(w, self.weight_scales(), zero_point, 0, -128, 127)
 
     def forward(self, x):
-        x = nn.functional.conv2d(x, self.quantized_weight(), None, padding=1)
+        x = nn.functional.conv2d(x, self.quantized_weight(), self.conv.bias, padding=1)
         return self.act_fq(self.relu(self.bn(x)))
 
 
@@ -810,6 +883,11 @@ class QATCNN(nn.Module):
         self.block3 = QATConv(16, 32)
         self.gap = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(32, num_classes)
+
+    def freeze(self) -> None:
+        self.input_fq.freeze()
+        for block in (self.block1, self.block2, self.block3):
+            block.freeze()
 
     def forward(self, x):
         x = self.input_fq(x)
@@ -835,26 +913,22 @@ def gen_qat_cnn(out_root: Path) -> None:
         loss.backward()
         opt.step()
     model.eval()
+    model.freeze()
 
-    x = torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
-    with torch.no_grad():
-        ref = to_tuple(model(x))
+    # TorchScript exporter: PRESERVE (with the model in eval mode) keeps the
+    # inference-mode BatchNormalization nodes instead of fusing them into the
+    # convolutions, and no constant folding keeps the weight Q/DQ pairs.
     path = out_dir / "model.onnx"
-    # TorchScript exporter; PRESERVE keeps the (eval-mode) BatchNormalization
-    # nodes instead of folding them into the convolutions, and disabling
-    # constant folding keeps the weight QuantizeLinear/DequantizeLinear pairs.
-    exporter = export_model(
-        model, (x,), path, ["input"], ["logits"],
+    feeds, outs = export_and_verify(
+        name, model, (randn(rng, 2, 3, 32, 32),), path, ["input"], ["logits"],
+        alt_args=[(randn(rng, 1, 3, 32, 32),), (randn(rng, 7, 3, 32, 32),)],
         dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
         prefer_dynamo=False,
         torchscript_kwargs=dict(training=torch.onnx.TrainingMode.PRESERVE,
                                 do_constant_folding=False),
     )
-    feeds = {"input": x.numpy()}
-    outs = finish(name, out_dir, path, exporter, feeds, ref, ["logits"])
-    proto = onnx.load(str(path))
-    ops = collections.Counter(n.op_type for n in proto.graph.node)
-    if ops["BatchNormalization"] != 3 or ops["QuantizeLinear"] < 4:
+    ops = collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+    if ops["BatchNormalization"] != 3 or ops["QuantizeLinear"] != 7 or ops["Conv"] != 3:
         raise RuntimeError(f"{name}: unexpected op counts {dict(ops)}")
     save_npz(out_dir / "inputs.npz", feeds)
     save_npz(out_dir / "outputs.npz", outs)
@@ -886,7 +960,7 @@ def gen_big_llama(out_dir: Path) -> None:
     print(f"  {name}: {n_params / 1e6:.1f}M parameters ({n_params * 4 / 2**30:.2f} GiB f32)")
     export_causal_lm_with_past(name, out_dir, model, n_layers=32, n_kv_heads=4, head_dim=64,
                                vocab=32000, with_position_ids=True, rng=rng, external_data=True,
-                               batch=2, seq=3, past_seq=4)
+                               check_alt_shapes=False)
 
 
 FIXTURES = {
@@ -902,6 +976,11 @@ FIXTURES = {
 
 
 def main() -> int:
+    # the exporter logs one line per optional torchvision op it cannot register
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+    warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
+    warnings.filterwarnings("ignore", message=".*will not be used, since it shares the same shape.*")
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=sorted(FIXTURES), action="append",

@@ -253,6 +253,7 @@ class Worker:
         self.current: tuple[str, str] | None = None
         self.deadline = 0.0
         self.errlog = None
+        self.ready = False
 
     def start(self) -> None:
         rfd, wfd = os.pipe()
@@ -273,6 +274,7 @@ class Worker:
         self.proc.stdin.close()
         self.buf = b""
         self.current = None
+        self.ready = False
         # Collecting the test cases takes a while; allow for it.
         self.deadline = time.monotonic() + self.timeout + 300
 
@@ -297,7 +299,9 @@ class Worker:
         while b"\n" in self.buf:
             line, self.buf = self.buf.split(b"\n", 1)
             msg = json.loads(line)
-            if "start" in msg:
+            if "ready" in msg:
+                self.ready = True
+            elif "start" in msg:
                 self.current = tuple(msg["start"])
                 self.deadline = time.monotonic() + self.timeout
             elif "done" in msg:
@@ -323,7 +327,16 @@ class Worker:
         return rc
 
     def abandon_current(self, results: dict, reason: str) -> None:
-        """Record the task in progress (or the next one) as failed and drop it."""
+        """Record the task in progress (or the next one) as failed and drop it.
+
+        A worker that dies before it is ready would die again: give up on all
+        of its tasks then.
+        """
+        if not self.ready:
+            for name, phase in self.pending:
+                results.setdefault(name, {})[phase] = fail(f"worker failed to start: {reason}")
+            self.pending = []
+            return
         task = self.current or (tuple(self.pending[0]) if self.pending else None)
         if task is None:
             return

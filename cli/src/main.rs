@@ -1,1 +1,143 @@
-fn main() {}
+//! `mmq`: compile multimodal ONNX models.
+//!
+//! The only crate that prints. Exit codes: 0 success, 1 user error (bad input, unsupported
+//! construct) with a diagnostic on stderr, 2 usage error.
+
+mod diagnostics;
+mod inspect;
+mod load;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::diagnostics::Failure;
+
+#[derive(Parser)]
+#[command(name = "mmq", version, about = "Quantize, fuse and compile multimodal ONNX models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a model's IR (`.mmir` text), a JSON summary, a DOT graph or statistics.
+    Inspect {
+        /// ONNX files (several load as one module with shared symbols) or one `.mmir` file.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Print node counts per op and weight bytes per dtype.
+        #[arg(long)]
+        stats: bool,
+        /// Print source node names as `loc("...")` in the text format.
+        #[arg(long)]
+        loc: bool,
+    },
+    /// Import an ONNX model, verify it, and export it again without optimization.
+    Convert {
+        /// The ONNX model.
+        input: PathBuf,
+        /// Output ONNX file (large weights go to `OUT.data` beside it).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Where weights go: `auto` keeps external weights external and inline weights inline
+        /// unless the model exceeds 2 GiB.
+        #[arg(long, value_enum, default_value_t = ExternalArg::Auto)]
+        external_data: ExternalArg,
+    },
+    /// Parse and verify a `.mmir` file (or an ONNX model).
+    Verify {
+        /// The file.
+        input: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+    Dot,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ExternalArg {
+    Auto,
+    Always,
+    Never,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect { inputs, format, stats, loc } => {
+            inspect::run(&inputs, format, stats, loc).and_then(|text| emit(&text))
+        }
+        Command::Convert { input, output, external_data } => convert(&input, &output, external_data),
+        Command::Verify { input } => verify(&input),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            let _ = std::io::stderr().write_all(failure.rendered.as_bytes());
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+fn emit(text: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    // A closed pipe (`mmq inspect m.onnx | head`) is not an error worth reporting.
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Failure::user(format!("error: cannot write to stdout: {e}\n")))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn convert(input: &std::path::Path, output: &std::path::Path, ext: ExternalArg) -> Result<(), Failure> {
+    let loaded = load::load(std::slice::from_ref(&input.to_path_buf()))?;
+    loaded.verify()?;
+    let graph = loaded.module.entries[0].graph;
+    let opts = mmq_backend_ort::ExportOptions {
+        external_data: match ext {
+            ExternalArg::Auto => mmq_backend_ort::ExternalData::Auto,
+            ExternalArg::Always => mmq_backend_ort::ExternalData::Always,
+            ExternalArg::Never => mmq_backend_ort::ExternalData::Never,
+        },
+        ..Default::default()
+    };
+    let report = mmq_backend_ort::write_model(&loaded.module, graph, output, &opts)
+        .map_err(|e| Failure::user(format!("error: cannot write {}: {e}\n", output.display())))?;
+    let g = &loaded.module.graphs[graph];
+    let msg = format!(
+        "wrote {} ({} nodes, {} inputs, {} outputs; {})\n",
+        output.display(),
+        g.nodes.len(),
+        g.inputs.len(),
+        g.outputs.len(),
+        report,
+    );
+    let _ = std::io::stderr().write_all(msg.as_bytes());
+    Ok(())
+}
+
+fn verify(input: &std::path::Path) -> Result<(), Failure> {
+    let loaded = load::load(std::slice::from_ref(&input.to_path_buf()))?;
+    loaded.verify()?;
+    let m = &loaded.module;
+    let msg = format!(
+        "{}: ok ({} graphs, {} nodes, {} constants)\n",
+        input.display(),
+        m.graphs.len(),
+        m.graphs.iter().map(|(_, g)| g.nodes.len()).sum::<usize>(),
+        m.consts.len()
+    );
+    emit(&msg)
+}

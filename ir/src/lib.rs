@@ -26,15 +26,21 @@
 pub mod arena;
 pub mod attr;
 pub mod constant;
+pub mod diag;
 pub mod dim;
 pub mod dtype;
+pub mod infer;
 pub mod module;
 pub mod op;
+pub mod text;
 pub mod types;
+pub mod verify;
+pub mod view;
 
 pub use arena::{Arena, EntityRef, SecondaryMap};
 pub use attr::{Attr, AttrValue};
 pub use constant::{Const, ConstData, ExternalFile, Storage};
+pub use diag::{Entity, IrError, Severity};
 pub use dim::{Dim, DimExpr, Sym, SymbolData};
 pub use dtype::DType;
 pub use module::{

@@ -1,1 +1,74 @@
-//! Test support.
+//! Shared support for the end-to-end, round-trip and conformance tests: where the repository,
+//! the fixtures and the Python oracle (ONNX + ONNX Runtime in `.venv`) are.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// A scratch directory under the build's target directory, emptied first.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = repo_root().join("target").join("mmq-test-scratch").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    dir
+}
+
+/// The oracle's Python interpreter. Panics (never skips) when the virtualenv is missing.
+pub fn python() -> PathBuf {
+    let py = repo_root().join(".venv/bin/python");
+    assert!(
+        py.exists(),
+        "the Python oracle is missing: run `tools/setup-venv.sh` (the README's test command does)"
+    );
+    py
+}
+
+/// Runs `tools/oracle.py` with `args`.
+pub fn oracle(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(python())
+        .arg(repo_root().join("tools/oracle.py"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the oracle: {e}"))
+}
+
+/// A committed fixture: a directory with one or more `.onnx` files, `inputs.npz`, `outputs.npz`.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    /// Directory name (`vit`, `clip`, ...).
+    pub name: String,
+    /// The directory.
+    pub dir: PathBuf,
+    /// The ONNX files, sorted.
+    pub models: Vec<PathBuf>,
+}
+
+/// Every fixture under `tests/fixtures/`, sorted by name.
+pub fn fixtures() -> Vec<Fixture> {
+    let root = repo_root().join("tests/fixtures");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display())) {
+        let dir = entry.expect("readable fixture directory").path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let mut models: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .expect("readable fixture directory")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "onnx"))
+            .collect();
+        models.sort();
+        if models.is_empty() {
+            continue;
+        }
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        out.push(Fixture { name, dir, models });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    assert!(out.len() >= 8, "expected the committed fixtures under {}", root.display());
+    out
+}

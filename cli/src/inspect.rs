@@ -1,0 +1,233 @@
+//! `mmq inspect`: the `.mmir` dump, a JSON summary, a DOT graph, statistics.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use mmq_ir::{Dim, GraphId, Module, Type, Value, ValueDef};
+use serde_json::{Value as Json, json};
+
+use crate::Format;
+use crate::diagnostics::Failure;
+use crate::load;
+
+/// Runs `inspect` and returns what to print.
+pub fn run(inputs: &[PathBuf], format: Format, stats: bool, loc: bool) -> Result<String, Failure> {
+    let loaded = load::load(inputs)?;
+    let m = &loaded.module;
+    Ok(match format {
+        Format::Text => {
+            let opts = mmq_ir::text::PrintOptions { loc, ..Default::default() };
+            let mut out = mmq_ir::text::print_with(m, &opts);
+            if stats {
+                out.push_str(&stats_text(m));
+            }
+            out
+        }
+        Format::Json => {
+            let mut j = summary_json(m);
+            if stats {
+                j["weight_bytes_by_dtype"] = json!(weight_bytes_by_dtype(m));
+            }
+            let mut s = serde_json::to_string_pretty(&j).unwrap_or_default();
+            s.push('\n');
+            s
+        }
+        Format::Dot => dot(m),
+    })
+}
+
+fn dim_json(m: &Module, d: &Dim) -> Json {
+    match d.as_known() {
+        Some(n) => json!(n),
+        None => json!(render_dim(m, d)),
+    }
+}
+
+fn render_dim(m: &Module, d: &Dim) -> String {
+    d.render(&|s| m.symbols[s].name.clone())
+}
+
+/// A short type spelling for summaries (`f32[batch, 3, 224, 224]`).
+fn type_str(m: &Module, ty: &Type) -> String {
+    match ty {
+        Type::Unknown => "unknown".to_owned(),
+        Type::Tensor(t) | Type::SparseTensor(t) => {
+            let dtype = t.dtype.map_or("?", |d| d.name());
+            let dims = match &t.shape {
+                Some(dims) => {
+                    let dims: Vec<String> = dims.iter().map(|d| render_dim(m, d)).collect();
+                    format!("[{}]", dims.join(", "))
+                }
+                None => "[*]".to_owned(),
+            };
+            let s = format!("{dtype}{dims}");
+            if matches!(ty, Type::SparseTensor(_)) { format!("sparse<{s}>") } else { s }
+        }
+        Type::Sequence(t) => format!("seq<{}>", type_str(m, t)),
+        Type::Optional(t) => format!("opt<{}>", type_str(m, t)),
+        Type::Map(k, v) => format!("map<{k}, {}>", type_str(m, v)),
+    }
+}
+
+fn value_json(m: &Module, v: Value) -> Json {
+    let ty = m.value_type(v);
+    let (dtype, shape) = match ty.as_tensor() {
+        Some(t) => (
+            t.dtype.map_or(Json::Null, |d| json!(d.name())),
+            t.shape.as_ref().map_or(Json::Null, |s| Json::Array(s.iter().map(|d| dim_json(m, d)).collect())),
+        ),
+        None => (json!(type_str(m, ty)), Json::Null),
+    };
+    json!({"name": m.values[v].name.clone().unwrap_or_default(), "dtype": dtype, "shape": shape})
+}
+
+fn op_key(op: &mmq_ir::Op) -> String {
+    match op.domain() {
+        "" => op.op_type().to_owned(),
+        d => format!("{d}.{}", op.op_type()),
+    }
+}
+
+/// Op counts over a graph and its subgraphs.
+fn op_counts(m: &Module, g: GraphId) -> BTreeMap<String, usize> {
+    let mut ops = BTreeMap::new();
+    for sub in m.graph_tree(g) {
+        for &n in &m.graphs[sub].nodes {
+            *ops.entry(op_key(&m.nodes[n].op)).or_insert(0) += 1;
+        }
+    }
+    ops
+}
+
+fn summary_json(m: &Module) -> Json {
+    let symbols: Vec<Json> = m
+        .symbols
+        .iter()
+        .map(|(_, s)| json!({"name": s.name, "min": s.min, "max": s.max}))
+        .collect();
+    let graphs: Vec<Json> = m
+        .entries
+        .iter()
+        .map(|e| {
+            let g = &m.graphs[e.graph];
+            let ops = op_counts(m, e.graph);
+            json!({
+                "name": g.name,
+                "inputs": g.inputs.iter().map(|&v| value_json(m, v)).collect::<Vec<_>>(),
+                "outputs": g.outputs.iter().map(|&v| value_json(m, v)).collect::<Vec<_>>(),
+                "nodes": ops.values().sum::<usize>(),
+                "ops": ops,
+            })
+        })
+        .collect();
+    json!({
+        "symbols": symbols,
+        "graphs": graphs,
+        "constants": m.consts.len(),
+        "weight_bytes": m.weight_bytes(),
+    })
+}
+
+fn weight_bytes_by_dtype(m: &Module) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (_, c) in m.consts.iter() {
+        *out.entry(c.dtype.name().to_owned()).or_insert(0) += c.byte_len();
+    }
+    out
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{n} B") } else { format!("{v:.2} {}", UNITS[u]) }
+}
+
+fn stats_text(m: &Module) -> String {
+    let mut out = String::from("\n// ---- statistics ----\n");
+    for e in &m.entries {
+        let ops = op_counts(m, e.graph);
+        let total: usize = ops.values().sum();
+        let _ = writeln!(out, "// graph @{}: {total} nodes", m.graphs[e.graph].name);
+        let mut sorted: Vec<(&String, &usize)> = ops.iter().collect();
+        sorted.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let width = sorted.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        for (op, n) in sorted {
+            let _ = writeln!(out, "//   {op:<width$}  {n}");
+        }
+    }
+    let by_dtype = weight_bytes_by_dtype(m);
+    let _ = writeln!(out, "// weights: {} in {} constants", human_bytes(m.weight_bytes()), m.consts.len());
+    for (dtype, bytes) in by_dtype {
+        let _ = writeln!(out, "//   {dtype:<10}  {}", human_bytes(bytes));
+    }
+    out
+}
+
+fn dot_escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+fn dot(m: &Module) -> String {
+    let mut out = String::new();
+    for e in &m.entries {
+        let g = &m.graphs[e.graph];
+        let _ = writeln!(out, "digraph \"{}\" {{", dot_escape(&g.name));
+        out.push_str("  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n");
+        let mut source: std::collections::HashMap<Value, String> = Default::default();
+        for (i, &v) in g.inputs.iter().enumerate() {
+            let id = format!("in{i}");
+            let name = m.values[v].name.clone().unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {id} [shape=ellipse, label=\"{}\\n{}\"];",
+                dot_escape(&name),
+                dot_escape(&type_str(m, m.value_type(v)))
+            );
+            source.insert(v, id);
+        }
+        for (i, &n) in g.nodes.iter().enumerate() {
+            let node = &m.nodes[n];
+            let id = format!("n{i}");
+            let consts = node
+                .inputs
+                .iter()
+                .flatten()
+                .filter(|v| matches!(m.values[**v].def, ValueDef::Const(_)))
+                .count();
+            let extra = if consts > 0 { format!("\\n+{consts} const") } else { String::new() };
+            let _ = writeln!(out, "  {id} [label=\"{}{extra}\"];", dot_escape(&op_key(&node.op)));
+            for &v in node.inputs.iter().flatten() {
+                if let Some(src) = source.get(&v) {
+                    let _ = writeln!(
+                        out,
+                        "  {src} -> {id} [label=\"{}\"];",
+                        dot_escape(&type_str(m, m.value_type(v)))
+                    );
+                }
+            }
+            for &v in node.outputs.iter().flatten() {
+                source.insert(v, id.clone());
+            }
+        }
+        for (i, &v) in g.outputs.iter().enumerate() {
+            let id = format!("out{i}");
+            let name = m.values[v].name.clone().unwrap_or_default();
+            let _ = writeln!(out, "  {id} [shape=ellipse, label=\"{}\"];", dot_escape(&name));
+            if let Some(src) = source.get(&v) {
+                let _ = writeln!(
+                    out,
+                    "  {src} -> {id} [label=\"{}\"];",
+                    dot_escape(&type_str(m, m.value_type(v)))
+                );
+            }
+        }
+        out.push_str("}\n");
+    }
+    out
+}

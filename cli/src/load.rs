@@ -1,0 +1,87 @@
+//! Loading command inputs: ONNX files (one module, one graph per file) or a `.mmir` file.
+
+use std::path::{Path, PathBuf};
+
+use codespan_reporting::files::SimpleFiles;
+use mmq_ir::Module;
+use mmq_ir::text::SpanMap;
+
+use crate::diagnostics::{self, Failure};
+
+/// Where the module came from, for locating diagnostics.
+pub enum Origin {
+    Onnx(Vec<PathBuf>),
+    Text { files: SimpleFiles<String, String>, file: usize, spans: SpanMap },
+}
+
+/// A loaded module.
+pub struct Loaded {
+    pub module: Module,
+    pub origin: Origin,
+}
+
+fn is_text(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "mmir")
+}
+
+/// Loads the inputs: one `.mmir` file, or one or more ONNX files.
+pub fn load(paths: &[PathBuf]) -> Result<Loaded, Failure> {
+    if paths.iter().any(|p| is_text(p)) {
+        if paths.len() != 1 {
+            return Err(Failure {
+                rendered: "error: a .mmir file must be the only input\n".to_owned(),
+                code: 2,
+            });
+        }
+        return load_text(&paths[0]);
+    }
+    let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+    match mmq_onnx::load_files(&refs, &mmq_onnx::LoadOptions::default()) {
+        Ok(module) => Ok(Loaded { module, origin: Origin::Onnx(paths.to_vec()) }),
+        Err(e) => Err(Failure::user(format!("error: {e}\n"))),
+    }
+}
+
+fn load_text(path: &Path) -> Result<Loaded, Failure> {
+    let src = std::fs::read_to_string(path)
+        .map_err(|e| Failure::user(format!("error: cannot read {}: {e}\n", path.display())))?;
+    let mut files = SimpleFiles::new();
+    let file = files.add(path.display().to_string(), src);
+    let parsed = mmq_ir::text::parse(files.get(file).map(|f| f.source().as_str()).unwrap_or(""));
+    match parsed {
+        Ok((module, spans)) => Ok(Loaded { module, origin: Origin::Text { files, file, spans } }),
+        Err(errors) => {
+            let rendered = errors
+                .iter()
+                .map(|e| diagnostics::render(&files, &mmq_ir::text::to_diagnostic(e, file)))
+                .collect();
+            Err(Failure::user(rendered))
+        }
+    }
+}
+
+impl Loaded {
+    /// Runs the verifier; renders every error (warnings are reported only alongside errors).
+    pub fn verify(&self) -> Result<(), Failure> {
+        let Err(errors) = mmq_ir::verify::verify(&self.module) else {
+            return Ok(());
+        };
+        if errors.iter().all(|e| e.severity == mmq_ir::Severity::Warning) {
+            return Ok(());
+        }
+        let rendered = match &self.origin {
+            Origin::Onnx(paths) => {
+                let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+                diagnostics::render_ir_errors(&self.module, &names.join(", "), &errors)
+            }
+            Origin::Text { files, file, spans } => errors
+                .iter()
+                .map(|e| {
+                    let d = diagnostics::ir_error_diagnostic(e, *file, spans.get(e.entity));
+                    diagnostics::render(files, &d)
+                })
+                .collect(),
+        };
+        Err(Failure::user(rendered))
+    }
+}

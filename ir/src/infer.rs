@@ -1,0 +1,1 @@
+//! Shape and type inference (in progress).

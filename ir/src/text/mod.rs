@@ -1,0 +1,1 @@
+//! The `.mmir` text format (in progress).

@@ -1,0 +1,1 @@
+//! petgraph views (in progress).

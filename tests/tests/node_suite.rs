@@ -1,0 +1,140 @@
+//! The ONNX node test suite (built in memory by the `onnx` package) through import → export →
+//! ONNX Runtime, and through `.mmir` text. `tests/node-suite-expectations.txt` lists every case
+//! that does not pass yet with its reason; the test fails when a listed case passes (shrink the
+//! list) and when an unlisted case fails.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::path::Path;
+
+use mmq_tests::{oracle, repo_root, scratch_dir};
+
+const EXPECTATIONS: &str = "tests/node-suite-expectations.txt";
+
+fn read_expectations() -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(repo_root().join(EXPECTATIONS)).unwrap_or_default();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| match l.split_once(' ') {
+            Some((name, reason)) => (name.to_owned(), reason.trim().to_owned()),
+            None => (l.to_owned(), String::new()),
+        })
+        .collect()
+}
+
+/// Imports, verifies, text-round-trips and exports one case; the error says which step failed.
+fn convert(src: &Path, dst: &Path) -> Result<(), String> {
+    let m = mmq_onnx::load_files(&[src], &mmq_onnx::LoadOptions::default())
+        .map_err(|e| format!("import: {e}"))?;
+    if let Err(errors) = mmq_ir::verify::verify(&m) {
+        if let Some(e) = errors.iter().find(|e| e.severity == mmq_ir::Severity::Error) {
+            return Err(format!("verify: {}", e.message));
+        }
+    }
+    let text = mmq_ir::text::print(&m);
+    match mmq_ir::text::parse(&text) {
+        Ok((parsed, _)) => {
+            if parsed != m {
+                return Err("text: parse(print(m)) != m".to_owned());
+            }
+            if mmq_ir::text::print(&parsed) != text {
+                return Err("text: print(parse(print(m))) != print(m)".to_owned());
+            }
+        }
+        Err(errors) => return Err(format!("text: {}", errors[0].message)),
+    }
+    let graph = m.entries[0].graph;
+    std::fs::create_dir_all(dst.parent().expect("case directory")).map_err(|e| e.to_string())?;
+    mmq_backend_ort::write_model(&m, graph, dst, &Default::default())
+        .map_err(|e| format!("export: {e}"))?;
+    Ok(())
+}
+
+#[test]
+fn node_suite_round_trip() {
+    let cases = scratch_dir("node-suite/cases");
+    let converted = scratch_dir("node-suite/converted");
+    let out = oracle(&[OsStr::new("node-dump"), cases.as_os_str()]);
+    assert!(out.status.success(), "node-dump failed: {}", String::from_utf8_lossy(&out.stderr));
+    let names = std::fs::read_to_string(cases.join("cases.txt")).expect("cases.txt");
+    let names: Vec<&str> = names.lines().filter(|l| !l.is_empty()).collect();
+    assert!(names.len() > 1500, "the node suite has {} cases, expected ~1900", names.len());
+
+    let mut ours: BTreeMap<String, String> = BTreeMap::new();
+    for name in &names {
+        let src = cases.join(name).join("model.onnx");
+        let dst = converted.join(name).join("model.onnx");
+        if let Err(e) = convert(&src, &dst) {
+            ours.insert((*name).to_owned(), e);
+        }
+    }
+
+    let result = converted.join("result.json");
+    let out = oracle(&[
+        OsStr::new("node-eval"),
+        cases.as_os_str(),
+        OsStr::new("--converted"),
+        converted.as_os_str(),
+        OsStr::new("-o"),
+        result.as_os_str(),
+    ]);
+    assert!(out.status.success(), "node-eval failed: {}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&result).expect("result.json")).expect("json");
+
+    // The reason each failing case fails, most fundamental first.
+    let mut failing: BTreeMap<String, String> = BTreeMap::new();
+    let mut passing = 0usize;
+    let mut ort_passes = 0usize;
+    for name in &names {
+        let r = &json[*name];
+        let original = r["original"].as_str().unwrap_or("missing");
+        let conv = r["converted"].as_str().unwrap_or("missing");
+        let checker = r["checker"].as_str().unwrap_or("missing");
+        if original == "pass" {
+            ort_passes += 1;
+        }
+        let reason = if let Some(e) = ours.get(*name) {
+            Some(format!("mmq {e}"))
+        } else if original != "pass" {
+            Some(format!("onnxruntime fails on the original: {original}"))
+        } else if conv != "pass" {
+            Some(format!("onnxruntime on the converted model: {conv}"))
+        } else if checker != "ok" {
+            Some(format!("onnx.checker: {checker}"))
+        } else {
+            None
+        };
+        match reason {
+            Some(r) => {
+                let r: String = r.replace('\n', " ").chars().take(160).collect();
+                failing.insert((*name).to_owned(), r);
+            }
+            None => passing += 1,
+        }
+    }
+
+    let expected = read_expectations();
+    let newly_failing: Vec<_> = failing.keys().filter(|k| !expected.contains_key(*k)).collect();
+    let newly_passing: Vec<_> = expected.keys().filter(|k| !failing.contains_key(*k)).collect();
+    let actual: String = failing.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
+    let actual_path = repo_root().join("target/node-suite-actual.txt");
+    let _ = std::fs::write(&actual_path, &actual);
+    eprintln!(
+        "node suite: {passing} of {} cases round-trip and pass in onnxruntime \
+         (onnxruntime passes {ort_passes} originals); actual list in {}",
+        names.len(),
+        actual_path.display()
+    );
+    assert!(
+        newly_failing.is_empty() && newly_passing.is_empty(),
+        "expectations out of date ({EXPECTATIONS}).\nnewly failing ({}): {:#?}\nnewly passing ({}): {:?}\n\
+         (the full actual list is in {})",
+        newly_failing.len(),
+        newly_failing.iter().map(|k| format!("{k}: {}", failing[*k])).collect::<Vec<_>>(),
+        newly_passing.len(),
+        newly_passing,
+        actual_path.display()
+    );
+}
