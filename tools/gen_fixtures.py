@@ -138,6 +138,7 @@ def export_model(
                     verbose=False,
                 )
             proto = program.model_proto
+            strip_stack_traces(proto)
             save_proto(proto, path, external_data)
             return f"dynamo (opset {opset_of(proto)})"
         except Exception as exc:  # fall back below
@@ -165,6 +166,36 @@ def export_model(
         p.unlink()
     save_proto(proto, path, external_data)
     return f"torchscript (opset {opset_of(proto)})"
+
+
+def strip_stack_traces(proto: onnx.ModelProto) -> None:
+    """Drop the per-node Python stack traces the dynamo exporter records.
+
+    They hold absolute paths and line numbers of the generating machine, so
+    keeping them would make the fixtures differ between checkouts.  All other
+    metadata is kept as exported.
+    """
+    key = "pkg.torch.onnx.stack_trace"
+
+    def strip_graph(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            strip_nodes_props(node)
+
+    def strip_nodes_props(node: onnx.NodeProto) -> None:
+        kept = [p for p in node.metadata_props if p.key != key]
+        if len(kept) != len(node.metadata_props):
+            del node.metadata_props[:]
+            node.metadata_props.extend(kept)
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                strip_graph(attr.g)
+            for g in attr.graphs:
+                strip_graph(g)
+
+    strip_graph(proto.graph)
+    for func in proto.functions:
+        for node in func.node:
+            strip_nodes_props(node)
 
 
 def save_proto(proto: onnx.ModelProto, path: Path, external_data: bool) -> None:
@@ -254,10 +285,12 @@ def summarize(path: Path, proto: onnx.ModelProto, exporter: str) -> None:
     print(f"  {path.relative_to(path.parent.parent)}: {size / 2**10:.1f} KiB{extra}, "
           f"{exporter}, {len(proto.graph.node)} nodes")
     print("    ops: " + ", ".join(f"{k}={v}" for k, v in ops.most_common()))
-    for vi in proto.graph.input:
-        print(f"    in  {vi.name}: {shape_str(vi)}")
-    for vi in proto.graph.output:
-        print(f"    out {vi.name}: {shape_str(vi)}")
+    for kind, values in (("in ", proto.graph.input), ("out", proto.graph.output)):
+        for i, vi in enumerate(values):
+            if i == 8 and len(values) > 10:
+                print(f"    {kind} ... {len(values) - 8} more")
+                break
+            print(f"    {kind} {vi.name}: {shape_str(vi)}")
     params = sorted({d.dim_param for vi in list(proto.graph.value_info) + list(proto.graph.output)
                      + list(proto.graph.input)
                      for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")})

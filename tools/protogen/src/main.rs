@@ -42,7 +42,10 @@ fn default_proto(root: &Path) -> Result<PathBuf> {
         .into());
     }
     let out = Command::new(&python)
-        .args(["-c", "import onnx, os; print(os.path.dirname(onnx.__file__))"])
+        .args([
+            "-c",
+            "import onnx, os; print(os.path.dirname(onnx.__file__))",
+        ])
         .output()?;
     if !out.status.success() {
         return Err(format!(
