@@ -20,8 +20,12 @@ impl Failure {
 
 /// Renders one codespan diagnostic.
 pub fn render(files: &SimpleFiles<String, String>, diag: &Diagnostic<usize>) -> String {
-    term::emit_into_string(&Config::default(), files, diag)
-        .unwrap_or_else(|e| format!("error: {}\n(diagnostic could not be rendered: {e})\n", diag.message))
+    term::emit_into_string(&Config::default(), files, diag).unwrap_or_else(|e| {
+        format!(
+            "error: {}\n(diagnostic could not be rendered: {e})\n",
+            diag.message
+        )
+    })
 }
 
 /// How an entity is called in messages about a module loaded from ONNX.
@@ -68,7 +72,11 @@ pub fn render_ir_errors(m: &Module, origin: &str, errors: &[IrError]) -> String 
             Severity::Error => "error",
             Severity::Warning => "warning",
         };
-        out.push_str(&format!("{level}: {}\n  --> {origin}: {}\n", e.message, describe(m, e.entity)));
+        out.push_str(&format!(
+            "{level}: {}\n  --> {origin}: {}\n",
+            e.message,
+            describe(m, e.entity)
+        ));
     }
     out
 }

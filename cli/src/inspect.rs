@@ -17,7 +17,10 @@ pub fn run(inputs: &[PathBuf], format: Format, stats: bool, loc: bool) -> Result
     let m = &loaded.module;
     Ok(match format {
         Format::Text => {
-            let opts = mmq_ir::text::PrintOptions { loc, ..Default::default() };
+            let opts = mmq_ir::text::PrintOptions {
+                loc,
+                ..Default::default()
+            };
             let mut out = mmq_ir::text::print_with(m, &opts);
             if stats {
                 out.push_str(&stats_text(m));
@@ -62,7 +65,11 @@ fn type_str(m: &Module, ty: &Type) -> String {
                 None => "[*]".to_owned(),
             };
             let s = format!("{dtype}{dims}");
-            if matches!(ty, Type::SparseTensor(_)) { format!("sparse<{s}>") } else { s }
+            if matches!(ty, Type::SparseTensor(_)) {
+                format!("sparse<{s}>")
+            } else {
+                s
+            }
         }
         Type::Sequence(t) => format!("seq<{}>", type_str(m, t)),
         Type::Optional(t) => format!("opt<{}>", type_str(m, t)),
@@ -75,7 +82,9 @@ fn value_json(m: &Module, v: Value) -> Json {
     let (dtype, shape) = match ty.as_tensor() {
         Some(t) => (
             t.dtype.map_or(Json::Null, |d| json!(d.name())),
-            t.shape.as_ref().map_or(Json::Null, |s| Json::Array(s.iter().map(|d| dim_json(m, d)).collect())),
+            t.shape.as_ref().map_or(Json::Null, |s| {
+                Json::Array(s.iter().map(|d| dim_json(m, d)).collect())
+            }),
         ),
         None => (json!(type_str(m, ty)), Json::Null),
     };
@@ -145,7 +154,11 @@ fn human_bytes(n: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{n} B") } else { format!("{v:.2} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
 }
 
 fn stats_text(m: &Module) -> String {
@@ -162,7 +175,12 @@ fn stats_text(m: &Module) -> String {
         }
     }
     let by_dtype = weight_bytes_by_dtype(m);
-    let _ = writeln!(out, "// weights: {} in {} constants", human_bytes(m.weight_bytes()), m.consts.len());
+    let _ = writeln!(
+        out,
+        "// weights: {} in {} constants",
+        human_bytes(m.weight_bytes()),
+        m.consts.len()
+    );
     for (dtype, bytes) in by_dtype {
         let _ = writeln!(out, "//   {dtype:<10}  {}", human_bytes(bytes));
     }
@@ -200,8 +218,16 @@ fn dot(m: &Module) -> String {
                 .flatten()
                 .filter(|v| matches!(m.values[**v].def, ValueDef::Const(_)))
                 .count();
-            let extra = if consts > 0 { format!("\\n+{consts} const") } else { String::new() };
-            let _ = writeln!(out, "  {id} [label=\"{}{extra}\"];", dot_escape(&op_key(&node.op)));
+            let extra = if consts > 0 {
+                format!("\\n+{consts} const")
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "  {id} [label=\"{}{extra}\"];",
+                dot_escape(&op_key(&node.op))
+            );
             for &v in node.inputs.iter().flatten() {
                 if let Some(src) = source.get(&v) {
                     let _ = writeln!(
@@ -218,7 +244,11 @@ fn dot(m: &Module) -> String {
         for (i, &v) in g.outputs.iter().enumerate() {
             let id = format!("out{i}");
             let name = m.values[v].name.clone().unwrap_or_default();
-            let _ = writeln!(out, "  {id} [shape=ellipse, label=\"{}\"];", dot_escape(&name));
+            let _ = writeln!(
+                out,
+                "  {id} [shape=ellipse, label=\"{}\"];",
+                dot_escape(&name)
+            );
             if let Some(src) = source.get(&v) {
                 let _ = writeln!(
                     out,

@@ -11,7 +11,11 @@ use crate::diagnostics::{self, Failure};
 /// Where the module came from, for locating diagnostics.
 pub enum Origin {
     Onnx(Vec<PathBuf>),
-    Text { files: SimpleFiles<String, String>, file: usize, spans: SpanMap },
+    Text {
+        files: SimpleFiles<String, String>,
+        file: usize,
+        spans: SpanMap,
+    },
 }
 
 /// A loaded module.
@@ -37,7 +41,10 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded, Failure> {
     }
     let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
     match mmq_onnx::load_files(&refs, &mmq_onnx::LoadOptions::default()) {
-        Ok(module) => Ok(Loaded { module, origin: Origin::Onnx(paths.to_vec()) }),
+        Ok(module) => Ok(Loaded {
+            module,
+            origin: Origin::Onnx(paths.to_vec()),
+        }),
         Err(e) => Err(Failure::user(format!("error: {e}\n"))),
     }
 }
@@ -49,7 +56,10 @@ fn load_text(path: &Path) -> Result<Loaded, Failure> {
     let file = files.add(path.display().to_string(), src);
     let parsed = mmq_ir::text::parse(files.get(file).map(|f| f.source().as_str()).unwrap_or(""));
     match parsed {
-        Ok((module, spans)) => Ok(Loaded { module, origin: Origin::Text { files, file, spans } }),
+        Ok((module, spans)) => Ok(Loaded {
+            module,
+            origin: Origin::Text { files, file, spans },
+        }),
         Err(errors) => {
             let rendered = errors
                 .iter()
@@ -66,7 +76,10 @@ impl Loaded {
         let Err(errors) = mmq_ir::verify::verify(&self.module) else {
             return Ok(());
         };
-        if errors.iter().all(|e| e.severity == mmq_ir::Severity::Warning) {
+        if errors
+            .iter()
+            .all(|e| e.severity == mmq_ir::Severity::Warning)
+        {
             return Ok(());
         }
         let rendered = match &self.origin {

@@ -16,7 +16,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::diagnostics::Failure;
 
 #[derive(Parser)]
-#[command(name = "mmq", version, about = "Quantize, fuse and compile multimodal ONNX models")]
+#[command(
+    name = "mmq",
+    version,
+    about = "Quantize, fuse and compile multimodal ONNX models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -75,10 +79,17 @@ enum ExternalArg {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Inspect { inputs, format, stats, loc } => {
-            inspect::run(&inputs, format, stats, loc).and_then(|text| emit(&text))
-        }
-        Command::Convert { input, output, external_data } => convert(&input, &output, external_data),
+        Command::Inspect {
+            inputs,
+            format,
+            stats,
+            loc,
+        } => inspect::run(&inputs, format, stats, loc).and_then(|text| emit(&text)),
+        Command::Convert {
+            input,
+            output,
+            external_data,
+        } => convert(&input, &output, external_data),
         Command::Verify { input } => verify(&input),
     };
     match result {
@@ -94,14 +105,18 @@ fn emit(text: &str) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     // A closed pipe (`mmq inspect m.onnx | head`) is not an error worth reporting.
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(Failure::user(format!("error: cannot write to stdout: {e}\n")))
-        }
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure::user(format!(
+            "error: cannot write to stdout: {e}\n"
+        ))),
         _ => Ok(()),
     }
 }
 
-fn convert(input: &std::path::Path, output: &std::path::Path, ext: ExternalArg) -> Result<(), Failure> {
+fn convert(
+    input: &std::path::Path,
+    output: &std::path::Path,
+    ext: ExternalArg,
+) -> Result<(), Failure> {
     let loaded = load::load(std::slice::from_ref(&input.to_path_buf()))?;
     loaded.verify()?;
     let graph = loaded.module.entries[0].graph;

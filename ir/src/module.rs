@@ -113,6 +113,9 @@ pub struct ModelInfo {
     pub metadata: Vec<(String, String)>,
     /// The file the model was read from, if any.
     pub source: Option<std::path::PathBuf>,
+    /// Model-local functions (`ModelProto.functions`), each an encoded ONNX `FunctionProto`,
+    /// kept so that export can write them back unchanged.
+    pub functions: Vec<bytes::Bytes>,
 }
 
 impl ModelInfo {

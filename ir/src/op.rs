@@ -57,6 +57,15 @@ macro_rules! ops {
             /// Every modeled op type, in declaration order.
             pub const MODELED: &'static [&'static str] = &[$(stringify!($variant)),*];
 
+            /// The attribute names of a modeled op type, in declaration order; `None` when
+            /// `op_type` is not modeled.
+            pub fn attr_names(op_type: &str) -> Option<&'static [&'static str]> {
+                match op_type {
+                    $(stringify!($variant) => Some(&[$(attr_name!($field $(, $aname)?)),*]),)*
+                    _ => None,
+                }
+            }
+
             /// The operator type (ONNX `op_type`).
             pub fn op_type(&self) -> &str {
                 match self {

@@ -6,14 +6,21 @@ use std::process::{Command, Output};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// A scratch directory under the build's target directory, emptied first.
 pub fn scratch_dir(name: &str) -> PathBuf {
-    let dir = repo_root().join("target").join("mmq-test-scratch").join(name);
+    let dir = repo_root()
+        .join("target")
+        .join("mmq-test-scratch")
+        .join(name);
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
     dir
 }
 
@@ -65,10 +72,17 @@ pub fn fixtures() -> Vec<Fixture> {
         if models.is_empty() {
             continue;
         }
-        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         out.push(Fixture { name, dir, models });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    assert!(out.len() >= 8, "expected the committed fixtures under {}", root.display());
+    assert!(
+        out.len() >= 8,
+        "expected the committed fixtures under {}",
+        root.display()
+    );
     out
 }

@@ -1,0 +1,305 @@
+//! Writing `.onnx` (and `.onnx.data`) files atomically.
+
+use std::fmt;
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use mmq_ir::{GraphId, Module, Storage};
+use prost::Message;
+use tempfile::NamedTempFile;
+
+use crate::error::ExportError;
+use crate::export::{export_model, used_consts};
+use crate::external::{DataFileSink, InlineSink};
+use crate::proto as pb;
+
+/// The largest protobuf message ONNX tools can read (2 GiB - 1).
+pub const PROTOBUF_LIMIT: u64 = (1 << 31) - 1;
+
+/// With [`ExternalData::Auto`], weights go to an external data file when the model's tensor
+/// data exceeds this many bytes (about 1.8 GiB, leaving room below [`PROTOBUF_LIMIT`]).
+pub const AUTO_EXTERNAL_ABOVE: u64 = (PROTOBUF_LIMIT / 10) * 9;
+
+/// When tensor data is written to a `<model file name>.data` file beside the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExternalData {
+    /// When the tensor data would exceed [`AUTO_EXTERNAL_ABOVE`] bytes, or when any tensor of
+    /// the source was already external.
+    #[default]
+    Auto,
+    /// Always (tensors of at least [`ExportOptions::size_threshold`] bytes).
+    Always,
+    /// Never: everything inline; a model above the protobuf limit is an error.
+    Never,
+}
+
+/// Options for [`write_model`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportOptions {
+    /// Whether to use an external data file.
+    pub external_data: ExternalData,
+    /// When an external data file is used, tensors of at least this many bytes go into it
+    /// (default 1024). Smaller tensors and string tensors stay inline.
+    pub size_threshold: u64,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions {
+            external_data: ExternalData::Auto,
+            size_threshold: 1024,
+        }
+    }
+}
+
+/// What [`write_model`] wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteReport {
+    /// The model file.
+    pub model_path: PathBuf,
+    /// Size of the model file in bytes.
+    pub model_bytes: u64,
+    /// Tensor bytes stored inside the model file.
+    pub inline_bytes: u64,
+    /// The external data file, when one was written.
+    pub data_path: Option<PathBuf>,
+    /// Tensor bytes stored in the external data file (alignment padding excluded).
+    pub external_bytes: u64,
+    /// Number of tensors in the external data file.
+    pub external_tensors: usize,
+    /// Every file written, the model last.
+    pub files: Vec<PathBuf>,
+}
+
+impl fmt::Display for WriteReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} bytes, {} bytes of tensor data inline",
+            self.model_bytes, self.inline_bytes
+        )?;
+        if let Some(p) = &self.data_path {
+            write!(
+                f,
+                ", {} bytes in {} tensors in {}",
+                self.external_bytes,
+                self.external_tensors,
+                p.display()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A file the module was read from.
+struct InputFile {
+    path: PathBuf,
+    canonical: Option<PathBuf>,
+    id: Option<(u64, u64)>,
+}
+
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|md| (md.dev(), md.ino()))
+}
+
+fn module_inputs(m: &Module) -> Vec<InputFile> {
+    let mut paths: Vec<&Path> = m
+        .entries
+        .iter()
+        .filter_map(|e| e.model.source.as_deref())
+        .collect();
+    for (_, c) in m.consts.iter() {
+        if let Storage::External { file, .. } = &c.storage {
+            paths.push(&file.path);
+        }
+    }
+    paths.sort();
+    paths.dedup();
+    paths
+        .into_iter()
+        .map(|p| InputFile {
+            path: p.to_owned(),
+            canonical: p.canonicalize().ok(),
+            id: file_id(p),
+        })
+        .collect()
+}
+
+/// Fails when writing `target` (whose canonical form, were it created, is `canonical`) would
+/// replace one of `inputs`.
+fn check_not_input(
+    target: &Path,
+    canonical: &Path,
+    inputs: &[InputFile],
+) -> Result<(), ExportError> {
+    let existing = target.canonicalize().ok();
+    let id = file_id(target);
+    for input in inputs {
+        let same_path = input
+            .canonical
+            .as_deref()
+            .is_some_and(|c| c == canonical || existing.as_deref() == Some(c));
+        let same_file = id.is_some() && id == input.id;
+        if same_path || same_file {
+            return Err(ExportError::OverwritesInput {
+                output: target.to_owned(),
+                input: input.path.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn temp_in(dir: &Path, name: &str) -> Result<NamedTempFile, ExportError> {
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(|e| ExportError::io("cannot create a temporary file in", dir, e))
+}
+
+/// Exports top-level graph `graph` of `m` to the ONNX file `out`.
+///
+/// External data, when used (see [`ExternalData`]), goes to `<file name of out>.data` in the
+/// same directory, each tensor aligned to 4096 bytes. Both files are written to temporary files
+/// in that directory and renamed into place, the data file first, so an error leaves no partial
+/// output. Writing over any file the module was read from (model sources and external data
+/// files) is refused.
+pub fn write_model(
+    m: &Module,
+    graph: GraphId,
+    out: &Path,
+    opts: &ExportOptions,
+) -> Result<WriteReport, ExportError> {
+    let file_name =
+        out.file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| ExportError::OutputPath {
+                path: out.to_owned(),
+                reason: "it has no file name, or the name is not valid UTF-8".to_owned(),
+            })?;
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let dir_canonical = dir
+        .canonicalize()
+        .map_err(|e| ExportError::io("cannot open the output directory", &dir, e))?;
+    let inputs = module_inputs(m);
+    check_not_input(out, &dir_canonical.join(file_name), &inputs)?;
+
+    // Decide where tensor data goes before writing anything.
+    let mut total = 0u64;
+    let mut small = 0u64;
+    let mut any_external = false;
+    for c in used_consts(m, graph)? {
+        let cd = &m.consts[c];
+        let len = cd.byte_len();
+        total = total.saturating_add(len);
+        match &cd.storage {
+            Storage::External { .. } => any_external = true,
+            Storage::Strings(_) => small = small.saturating_add(len),
+            _ => {}
+        }
+        if !matches!(cd.storage, Storage::Strings(_)) && len < opts.size_threshold {
+            small = small.saturating_add(len);
+        }
+    }
+    let external = match opts.external_data {
+        ExternalData::Auto => total > AUTO_EXTERNAL_ABOVE || any_external,
+        ExternalData::Always => true,
+        ExternalData::Never => {
+            if total > PROTOBUF_LIMIT {
+                return Err(ExportError::TooLarge { bytes: total });
+            }
+            false
+        }
+    };
+    // Many small tensors can exceed the limit too: then every raw tensor goes out.
+    let threshold = if small > AUTO_EXTERNAL_ABOVE {
+        0
+    } else {
+        opts.size_threshold
+    };
+
+    let data_name = format!("{file_name}.data");
+    let data_path = dir.join(&data_name);
+    let mut external_tensors = 0;
+    let (model, stats, data_tmp) = if external {
+        check_not_input(&data_path, &dir_canonical.join(&data_name), &inputs)?;
+        let tmp = temp_in(&dir, &data_name)?;
+        let file = tmp
+            .as_file()
+            .try_clone()
+            .map_err(|e| ExportError::io("cannot open", tmp.path(), e))?;
+        let mut sink = DataFileSink::new(file, &data_path, &data_name, threshold);
+        let (model, stats) = export_model(m, graph, &mut sink)?;
+        external_tensors = sink.tensors_written();
+        sink.finish()?;
+        (model, stats, (external_tensors > 0).then_some(tmp))
+    } else {
+        let (model, stats) = export_model(m, graph, &mut InlineSink)?;
+        (model, stats, None)
+    };
+
+    let size = model.encoded_len() as u64;
+    if size > PROTOBUF_LIMIT {
+        return Err(ExportError::TooLarge { bytes: size });
+    }
+    let model_tmp = temp_in(&dir, file_name)?;
+    {
+        let mut w = BufWriter::with_capacity(1 << 20, model_tmp.as_file());
+        encode_model(model, &mut w)
+            .and_then(|()| w.flush())
+            .and_then(|()| model_tmp.as_file().sync_all())
+            .map_err(|e| ExportError::io("cannot write", model_tmp.path(), e))?;
+    }
+
+    let mut files = Vec::new();
+    let data_path = match data_tmp {
+        Some(tmp) => {
+            tmp.persist(&data_path).map_err(|e| {
+                ExportError::io("cannot rename the data file to", &data_path, e.error)
+            })?;
+            files.push(data_path.clone());
+            Some(data_path)
+        }
+        None => None,
+    };
+    model_tmp
+        .persist(out)
+        .map_err(|e| ExportError::io("cannot rename the model file to", out, e.error))?;
+    files.push(out.to_owned());
+    Ok(WriteReport {
+        model_path: out.to_owned(),
+        model_bytes: size,
+        inline_bytes: stats.inline,
+        data_path,
+        external_bytes: stats.external,
+        external_tensors,
+        files,
+    })
+}
+
+/// Writes `model` in protobuf encoding without building the whole message in memory: the
+/// graph's initializers are encoded one at a time (protobuf readers accept fields in any order).
+fn encode_model(mut model: pb::ModelProto, w: &mut impl Write) -> io::Result<()> {
+    let mut graph = model.graph.take().unwrap_or_default();
+    let initializers = std::mem::take(&mut graph.initializer);
+    w.write_all(&model.encode_to_vec())?;
+
+    let mut buf = Vec::new();
+    let graph_len =
+        graph.encoded_len() + prost::encoding::message::encoded_len_repeated(5, &initializers);
+    prost::encoding::encode_key(7, prost::encoding::WireType::LengthDelimited, &mut buf);
+    prost::encoding::encode_varint(graph_len as u64, &mut buf);
+    w.write_all(&buf)?;
+    w.write_all(&graph.encode_to_vec())?;
+    for t in &initializers {
+        buf.clear();
+        prost::encoding::message::encode(5, t, &mut buf);
+        w.write_all(&buf)?;
+    }
+    Ok(())
+}

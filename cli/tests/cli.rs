@@ -1,0 +1,360 @@
+//! The `mmq` command line: exit codes, diagnostics for malformed input (snapshot-tested), atomic
+//! outputs, and the JSON summary schema.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use mmq_onnx::proto::onnx as pb;
+use prost::Message;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = repo().join("target/mmq-cli-tests").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn mmq() -> Command {
+    Command::cargo_bin("mmq").expect("mmq binary")
+}
+
+/// Runs mmq in `dir`, returning (exit code, stderr with `dir` replaced by `[DIR]`).
+fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = mmq().current_dir(dir).args(args).output().expect("run mmq");
+    let clean = |b: &[u8]| String::from_utf8_lossy(b).replace(&dir.display().to_string(), "[DIR]");
+    (
+        out.status.code().unwrap_or(-1),
+        clean(&out.stdout),
+        clean(&out.stderr),
+    )
+}
+
+fn tensor_type(elem: i32, dims: &[i64]) -> pb::TypeProto {
+    pb::TypeProto {
+        value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+            elem_type: Some(elem),
+            shape: Some(pb::TensorShapeProto {
+                dim: dims
+                    .iter()
+                    .map(|&d| pb::tensor_shape_proto::Dimension {
+                        value: Some(pb::tensor_shape_proto::dimension::Value::DimValue(d)),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }),
+        })),
+        ..Default::default()
+    }
+}
+
+fn value_info(name: &str, elem: i32, dims: &[i64]) -> pb::ValueInfoProto {
+    pb::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(tensor_type(elem, dims)),
+        ..Default::default()
+    }
+}
+
+fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> pb::NodeProto {
+    pb::NodeProto {
+        name: Some(name.into()),
+        op_type: Some(op.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// `y = Relu(Add(x, w))` with `w` a 6-element initializer.
+fn small_model() -> pb::ModelProto {
+    let w = pb::TensorProto {
+        name: Some("w".into()),
+        dims: vec![2, 3],
+        data_type: Some(1),
+        raw_data: Some(bytes::Bytes::from(vec![0u8; 24])),
+        ..Default::default()
+    };
+    pb::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        producer_name: Some("test".into()),
+        graph: Some(pb::GraphProto {
+            name: Some("g".into()),
+            node: vec![
+                node("add", "Add", &["x", "w"], &["s"]),
+                node("relu", "Relu", &["s"], &["y"]),
+            ],
+            initializer: vec![w],
+            input: vec![value_info("x", 1, &[2, 3])],
+            output: vec![value_info("y", 1, &[2, 3])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn write(dir: &Path, name: &str, m: &pb::ModelProto) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, m.encode_to_vec()).expect("write model");
+    p
+}
+
+/// Every malformed-ONNX case: its model file (or bytes) and the diagnostic it must produce.
+#[test]
+fn malformed_onnx_diagnostics() {
+    let dir = scratch("malformed");
+    let good = small_model();
+    write(&dir, "good.onnx", &good);
+    std::fs::write(dir.join("not_onnx.onnx"), b"this is not a protobuf model\n").expect("write");
+    let bytes = good.encode_to_vec();
+    std::fs::write(dir.join("truncated.onnx"), &bytes[..bytes.len() - 7]).expect("write");
+
+    let mut external = small_model();
+    let g = external.graph.as_mut().expect("graph");
+    let w = &mut g.initializer[0];
+    w.raw_data = None;
+    w.data_location = Some(pb::tensor_proto::DataLocation::External as i32);
+    w.external_data = vec![
+        pb::StringStringEntryProto {
+            key: Some("location".into()),
+            value: Some("w.bin".into()),
+        },
+        pb::StringStringEntryProto {
+            key: Some("offset".into()),
+            value: Some("0".into()),
+        },
+        pb::StringStringEntryProto {
+            key: Some("length".into()),
+            value: Some("24".into()),
+        },
+    ];
+    write(&dir, "missing_external.onnx", &external);
+    let short_dir = dir.join("short");
+    std::fs::create_dir_all(&short_dir).expect("dir");
+    write(&short_dir, "short_external.onnx", &external);
+    std::fs::write(short_dir.join("w.bin"), [0u8; 10]).expect("write");
+
+    let mut dtype = small_model();
+    dtype.graph.as_mut().expect("graph").input[0] = value_info("x", 99, &[2, 3]);
+    write(&dir, "unknown_dtype.onnx", &dtype);
+
+    let mut opset = small_model();
+    opset.opset_import[0].version = Some(99);
+    write(&dir, "unknown_opset.onnx", &opset);
+
+    let mut cycle = small_model();
+    cycle.graph.as_mut().expect("graph").node = vec![
+        node("a", "Add", &["x", "t"], &["s"]),
+        node("b", "Relu", &["s"], &["t"]),
+        node("c", "Relu", &["s"], &["y"]),
+    ];
+    write(&dir, "cycle.onnx", &cycle);
+
+    let mut dangling = small_model();
+    dangling.graph.as_mut().expect("graph").node[1] = node("relu", "Relu", &["nowhere"], &["y"]);
+    write(&dir, "dangling.onnx", &dangling);
+
+    let mut duplicate = small_model();
+    duplicate.graph.as_mut().expect("graph").node = vec![
+        node("add", "Add", &["x", "w"], &["y"]),
+        node("relu", "Relu", &["x"], &["y"]),
+    ];
+    write(&dir, "duplicate.onnx", &duplicate);
+
+    let mut report = String::new();
+    for case in [
+        "missing.onnx",
+        "not_onnx.onnx",
+        "truncated.onnx",
+        "missing_external.onnx",
+        "short/short_external.onnx",
+        "unknown_dtype.onnx",
+        "unknown_opset.onnx",
+        "cycle.onnx",
+        "dangling.onnx",
+        "duplicate.onnx",
+    ] {
+        let (code, stdout, stderr) = run_in(&dir, &["convert", case, "-o", "out.onnx"]);
+        assert_eq!(code, 1, "{case}: exit code {code}, stderr: {stderr}");
+        assert!(stdout.is_empty(), "{case}: unexpected stdout {stdout}");
+        assert!(!stderr.contains("panicked"), "{case}: {stderr}");
+        assert!(
+            !dir.join("out.onnx").exists(),
+            "{case}: left an output file"
+        );
+        report.push_str(&format!(
+            "$ mmq convert {case} -o out.onnx  # exit {code}\n{stderr}\n"
+        ));
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("tmp") || n.starts_with('.'))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "temporary files left behind: {leftovers:?}"
+    );
+    insta::assert_snapshot!("malformed_onnx", report);
+}
+
+#[test]
+fn convert_round_trips_and_refuses_to_overwrite_input() {
+    let dir = scratch("convert");
+    let model = write(&dir, "m.onnx", &small_model());
+    let before = std::fs::read(&model).expect("read");
+    let (code, _, stderr) = run_in(&dir, &["convert", "m.onnx", "-o", "m.onnx"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        std::fs::read(&model).expect("read"),
+        before,
+        "input was modified"
+    );
+    let (code, _, stderr) = run_in(&dir, &["convert", "m.onnx", "-o", "out.onnx"]);
+    assert_eq!(code, 0, "{stderr}");
+    let out = pb::ModelProto::decode(
+        std::fs::read(dir.join("out.onnx"))
+            .expect("read")
+            .as_slice(),
+    )
+    .expect("valid protobuf");
+    let g = out.graph.expect("graph");
+    assert_eq!(g.node.len(), 2);
+    assert_eq!(g.input[0].name(), "x");
+    assert_eq!(g.output[0].name(), "y");
+    assert_eq!(g.initializer[0].name(), "w");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let dir = scratch("usage");
+    assert_eq!(run_in(&dir, &["convert", "m.onnx"]).0, 2);
+    assert_eq!(run_in(&dir, &["inspect"]).0, 2);
+    assert_eq!(run_in(&dir, &["frobnicate"]).0, 2);
+    assert_eq!(
+        run_in(&dir, &["inspect", "m.onnx", "--format", "yaml"]).0,
+        2
+    );
+}
+
+#[test]
+fn malformed_mmir_diagnostics() {
+    let dir = scratch("mmir");
+    let cases = [
+        (
+            "undefined.mmir",
+            "graph @g(%x: f32[2]) -> (f32[2]) {\n  %y = Relu(%z) : f32[2]\n  return %y\n}\n",
+        ),
+        (
+            "bad_dtype.mmir",
+            "graph @g(%x: f33[2]) -> (f32[2]) {\n  return %x\n}\n",
+        ),
+        (
+            "bad_attr.mmir",
+            "graph @g(%x: f32[2, 3]) -> (f32[3, 2]) {\n  %y = Transpose(%x) {prem = [1, 0]} : f32[3, 2]\n  return %y\n}\n",
+        ),
+        (
+            "duplicate.mmir",
+            "graph @g(%x: f32[2]) -> (f32[2]) {\n  %y = Relu(%x) : f32[2]\n  %y = Neg(%x) : f32[2]\n  return %y\n}\n",
+        ),
+    ];
+    let mut report = String::new();
+    for (name, text) in cases {
+        std::fs::write(dir.join(name), text).expect("write");
+        let (code, _, stderr) = run_in(&dir, &["verify", name]);
+        assert_eq!(code, 1, "{name}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+        report.push_str(&format!("$ mmq verify {name}  # exit {code}\n{stderr}\n"));
+    }
+    insta::assert_snapshot!("malformed_mmir", report);
+}
+
+#[test]
+fn inspect_json_schema() {
+    let vit = repo().join("tests/fixtures/vit/model.onnx");
+    let out = mmq()
+        .args(["inspect", "--format", "json"])
+        .arg(&vit)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    for key in ["symbols", "graphs", "constants", "weight_bytes"] {
+        assert!(j.get(key).is_some(), "missing {key}");
+    }
+    let g = &j["graphs"][0];
+    assert!(g["nodes"].as_u64().unwrap_or(0) > 10);
+    assert!(g["ops"]["MatMul"].as_u64().unwrap_or(0) > 0);
+    let input = &g["inputs"][0];
+    assert_eq!(input["dtype"], "f32");
+    assert!(
+        input["shape"][0].is_string(),
+        "batch should be symbolic: {input}"
+    );
+    assert!(j["weight_bytes"].as_u64().unwrap_or(0) > 1000);
+}
+
+#[test]
+fn inspect_pipeline_shares_symbols() {
+    let dir = repo().join("tests/fixtures/pipeline");
+    let out = mmq()
+        .args(["inspect", "--format", "json"])
+        .arg(dir.join("vision_encoder.onnx"))
+        .arg(dir.join("decoder.onnx"))
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(j["graphs"].as_array().map(Vec::len), Some(2));
+    let batch: Vec<_> = j["symbols"]
+        .as_array()
+        .expect("symbols")
+        .iter()
+        .filter(|s| s["name"] == "batch")
+        .collect();
+    assert_eq!(batch.len(), 1, "one shared `batch` symbol");
+    assert_eq!(j["graphs"][0]["inputs"][0]["shape"][0], "batch");
+    assert_eq!(j["graphs"][1]["inputs"][0]["shape"][0], "batch");
+}
+
+#[test]
+fn inspect_text_stats_and_dot() {
+    let vit = repo().join("tests/fixtures/vit/model.onnx");
+    let out = mmq()
+        .args(["inspect", "--stats"])
+        .arg(&vit)
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("graph @"), "{text}");
+    assert!(text.contains("// weights:"), "{text}");
+    let out = mmq()
+        .args(["inspect", "--format", "dot"])
+        .arg(&vit)
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let dot = String::from_utf8_lossy(&out.stdout);
+    assert!(dot.starts_with("digraph"), "{dot}");
+    assert!(dot.contains("MatMul"));
+}

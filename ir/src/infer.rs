@@ -1,1 +1,0 @@
-//! Shape and type inference (in progress).
