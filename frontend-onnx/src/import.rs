@@ -19,9 +19,9 @@ use crate::tensor::{ExternalFiles, TensorCtx, sparse_to_const, tensor_to_const};
 use crate::types::TypeConv;
 
 /// Supported ONNX IR versions.
-pub(crate) const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=11;
+pub(crate) const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=14;
 /// Supported default-domain opset versions.
-pub(crate) const ONNX_OPSETS: std::ops::RangeInclusive<i64> = 1..=24;
+pub(crate) const ONNX_OPSETS: std::ops::RangeInclusive<i64> = 1..=28;
 
 type Scope = HashMap<String, Value>;
 

@@ -202,7 +202,7 @@ fn arity(op: &Op) -> Option<(usize, usize, usize, usize)> {
         Dropout { .. } => (1, 3, 1, 2),
         QuantizeLinear { .. } | DequantizeLinear { .. } => (2, 3, 1, 1),
         DynamicQuantizeLinear {} => (1, 1, 3, 3),
-        Attention { .. } => (3, 6, 1, 4),
+        Attention { .. } => (3, 7, 1, 4),
         RotaryEmbedding { .. } => (3, 4, 1, 1),
         If { .. } => (1, 1, 1, MANY),
         Loop { .. } => (2, MANY, 0, MANY),

@@ -562,6 +562,13 @@ fn split(
         let d = &x[a];
         match d.as_known() {
             Some(dv) if dv < 0 => dims_unknown(n),
+            // Not splittable into `parts` non-empty chunks of ceil(dv / parts) (the ONNX rule):
+            // the node can never run, so claim nothing.
+            Some(dv)
+                if dv - (dv.saturating_add(parts - 1) / parts).saturating_mul(parts - 1) <= 0 =>
+            {
+                dims_unknown(n)
+            }
             Some(dv) => {
                 let chunk = dv.saturating_add(parts - 1) / parts;
                 (0..parts.min(n as i64))
