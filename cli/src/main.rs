@@ -147,12 +147,14 @@ fn verify(input: &std::path::Path) -> Result<(), Failure> {
     let loaded = load::load(std::slice::from_ref(&input.to_path_buf()))?;
     loaded.verify()?;
     let m = &loaded.module;
+    let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let nodes = m.graphs.iter().map(|(_, g)| g.nodes.len()).sum::<usize>();
     let msg = format!(
-        "{}: ok ({} graphs, {} nodes, {} constants)\n",
+        "{}: ok ({}, {}, {})\n",
         input.display(),
-        m.graphs.len(),
-        m.graphs.iter().map(|(_, g)| g.nodes.len()).sum::<usize>(),
-        m.consts.len()
+        count(m.graphs.len(), "graph"),
+        count(nodes, "node"),
+        count(m.consts.len(), "constant"),
     );
     emit(&msg)
 }

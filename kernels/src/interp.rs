@@ -1,0 +1,425 @@
+//! The graph interpreter: binds symbolic dims, runs nodes in order, frees activations after their
+//! last use, runs nested graphs for control flow.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mmq_ir::{Const, Dim, GraphId, Module, Node, Sym, Type, Value, ValueDef};
+
+use crate::error::KernelError;
+use crate::ops::{self, OpCtx};
+use crate::tensor::{RtValue, Tensor};
+
+/// Per-op timings and the peak of live activation bytes of the runs so far.
+#[derive(Clone, Debug, Default)]
+pub struct RunStats {
+    /// Op type → (calls, total time).
+    pub per_op: BTreeMap<String, (usize, Duration)>,
+    /// Largest total size of live activations (not counting constants) seen at any point.
+    pub peak_live_bytes: usize,
+}
+
+/// Values computed so far in one graph activation, with the enclosing activation for outer-scope
+/// references from subgraphs.
+pub struct Env<'p> {
+    vals: HashMap<Value, RtValue>,
+    parent: Option<&'p Env<'p>>,
+}
+
+impl Env<'_> {
+    fn lookup(&self, v: Value) -> Option<&RtValue> {
+        self.vals
+            .get(&v)
+            .or_else(|| self.parent.and_then(|p| p.lookup(v)))
+    }
+}
+
+/// Runs graphs of one module.
+pub struct Interpreter<'m> {
+    module: &'m Module,
+    consts: Mutex<HashMap<Const, Arc<Tensor>>>,
+    stats: Option<Mutex<RunStats>>,
+    live_bytes: Mutex<usize>,
+}
+
+impl<'m> Interpreter<'m> {
+    /// An interpreter for `module`.
+    pub fn new(module: &'m Module) -> Self {
+        Interpreter {
+            module,
+            consts: Mutex::default(),
+            stats: None,
+            live_bytes: Mutex::new(0),
+        }
+    }
+
+    /// Also records per-op time and the peak of live activation bytes.
+    pub fn with_stats(mut self) -> Self {
+        self.stats = Some(Mutex::default());
+        self
+    }
+
+    /// The module.
+    pub fn module(&self) -> &'m Module {
+        self.module
+    }
+
+    /// The statistics recorded so far, when enabled.
+    pub fn stats(&self) -> Option<RunStats> {
+        self.stats
+            .as_ref()
+            .map(|s| s.lock().map(|s| s.clone()).unwrap_or_default())
+    }
+
+    /// A constant as a tensor, decoded once.
+    pub fn constant(&self, c: Const) -> Result<Arc<Tensor>, KernelError> {
+        if let Some(t) = self.consts.lock().ok().and_then(|m| m.get(&c).cloned()) {
+            return Ok(t);
+        }
+        let data = self
+            .module
+            .consts
+            .get(c)
+            .ok_or_else(|| KernelError::Module(format!("constant {c:?} does not exist")))?;
+        let t = Arc::new(Tensor::from_const(data)?);
+        if let Ok(mut m) = self.consts.lock() {
+            m.insert(c, t.clone());
+        }
+        Ok(t)
+    }
+
+    /// Runs the top-level graph `graph` on named inputs; returns its outputs by name (or
+    /// `output_<i>` when unnamed), in order. Inputs are checked against the declared types, and
+    /// symbolic dims are bound (consistently across inputs) and checked against their ranges.
+    pub fn run(
+        &self,
+        graph: GraphId,
+        inputs: &HashMap<String, RtValue>,
+    ) -> Result<Vec<(String, RtValue)>, KernelError> {
+        let m = self.module;
+        let g = m
+            .graphs
+            .get(graph)
+            .ok_or_else(|| KernelError::Module(format!("no graph {graph:?}")))?;
+        let mut args = Vec::with_capacity(g.inputs.len());
+        let mut bound: HashMap<Sym, i64> = HashMap::new();
+        let mut known = HashSet::new();
+        for &v in &g.inputs {
+            let name = m.values[v].name.clone().unwrap_or_default();
+            known.insert(name.clone());
+            match inputs.get(&name) {
+                Some(val) => {
+                    self.check_input(&name, m.value_type(v), val, &mut bound)?;
+                    args.push(Some(val.clone()));
+                }
+                None => match m.values[v].def {
+                    ValueDef::Input {
+                        default: Some(_), ..
+                    } => args.push(None),
+                    _ => {
+                        return Err(KernelError::Input {
+                            name: name.clone(),
+                            message: format!(
+                                "missing; expected {}",
+                                self.describe(m.value_type(v))
+                            ),
+                        });
+                    }
+                },
+            }
+        }
+        let mut extra: Vec<&String> = inputs.keys().filter(|k| !known.contains(*k)).collect();
+        extra.sort();
+        if let Some(name) = extra.first() {
+            let expected: Vec<String> = g
+                .inputs
+                .iter()
+                .filter_map(|&v| m.values[v].name.clone())
+                .collect();
+            return Err(KernelError::Input {
+                name: (*name).clone(),
+                message: format!(
+                    "not an input of graph '{}' (inputs: {})",
+                    g.name,
+                    expected.join(", ")
+                ),
+            });
+        }
+        self.check_ranges(&bound)?;
+        let root = Env {
+            vals: HashMap::new(),
+            parent: None,
+        };
+        let outs = self.run_graph(graph, args, &root)?;
+        Ok(g.outputs
+            .iter()
+            .zip(outs)
+            .enumerate()
+            .map(|(i, (&v, val))| {
+                (
+                    m.values[v]
+                        .name
+                        .clone()
+                        .unwrap_or_else(|| format!("output_{i}")),
+                    val,
+                )
+            })
+            .collect())
+    }
+
+    fn describe(&self, ty: &Type) -> String {
+        let m = self.module;
+        match ty.as_tensor() {
+            Some(t) => {
+                let dtype = t.dtype.map_or("?", |d| d.name());
+                match &t.shape {
+                    Some(dims) => {
+                        let dims: Vec<String> = dims
+                            .iter()
+                            .map(|d| d.render(&|s| m.symbols[s].name.clone()))
+                            .collect();
+                        format!("{dtype}[{}]", dims.join(", "))
+                    }
+                    None => format!("{dtype} tensor"),
+                }
+            }
+            None => format!("{ty:?}"),
+        }
+    }
+
+    fn check_input(
+        &self,
+        name: &str,
+        ty: &Type,
+        val: &RtValue,
+        bound: &mut HashMap<Sym, i64>,
+    ) -> Result<(), KernelError> {
+        let Some(tt) = ty.as_tensor() else {
+            return Ok(());
+        };
+        let expected = || self.describe(ty);
+        let Some(t) = val.as_tensor() else {
+            return Err(KernelError::Input {
+                name: name.into(),
+                message: format!("expected a tensor {}", expected()),
+            });
+        };
+        let mismatch = |what: String| KernelError::Input {
+            name: name.into(),
+            message: format!(
+                "{what}; expected {}, got {}{:?}",
+                expected(),
+                t.dtype,
+                t.shape
+            ),
+        };
+        if let Some(d) = tt.dtype
+            && d != t.dtype
+        {
+            return Err(mismatch(format!("dtype {} instead of {d}", t.dtype)));
+        }
+        let Some(dims) = &tt.shape else { return Ok(()) };
+        if dims.len() != t.rank() {
+            return Err(mismatch(format!(
+                "rank {} instead of {}",
+                t.rank(),
+                dims.len()
+            )));
+        }
+        // Bind plain symbols first, then check every expression.
+        for (i, d) in dims.iter().enumerate() {
+            if let Some(s) = d.expr().and_then(|e| e.as_sym()) {
+                let actual = t.shape[i] as i64;
+                match bound.insert(s, actual) {
+                    Some(prev) if prev != actual => {
+                        return Err(mismatch(format!(
+                            "dim {i} ('{}') is {actual} but another input bound it to {prev}",
+                            self.module.symbols[s].name
+                        )));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for (i, d) in dims.iter().enumerate() {
+            if let Dim::Expr(e) = d
+                && let Some(v) = e.eval(&|s| bound.get(&s).copied())
+                && v != t.shape[i] as i64
+            {
+                return Err(mismatch(format!(
+                    "dim {i} is {} but must be {v}",
+                    t.shape[i]
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_ranges(&self, bound: &HashMap<Sym, i64>) -> Result<(), KernelError> {
+        let mut syms: Vec<_> = bound.iter().collect();
+        syms.sort();
+        for (&s, &v) in syms {
+            let data = &self.module.symbols[s];
+            if data.min.is_some_and(|lo| v < lo) || data.max.is_some_and(|hi| v > hi) {
+                return Err(KernelError::Input {
+                    name: data.name.clone(),
+                    message: format!(
+                        "symbol '{}' = {v} is outside its range [{}, {}]",
+                        data.name,
+                        data.min.map_or("-".into(), |x| x.to_string()),
+                        data.max.map_or("-".into(), |x| x.to_string())
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `graph` with positional inputs (`None`: use the input's default initializer) in the
+    /// scope `outer`, returning its outputs in order.
+    pub fn run_graph(
+        &self,
+        graph: GraphId,
+        inputs: Vec<Option<RtValue>>,
+        outer: &Env<'_>,
+    ) -> Result<Vec<RtValue>, KernelError> {
+        let m = self.module;
+        let g = &m.graphs[graph];
+        if inputs.len() > g.inputs.len() {
+            return Err(KernelError::Module(format!(
+                "graph '{}' takes {} inputs, got {}",
+                g.name,
+                g.inputs.len(),
+                inputs.len()
+            )));
+        }
+        let mut env = Env {
+            vals: HashMap::new(),
+            parent: Some(outer),
+        };
+        let mut inputs = inputs;
+        inputs.resize(g.inputs.len(), None);
+        for (&v, val) in g.inputs.iter().zip(inputs) {
+            let val = match (val, m.values[v].def) {
+                (Some(val), _) => val,
+                (
+                    None,
+                    ValueDef::Input {
+                        default: Some(c), ..
+                    },
+                ) => RtValue::Tensor(self.constant(c)?),
+                (None, _) => RtValue::Optional(None),
+            };
+            self.track(val.byte_size() as isize);
+            env.vals.insert(v, val);
+        }
+        let (last_use, used) = last_uses(m, graph);
+        let keep: HashSet<Value> = g.outputs.iter().copied().collect();
+        for (i, &n) in g.nodes.iter().enumerate() {
+            let node = &m.nodes[n];
+            let args = node
+                .inputs
+                .iter()
+                .map(|o| o.map(|v| self.value(v, &env)).transpose())
+                .collect::<Result<Vec<_>, _>>()?;
+            let opset = m.onnx_opset(graph).unwrap_or(23);
+            let cx = OpCtx {
+                interp: self,
+                node,
+                opset,
+                env: &env,
+            };
+            let start = self.stats.as_ref().map(|_| Instant::now());
+            let outs = ops::eval(&cx, &args)?;
+            if let (Some(stats), Some(start)) = (&self.stats, start)
+                && let Ok(mut s) = stats.lock()
+            {
+                let e = s.per_op.entry(node.op.op_type().to_owned()).or_default();
+                e.0 += 1;
+                e.1 += start.elapsed();
+            }
+            drop(args);
+            for (slot, out) in node.outputs.iter().zip(outs) {
+                if let (Some(v), Some(val)) = (slot, out) {
+                    self.track(val.byte_size() as isize);
+                    env.vals.insert(*v, val);
+                }
+            }
+            // Free what this node was the last user of, and results nobody uses.
+            let dead = node.outputs.iter().flatten().filter(|v| !used.contains(v));
+            for v in last_use.get(&i).into_iter().flatten().chain(dead) {
+                if !keep.contains(v)
+                    && let Some(val) = env.vals.remove(v)
+                {
+                    self.track(-(val.byte_size() as isize));
+                }
+            }
+        }
+        let outs = g
+            .outputs
+            .iter()
+            .map(|&v| self.value(v, &env))
+            .collect::<Result<Vec<_>, _>>()?;
+        for val in env.vals.values() {
+            self.track(-(val.byte_size() as isize));
+        }
+        Ok(outs)
+    }
+
+    fn track(&self, delta: isize) {
+        if let Some(stats) = &self.stats
+            && let Ok(mut live) = self.live_bytes.lock()
+        {
+            *live = live.saturating_add_signed(delta);
+            if let Ok(mut s) = stats.lock() {
+                s.peak_live_bytes = s.peak_live_bytes.max(*live);
+            }
+        }
+    }
+
+    fn value(&self, v: Value, env: &Env<'_>) -> Result<RtValue, KernelError> {
+        if let ValueDef::Const(c) = self.module.values[v].def {
+            return Ok(RtValue::Tensor(self.constant(c)?));
+        }
+        env.lookup(v).cloned().ok_or_else(|| {
+            let name = self.module.values[v]
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("{v:?}"));
+            KernelError::Module(format!("value '{name}' is used before it is computed"))
+        })
+    }
+}
+
+/// For each node position in `graph`, the values whose last use it is (a use inside a node's
+/// subgraphs counts as a use by that node), and the set of every value used at all.
+fn last_uses(m: &Module, graph: GraphId) -> (HashMap<usize, Vec<Value>>, HashSet<Value>) {
+    let mut last: HashMap<Value, usize> = HashMap::new();
+    for (i, &n) in m.graphs[graph].nodes.iter().enumerate() {
+        for v in uses_of(m, n) {
+            last.insert(v, i);
+        }
+    }
+    let used = last.keys().copied().collect();
+    let mut by_node: HashMap<usize, Vec<Value>> = HashMap::new();
+    for (v, i) in last {
+        by_node.entry(i).or_default().push(v);
+    }
+    (by_node, used)
+}
+
+/// Every value a node reads: its operands and, through its subgraphs, outer-scope values.
+fn uses_of(m: &Module, n: Node) -> Vec<Value> {
+    let node = &m.nodes[n];
+    let mut out: Vec<Value> = node.inputs.iter().flatten().copied().collect();
+    for sub in node.op.subgraphs() {
+        for g in m.graph_tree(sub) {
+            for &inner in &m.graphs[g].nodes {
+                out.extend(m.nodes[inner].inputs.iter().flatten().copied());
+            }
+            out.extend(m.graphs[g].outputs.iter().copied());
+        }
+    }
+    out
+}
