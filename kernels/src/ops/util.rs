@@ -21,7 +21,7 @@ pub(crate) fn tensor<'a>(
 }
 
 /// Operand `i` as a tensor when present (optional operands).
-pub(crate) fn opt_tensor<'a>(inputs: &'a [Option<RtValue>], i: usize) -> Option<&'a Arc<Tensor>> {
+pub(crate) fn opt_tensor(inputs: &[Option<RtValue>], i: usize) -> Option<&Arc<Tensor>> {
     match inputs.get(i) {
         Some(Some(RtValue::Tensor(t))) => Some(t),
         _ => None,
