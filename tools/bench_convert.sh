@@ -14,7 +14,7 @@ fi
 cargo build --release -q -p mmq-cli
 mmq=target/release/mmq
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+trap 'rm -rf "$out" "$out.time"' EXIT
 
 # median SECONDS... of a command run $runs times; also records the largest peak RSS (KiB).
 bench() {
@@ -23,7 +23,8 @@ bench() {
   for _ in $(seq "$runs"); do
     rm -rf "$out"/*
     local t
-    t=$( { /usr/bin/time -f "%e %M" "$@" >/dev/null 2>/dev/null; } 2>&1 | tail -n 1)
+    /usr/bin/time -o "$out.time" -f "%e %M" "$@" >/dev/null 2>&1
+    t=$(tail -n 1 "$out.time")
     times+=("${t% *}")
     [ "${t#* }" -gt "$rss" ] && rss=${t#* }
   done

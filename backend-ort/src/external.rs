@@ -93,11 +93,13 @@ impl DataFileSink {
         self.tensors
     }
 
-    /// Flushes the file to disk and returns it.
-    pub fn finish(self) -> Result<File, ExportError> {
-        self.file
-            .sync_all()
-            .map_err(|e| ExportError::io("cannot sync", &self.path, e))?;
+    /// Returns the file, first flushing it to stable storage when `sync` is set.
+    pub fn finish(self, sync: bool) -> Result<File, ExportError> {
+        if sync {
+            self.file
+                .sync_all()
+                .map_err(|e| ExportError::io("cannot sync", &self.path, e))?;
+        }
         Ok(self.file)
     }
 

@@ -42,6 +42,11 @@ pub struct ExportOptions {
     /// When an external data file is used, tensors of at least this many bytes go into it
     /// (default 1024). Smaller tensors and string tensors stay inline.
     pub size_threshold: u64,
+    /// Flush the written files to stable storage (fsync) before renaming them into place. Off by
+    /// default: the temporary-file-then-rename already guarantees that an interrupted run never
+    /// leaves a half-written model; the flush adds durability across power loss at the cost of
+    /// writing every weight to disk before returning.
+    pub sync: bool,
 }
 
 impl Default for ExportOptions {
@@ -49,6 +54,7 @@ impl Default for ExportOptions {
         ExportOptions {
             external_data: ExternalData::Auto,
             size_threshold: 1024,
+            sync: false,
         }
     }
 }
@@ -236,7 +242,7 @@ pub fn write_model(
         let mut sink = DataFileSink::new(file, &data_path, &data_name, threshold);
         let (model, stats) = export_model(m, graph, &mut sink)?;
         external_tensors = sink.tensors_written();
-        sink.finish()?;
+        sink.finish(opts.sync)?;
         (model, stats, (external_tensors > 0).then_some(tmp))
     } else {
         let (model, stats) = export_model(m, graph, &mut InlineSink)?;
@@ -252,7 +258,13 @@ pub fn write_model(
         let mut w = BufWriter::with_capacity(1 << 20, model_tmp.as_file());
         encode_model(model, &mut w)
             .and_then(|()| w.flush())
-            .and_then(|()| model_tmp.as_file().sync_all())
+            .and_then(|()| {
+                if opts.sync {
+                    model_tmp.as_file().sync_all()
+                } else {
+                    Ok(())
+                }
+            })
             .map_err(|e| ExportError::io("cannot write", model_tmp.path(), e))?;
     }
 

@@ -560,6 +560,7 @@ fn failed_write_leaves_no_files() {
         let opts = ExportOptions {
             external_data,
             size_threshold: 1,
+            ..Default::default()
         };
         let err = write_model(&m, g, &out, &opts).expect_err("absent data");
         assert!(matches!(err, ExportError::AbsentData { .. }), "{err:?}");
@@ -606,6 +607,7 @@ fn external_data_layout() {
     let opts = ExportOptions {
         external_data: ExternalData::Always,
         size_threshold: 16,
+        ..Default::default()
     };
     let report = write_model(&m, g, &out, &opts).expect("write succeeds");
     let data_path = dir.path().join("model.onnx.data");
@@ -665,6 +667,7 @@ fn external_data_layout() {
     let opts = ExportOptions {
         external_data: ExternalData::Never,
         size_threshold: 16,
+        ..Default::default()
     };
     let report = write_model(&m, g, &out2, &opts).expect("write succeeds");
     assert_eq!(report.data_path, None);

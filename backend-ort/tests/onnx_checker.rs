@@ -127,6 +127,7 @@ fn exported_models_pass_the_onnx_checker_and_run() {
     let opts = ExportOptions {
         external_data: ExternalData::Always,
         size_threshold: 1024,
+        ..Default::default()
     };
     let report = write_model(&m, g, &external, &opts).expect("write succeeds");
     assert_eq!(
