@@ -51,7 +51,7 @@ pub(crate) fn export_model(
         names: assign_names(m, &tree)?,
         initializers: Vec::new(),
         emitted: HashSet::new(),
-        min_ir: 4,
+        min_ir: 3,
         domains: Vec::new(),
         stats: Stats::default(),
     };
@@ -263,6 +263,15 @@ impl Exporter<'_, '_> {
         graph
             .initializer
             .splice(0..0, std::mem::take(&mut self.initializers));
+        // IR 3 requires every initializer to be a graph input; keep a source's IR 3 (where
+        // inputs with initializers cannot be overridden) when that still holds.
+        let all_inputs = graph
+            .initializer
+            .iter()
+            .all(|t| graph.input.iter().any(|i| i.name == t.name));
+        if !all_inputs {
+            self.min_ir = self.min_ir.max(4);
+        }
 
         let mut opsets: Vec<(String, i64)> = info.opsets.clone();
         if !opsets.iter().any(|(d, _)| norm_domain(d).is_empty()) {

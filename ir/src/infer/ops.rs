@@ -981,7 +981,15 @@ fn infer_op(cx: &Cx) -> Vec<Type> {
         | ScatterElements { .. }
         | RotaryEmbedding { .. } => one(same(cx, 0)),
         IsNaN {} | IsInf { .. } | Not {} => one(t(Some(DType::Bool), shape_of(cx, 0))),
-        Dropout { .. } => vec![same(cx, 0), t(Some(DType::Bool), shape_of(cx, 0))],
+        // The mask is bool from opset 10; before, it has the input's type.
+        Dropout { .. } => {
+            let mask = if cx.opset >= 10 {
+                Some(DType::Bool)
+            } else {
+                cx.dtype(0)
+            };
+            vec![same(cx, 0), t(mask, shape_of(cx, 0))]
+        }
         Add {}
         | Sub {}
         | Mul {}
