@@ -7,9 +7,15 @@ Run with the project virtual environment (see tools/setup-venv.sh):
 
 Subcommands:
 
-  node-dump OUTDIR
+  node-dump OUTDIR [--with-data]
       Build every case of the ONNX node test suite in memory and write
       OUTDIR/<case>/model.onnx for each, plus OUTDIR/cases.txt (sorted names).
+      With --with-data, also write the case's first data set in the standard
+      layout OUTDIR/<case>/test_data_set_0/{input,output}_<i>.pb (TensorProto
+      named after the graph input/output; bfloat16, float8 and int4 keep their
+      element type) and OUTDIR/<case>/tolerance.txt ("RTOL ATOL"). A value that
+      is not a tensor (sequence, optional) is written as a marker file
+      {input,output}_<i>.unsupported holding its kind.
 
   node-eval CASEDIR --converted CONVDIR -o RESULT.json [--only NAME...]
       For each node test case (restricted to CASEDIR/cases.txt when present),
@@ -273,7 +279,41 @@ def run_phase(case: Any, phase: str, convdir: Path) -> str:
     raise ValueError(f"unknown phase {phase}")
 
 
+def write_case_value(d: Path, stem: str, name: str, value: Any) -> None:
+    """One case value as `stem.pb` (a named TensorProto) or a `stem.unsupported` marker."""
+    import numpy as np
+    import onnx
+
+    value = normalize_value(value)
+    if isinstance(value, np.ndarray):
+        # from_array keeps ml_dtypes element types (bfloat16, float8, int4) as ONNX types.
+        tp = onnx.numpy_helper.from_array(value, name)
+        (d / f"{stem}.pb").write_bytes(tp.SerializeToString())
+        return
+    kind = "none" if value is None else "sequence" if isinstance(value, list) else type(value).__name__
+    (d / f"{stem}.unsupported").write_text(kind + "\n")
+
+
+def write_case_data(d: Path, case: Any) -> None:
+    """The first data set of a case in the ONNX backend test layout, plus its tolerances."""
+    rtol = getattr(case, "rtol", DEFAULT_RTOL)
+    atol = getattr(case, "atol", DEFAULT_ATOL)
+    (d / "tolerance.txt").write_text(f"{rtol!r} {atol!r}\n")
+    if not case.data_sets:
+        return
+    inputs, outputs = case.data_sets[0]
+    data = d / "test_data_set_0"
+    data.mkdir(exist_ok=True)
+    in_names = graph_input_names(case.model)
+    out_names = [o.name for o in case.model.graph.output]
+    for i, (name, value) in enumerate(zip(in_names, inputs)):
+        write_case_value(data, f"input_{i}", name, value)
+    for i, (name, value) in enumerate(zip(out_names, outputs)):
+        write_case_value(data, f"output_{i}", name, value)
+
+
 def cmd_node_dump(args: argparse.Namespace) -> int:
+    import numpy as np
     import onnx
 
     t0 = time.monotonic()
@@ -285,6 +325,10 @@ def cmd_node_dump(args: argparse.Namespace) -> int:
         d = out / case.name
         d.mkdir(exist_ok=True)
         onnx.save(case.model, str(d / "model.onnx"))
+        if args.with_data:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                write_case_data(d, case)
         names.append(case.name)
     names = sorted(set(names))
     (out / "cases.txt").write_text("".join(n + "\n" for n in names))
@@ -676,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
 
     s = sub.add_parser("node-dump", help="write every ONNX node test model")
     s.add_argument("outdir")
+    s.add_argument("--with-data", action="store_true",
+                   help="also write each case's first data set as TensorProto files")
     s.set_defaults(func=cmd_node_dump)
 
     s = sub.add_parser("node-eval", help="evaluate converted node test models")

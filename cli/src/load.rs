@@ -30,6 +30,23 @@ fn is_text(path: &Path) -> bool {
 
 /// Loads the inputs: one `.mmir` file, or one or more ONNX files.
 pub fn load(paths: &[PathBuf]) -> Result<Loaded, Failure> {
+    load_opts(paths, &mmq_ir::text::ParseOptions::default())
+}
+
+/// [`load`], opening a `.mmir` file's external weights (resolved next to the file) so that the
+/// module can be run.
+pub fn load_with_weights(paths: &[PathBuf]) -> Result<Loaded, Failure> {
+    let data_dir = paths.first().and_then(|p| p.parent()).map(|d| {
+        if d.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            d.to_path_buf()
+        }
+    });
+    load_opts(paths, &mmq_ir::text::ParseOptions { data_dir })
+}
+
+fn load_opts(paths: &[PathBuf], opts: &mmq_ir::text::ParseOptions) -> Result<Loaded, Failure> {
     if paths.iter().any(|p| is_text(p)) {
         if paths.len() != 1 {
             return Err(Failure {
@@ -37,7 +54,7 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded, Failure> {
                 code: 2,
             });
         }
-        return load_text(&paths[0]);
+        return load_text(&paths[0], opts);
     }
     let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
     match mmq_onnx::load_files(&refs, &mmq_onnx::LoadOptions::default()) {
@@ -49,12 +66,15 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded, Failure> {
     }
 }
 
-fn load_text(path: &Path) -> Result<Loaded, Failure> {
+fn load_text(path: &Path, opts: &mmq_ir::text::ParseOptions) -> Result<Loaded, Failure> {
     let src = std::fs::read_to_string(path)
         .map_err(|e| Failure::user(format!("error: cannot read {}: {e}\n", path.display())))?;
     let mut files = SimpleFiles::new();
     let file = files.add(path.display().to_string(), src);
-    let parsed = mmq_ir::text::parse(files.get(file).map(|f| f.source().as_str()).unwrap_or(""));
+    let parsed = mmq_ir::text::parse_with(
+        files.get(file).map(|f| f.source().as_str()).unwrap_or(""),
+        opts,
+    );
     match parsed {
         Ok((module, spans)) => Ok(Loaded {
             module,

@@ -6,6 +6,7 @@
 mod diagnostics;
 mod inspect;
 mod load;
+mod run;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -54,6 +55,26 @@ enum Command {
         /// unless the model exceeds 2 GiB.
         #[arg(long, value_enum, default_value_t = ExternalArg::Auto)]
         external_data: ExternalArg,
+        /// Flush the output to stable storage before renaming it into place.
+        #[arg(long)]
+        fsync: bool,
+    },
+    /// Run a model's first entry graph in the reference interpreter.
+    Run {
+        /// The model: an ONNX file or a `.mmir` file (external weights next to it).
+        model: PathBuf,
+        /// An `.npz` with one array per graph input, keyed by input name.
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        /// One input as `NAME=FILE.npy` (repeatable; replaces the same name from --inputs).
+        #[arg(long, value_name = "NAME=FILE.npy")]
+        input: Vec<String>,
+        /// Write the outputs to this `.npz` instead of printing a summary.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Print the time spent per op and the peak of live tensor bytes.
+        #[arg(long)]
+        stats: bool,
     },
     /// Parse and verify a `.mmir` file (or an ONNX model).
     Verify {
@@ -89,8 +110,23 @@ fn main() -> ExitCode {
             input,
             output,
             external_data,
-        } => convert(&input, &output, external_data),
+            fsync,
+        } => convert(&input, &output, external_data, fsync),
         Command::Verify { input } => verify(&input),
+        Command::Run {
+            model,
+            inputs,
+            input,
+            output,
+            stats,
+        } => run::run(&run::RunArgs {
+            model,
+            inputs,
+            input,
+            output,
+            stats,
+        })
+        .and_then(|text| emit(&text)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -116,6 +152,7 @@ fn convert(
     input: &std::path::Path,
     output: &std::path::Path,
     ext: ExternalArg,
+    sync: bool,
 ) -> Result<(), Failure> {
     let loaded = load::load(std::slice::from_ref(&input.to_path_buf()))?;
     loaded.verify()?;
@@ -126,6 +163,7 @@ fn convert(
             ExternalArg::Always => mmq_backend_ort::ExternalData::Always,
             ExternalArg::Never => mmq_backend_ort::ExternalData::Never,
         },
+        sync,
         ..Default::default()
     };
     let report = mmq_backend_ort::write_model(&loaded.module, graph, output, &opts)

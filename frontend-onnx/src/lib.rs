@@ -113,6 +113,25 @@ fn import_one(
     Ok(())
 }
 
+/// Reads one serialized `TensorProto` file (the ONNX backend test layout's `input_0.pb`) as a
+/// constant; its name is the tensor's name. External data is resolved relative to the file's
+/// directory.
+pub fn load_tensor(path: &Path) -> Result<mmq_ir::ConstData> {
+    let bytes = map_file(path).map_err(|e| e.in_file(path))?;
+    let t = <proto::onnx::TensorProto as prost::Message>::decode(bytes)
+        .map_err(|e| err!(Invalid, "not a TensorProto: {e}").in_file(path))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let mut files = ExternalFiles::default();
+    let mut ctx = tensor::TensorCtx {
+        dir: Some(dir.unwrap_or(Path::new("."))),
+        files: &mut files,
+    };
+    let label = path
+        .file_stem()
+        .map_or_else(|| "tensor".into(), |s| s.to_string_lossy());
+    tensor::tensor_to_const(&t, &label, &mut ctx).map_err(|e| e.in_file(path))
+}
+
 /// Post-import steps selected by `opts`.
 ///
 /// Inference reports warnings (declared types that contradict inferred ones), not load errors;

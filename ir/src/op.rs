@@ -462,8 +462,8 @@ ops! {
     /// Dynamic u8 quantization with computed scale and zero point.
     DynamicQuantizeLinear {}
     // ---- attention ----
-    /// Scaled dot-product attention (opset 23).
-    Attention { is_causal: i64, kv_num_heads: i64, q_num_heads: i64, qk_matmul_output_mode: i64, scale: f32, softcap: f32, softmax_precision: i64 }
+    /// Scaled dot-product attention (opset 23; sliding windows from opset 25).
+    Attention { is_causal: i64, kv_num_heads: i64, left_window_size: i64, q_num_heads: i64, qk_matmul_output_mode: i64, right_window_size: i64, scale: f32, softcap: f32, softmax_precision: i64 }
     /// Rotary position embedding (opset 23).
     RotaryEmbedding { interleaved: i64, num_heads: i64, rotary_embedding_dim: i64 }
     // ---- control flow ----

@@ -11,6 +11,7 @@
 
 mod error;
 mod interp;
+pub mod io;
 pub mod numeric;
 mod ops;
 mod tensor;

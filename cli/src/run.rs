@@ -1,0 +1,221 @@
+//! `mmq run`: runs a model's first entry graph in the reference interpreter on NumPy inputs.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use mmq_kernels::{Data, Interpreter, RtValue, Tensor};
+
+use crate::diagnostics::Failure;
+use crate::load;
+
+/// What `mmq run` was asked to do.
+pub struct RunArgs {
+    /// The model (ONNX or `.mmir`).
+    pub model: PathBuf,
+    /// An `.npz` with one array per graph input.
+    pub inputs: Option<PathBuf>,
+    /// `NAME=FILE.npy` inputs, added to (or replacing) those of `inputs`.
+    pub input: Vec<String>,
+    /// Where to write the outputs (`.npz`); without it, a summary is printed.
+    pub output: Option<PathBuf>,
+    /// Print per-op times and the peak of live tensor bytes.
+    pub stats: bool,
+}
+
+fn user(msg: impl std::fmt::Display) -> Failure {
+    Failure::user(format!("error: {msg}\n"))
+}
+
+/// Runs the model; returns what to print on stdout.
+pub fn run(args: &RunArgs) -> Result<String, Failure> {
+    let loaded = load::load_with_weights(std::slice::from_ref(&args.model))?;
+    loaded.verify()?;
+    let m = &loaded.module;
+    let Some(entry) = m.entries.first() else {
+        return Err(user(format!(
+            "{}: the module has no entry graph",
+            args.model.display()
+        )));
+    };
+
+    let mut feeds: HashMap<String, RtValue> = HashMap::new();
+    let mut sources: Vec<PathBuf> = Vec::new();
+    if let Some(path) = &args.inputs {
+        let arrays = mmq_kernels::io::read_npz(path).map_err(user)?;
+        for (name, t) in arrays {
+            feeds.insert(name, RtValue::from(t));
+        }
+        sources.push(path.clone());
+    }
+    for spec in &args.input {
+        let Some((name, file)) = spec
+            .split_once('=')
+            .filter(|(n, f)| !n.is_empty() && !f.is_empty())
+        else {
+            return Err(Failure {
+                rendered: format!("error: --input takes NAME=FILE.npy, got '{spec}'\n"),
+                code: 2,
+            });
+        };
+        let t = mmq_kernels::io::read_npy(Path::new(file)).map_err(user)?;
+        feeds.insert(name.to_owned(), RtValue::from(t));
+        sources.push(PathBuf::from(file));
+    }
+    if let Some(out) = &args.output {
+        refuse_overwriting_inputs(out, &args.model, &sources)?;
+    }
+
+    let interp = if args.stats {
+        Interpreter::new(m).with_stats()
+    } else {
+        Interpreter::new(m)
+    };
+    let outputs = interp.run(entry.graph, &feeds).map_err(user)?;
+
+    let mut text = String::new();
+    match &args.output {
+        Some(path) => {
+            let mut arrays: Vec<(String, &Tensor)> = Vec::new();
+            for (name, value) in &outputs {
+                match value {
+                    RtValue::Tensor(t) => arrays.push((name.clone(), t)),
+                    RtValue::Sequence(ts) => arrays.extend(
+                        ts.iter()
+                            .enumerate()
+                            .map(|(i, t)| (format!("{name}[{i}]"), &**t)),
+                    ),
+                    RtValue::Optional(Some(v)) => match &**v {
+                        RtValue::Tensor(t) => arrays.push((name.clone(), t)),
+                        _ => {
+                            return Err(user(format!(
+                                "output {name}: an optional sequence cannot be saved as .npz"
+                            )));
+                        }
+                    },
+                    RtValue::Optional(None) => {
+                        let _ = writeln!(text, "{name}: empty optional, not saved");
+                    }
+                }
+            }
+            let refs: Vec<(&str, &Tensor)> = arrays.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+            mmq_kernels::io::write_npz(path, &refs).map_err(user)?;
+        }
+        None => {
+            for (name, value) in &outputs {
+                summarize(&mut text, name, value);
+            }
+        }
+    }
+    if let Some(stats) = interp.stats() {
+        let mut ops: Vec<_> = stats.per_op.iter().collect();
+        ops.sort_by(|a, b| b.1.1.cmp(&a.1.1).then(a.0.cmp(b.0)));
+        let total: f64 = ops.iter().map(|(_, (_, d))| d.as_secs_f64()).sum();
+        let _ = writeln!(text, "time per op:");
+        for (op, (calls, d)) in ops {
+            let ms = d.as_secs_f64() * 1e3;
+            let share = if total > 0.0 {
+                100.0 * d.as_secs_f64() / total
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                text,
+                "  {op:<24} {calls:>6} calls {ms:>10.3} ms {share:>5.1}%"
+            );
+        }
+        let _ = writeln!(
+            text,
+            "  {:<24} {:>12} {:>10.3} ms",
+            "total",
+            "",
+            total * 1e3
+        );
+        let _ = writeln!(text, "peak live tensor bytes: {}", stats.peak_live_bytes);
+    }
+    Ok(text)
+}
+
+/// An output file must not be the model or one of the input files.
+fn refuse_overwriting_inputs(out: &Path, model: &Path, inputs: &[PathBuf]) -> Result<(), Failure> {
+    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+    let Some(out_c) = canon(out) else {
+        return Ok(()); // does not exist yet
+    };
+    for p in std::iter::once(&model.to_path_buf()).chain(inputs) {
+        if canon(p).as_ref() == Some(&out_c) {
+            return Err(user(format!(
+                "the output {} is also an input; choose another path",
+                out.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One line per output: name, dtype, shape, statistics and the first values.
+fn summarize(text: &mut String, name: &str, value: &RtValue) {
+    match value {
+        RtValue::Tensor(t) => {
+            let _ = writeln!(text, "{name}: {}", describe(t));
+        }
+        RtValue::Sequence(ts) => {
+            let _ = writeln!(text, "{name}: sequence of {}", ts.len());
+            for (i, t) in ts.iter().enumerate() {
+                let _ = writeln!(text, "  [{i}]: {}", describe(t));
+            }
+        }
+        RtValue::Optional(None) => {
+            let _ = writeln!(text, "{name}: empty optional");
+        }
+        RtValue::Optional(Some(v)) => summarize(text, &format!("{name} (optional)"), v),
+    }
+}
+
+const SHOWN: usize = 6;
+
+fn describe(t: &Tensor) -> String {
+    let dims: Vec<String> = t.shape.iter().map(usize::to_string).collect();
+    let mut s = format!("{}[{}]", t.dtype, dims.join(", "));
+    if let Data::Str(v) = &t.data {
+        let first: Vec<String> = v.iter().take(SHOWN).map(|x| format!("{x:?}")).collect();
+        let more = if v.len() > SHOWN { ", ..." } else { "" };
+        let _ = write!(s, " [{}{more}]", first.join(", "));
+        return s;
+    }
+    let Ok(vals) = t.to_f64() else {
+        return s;
+    };
+    if !vals.is_empty() {
+        let finite: Vec<f64> = vals.iter().copied().filter(|x| !x.is_nan()).collect();
+        if !finite.is_empty() {
+            let min = finite.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mean = finite.iter().sum::<f64>() / finite.len() as f64;
+            let _ = write!(s, " min {} max {} mean {}", num(min), num(max), num(mean));
+        }
+        let nans = vals.len() - finite.len();
+        if nans > 0 {
+            let _ = write!(s, " ({nans} NaN)");
+        }
+    }
+    let first: Vec<String> = match &t.data {
+        Data::Bool(v) => v.iter().take(SHOWN).map(bool::to_string).collect(),
+        _ => vals.iter().take(SHOWN).map(|&x| num(x)).collect(),
+    };
+    let more = if t.len() > SHOWN { ", ..." } else { "" };
+    let _ = write!(s, " [{}{more}]", first.join(", "));
+    s
+}
+
+/// A number in at most 6 significant digits.
+fn num(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{x:.0}")
+    } else if x != 0.0 && (x.abs() >= 1e6 || x.abs() < 1e-4) {
+        format!("{x:.5e}")
+    } else {
+        let s = format!("{x:.6}");
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
+    }
+}

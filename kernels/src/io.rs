@@ -1,0 +1,340 @@
+//! Tensors from and to NumPy files: `.npy` (one array) and `.npz` (a zip of named `.npy`
+//! members, as written by `numpy.savez` and `numpy.savez_compressed`).
+//!
+//! Element types: bool, i8..i64, u8..u64, f16, f32, f64 and unicode strings (`<U`). Types NumPy
+//! has no dtype for (bf16, fp8, int4, ...) are an error on writing; on reading, an array of
+//! another NumPy dtype (complex, bytes, objects, raw `V` blobs such as ml_dtypes' bfloat16) is an
+//! error naming it. Fortran-ordered arrays are read into row-major order.
+
+use std::fs::File;
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+use half::f16;
+use mmq_ir::DType;
+use npyz::{Deserialize, NpyFile, Order, TypeChar, WriterBuilder};
+
+use crate::tensor::{Data, Tensor};
+
+/// Why reading or writing a NumPy file failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{}: {message}", path.display(), member.as_ref().map(|m| format!(" ({m})")).unwrap_or_default())]
+pub struct NpyError {
+    /// The file.
+    pub path: PathBuf,
+    /// The array inside an `.npz` archive, when the problem is with one array.
+    pub member: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn error(path: &Path, member: Option<&str>, message: impl Into<String>) -> NpyError {
+    NpyError {
+        path: path.to_path_buf(),
+        member: member.map(str::to_owned),
+        message: message.into(),
+    }
+}
+
+/// Reads one `.npy` file.
+pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
+    let file = File::open(path).map_err(|e| error(path, None, format!("cannot open: {e}")))?;
+    npy_from_reader(BufReader::new(file)).map_err(|m| error(path, None, m))
+}
+
+/// Reads every array of an `.npz` archive, in archive order, keyed by array name (the member
+/// name without its `.npy` suffix).
+pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>, NpyError> {
+    let file = File::open(path).map_err(|e| error(path, None, format!("cannot open: {e}")))?;
+    let mut zip = zip::ZipArchive::new(BufReader::new(file))
+        .map_err(|e| error(path, None, format!("not an .npz archive: {e}")))?;
+    let mut out = Vec::with_capacity(zip.len());
+    for i in 0..zip.len() {
+        let member = zip
+            .by_index(i)
+            .map_err(|e| error(path, None, format!("member #{i}: {e}")))?;
+        if member.is_dir() {
+            continue;
+        }
+        let full = member
+            .name()
+            .map_err(|e| error(path, None, format!("member #{i}: {e}")))?
+            .into_owned();
+        let name = full.strip_suffix(".npy").unwrap_or(&full).to_owned();
+        let t = npy_from_reader(member).map_err(|m| error(path, Some(&name), m))?;
+        out.push((name, t));
+    }
+    Ok(out)
+}
+
+/// Parses `.npy` bytes from a reader.
+fn npy_from_reader(r: impl Read) -> Result<Tensor, String> {
+    let npy = NpyFile::new(r).map_err(|e| format!("not a .npy array: {e}"))?;
+    let shape: Vec<usize> = npy
+        .shape()
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("dimension {d} is too large")))
+        .collect::<Result<_, _>>()?;
+    let fortran = npy.order() == Order::Fortran;
+    let ts = match npy.dtype() {
+        npyz::DType::Plain(ts) => ts,
+        other => {
+            return Err(format!(
+                "structured dtype {} is not supported",
+                other.descr()
+            ));
+        }
+    };
+    let size = ts.size_field();
+    let unsupported = || {
+        let hint = if ts.type_char() == TypeChar::RawData {
+            " (bf16, fp8 and int4 arrays have no NumPy dtype; store them as their integer codes)"
+        } else {
+            ""
+        };
+        format!("dtype '{ts}' is not supported{hint}")
+    };
+    fn read<T: Deserialize, R: Read>(npy: NpyFile<R>) -> Result<Vec<T>, String> {
+        npy.into_vec::<T>()
+            .map_err(|e| format!("cannot read the elements: {e}"))
+    }
+    let (dtype, data) = match (ts.type_char(), size) {
+        (TypeChar::Bool, 1) => (DType::Bool, Data::Bool(read(npy)?)),
+        (TypeChar::Int, 1) => (DType::I8, Data::I8(read(npy)?)),
+        (TypeChar::Int, 2) => (DType::I16, Data::I16(read(npy)?)),
+        (TypeChar::Int, 4) => (DType::I32, Data::I32(read(npy)?)),
+        (TypeChar::Int, 8) => (DType::I64, Data::I64(read(npy)?)),
+        (TypeChar::Uint, 1) => (DType::U8, Data::U8(read(npy)?)),
+        (TypeChar::Uint, 2) => (DType::U16, Data::U16(read(npy)?)),
+        (TypeChar::Uint, 4) => (DType::U32, Data::U32(read(npy)?)),
+        (TypeChar::Uint, 8) => (DType::U64, Data::U64(read(npy)?)),
+        (TypeChar::Float, 2) => (DType::F16, Data::F16(read::<f16, _>(npy)?)),
+        (TypeChar::Float, 4) => (DType::F32, Data::F32(read(npy)?)),
+        (TypeChar::Float, 8) => (DType::F64, Data::F64(read(npy)?)),
+        (TypeChar::UnicodeStr, _) => (DType::String, Data::Str(read(npy)?)),
+        _ => return Err(unsupported()),
+    };
+    let data = if fortran && shape.len() > 1 {
+        to_row_major(data, &shape)
+    } else {
+        data
+    };
+    Tensor::new(dtype, shape, data).map_err(|e| e.to_string())
+}
+
+/// Reorders column-major elements into row-major order.
+fn to_row_major(data: Data, shape: &[usize]) -> Data {
+    fn reorder<T: Clone>(v: Vec<T>, shape: &[usize]) -> Vec<T> {
+        // Column-major strides of the source.
+        let mut strides = vec![1usize; shape.len()];
+        for i in 1..shape.len() {
+            strides[i] = strides[i - 1] * shape[i - 1];
+        }
+        let mut idx = vec![0usize; shape.len()];
+        let mut out = Vec::with_capacity(v.len());
+        for _ in 0..v.len() {
+            let src: usize = idx.iter().zip(&strides).map(|(i, s)| i * s).sum();
+            out.push(v[src].clone());
+            for d in (0..shape.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        out
+    }
+    match data {
+        Data::Bool(v) => Data::Bool(reorder(v, shape)),
+        Data::U8(v) => Data::U8(reorder(v, shape)),
+        Data::I8(v) => Data::I8(reorder(v, shape)),
+        Data::U16(v) => Data::U16(reorder(v, shape)),
+        Data::I16(v) => Data::I16(reorder(v, shape)),
+        Data::U32(v) => Data::U32(reorder(v, shape)),
+        Data::I32(v) => Data::I32(reorder(v, shape)),
+        Data::U64(v) => Data::U64(reorder(v, shape)),
+        Data::I64(v) => Data::I64(reorder(v, shape)),
+        Data::F16(v) => Data::F16(reorder(v, shape)),
+        Data::BF16(v) => Data::BF16(reorder(v, shape)),
+        Data::F32(v) => Data::F32(reorder(v, shape)),
+        Data::F64(v) => Data::F64(reorder(v, shape)),
+        Data::Str(v) => Data::Str(reorder(v, shape)),
+        Data::Codes(v) => Data::Codes(reorder(v, shape)),
+    }
+}
+
+/// The `.npy` bytes of a tensor; `None` message when NumPy has no dtype for it.
+fn npy_bytes(t: &Tensor) -> Result<Vec<u8>, String> {
+    let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+    let mut buf = Vec::new();
+    fn put<T: npyz::Serialize + npyz::AutoSerialize + Clone>(
+        buf: &mut Vec<u8>,
+        shape: &[u64],
+        v: &[T],
+    ) -> std::io::Result<()> {
+        let mut w = npyz::WriteOptions::new()
+            .default_dtype()
+            .shape(shape)
+            .writer(buf)
+            .begin_nd()?;
+        w.extend(v.iter().cloned())?;
+        w.finish()
+    }
+    let r = match &t.data {
+        Data::Bool(v) => put(&mut buf, &shape, v),
+        Data::U8(v) => put(&mut buf, &shape, v),
+        Data::I8(v) => put(&mut buf, &shape, v),
+        Data::U16(v) => put(&mut buf, &shape, v),
+        Data::I16(v) => put(&mut buf, &shape, v),
+        Data::U32(v) => put(&mut buf, &shape, v),
+        Data::I32(v) => put(&mut buf, &shape, v),
+        Data::U64(v) => put(&mut buf, &shape, v),
+        Data::I64(v) => put(&mut buf, &shape, v),
+        Data::F16(v) => put(&mut buf, &shape, v),
+        Data::F32(v) => put(&mut buf, &shape, v),
+        Data::F64(v) => put(&mut buf, &shape, v),
+        Data::Str(v) => {
+            let width = v
+                .iter()
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(1);
+            let dtype = format!("<U{width}")
+                .parse::<npyz::TypeStr>()
+                .map_err(|e| e.to_string())?;
+            (|| {
+                let mut w = npyz::WriteOptions::<str>::new()
+                    .dtype(npyz::DType::Plain(dtype))
+                    .shape(&shape)
+                    .writer(&mut buf)
+                    .begin_nd()?;
+                for s in v {
+                    w.push(s.as_str())?;
+                }
+                w.finish()
+            })()
+        }
+        Data::BF16(_) | Data::Codes(_) => {
+            return Err(format!(
+                "{} has no NumPy dtype; cast it to f32 first",
+                t.dtype
+            ));
+        }
+    };
+    r.map_err(|e| format!("cannot encode: {e}"))?;
+    Ok(buf)
+}
+
+/// Writes tensors as an `.npz` archive (uncompressed, like `numpy.savez`). The file is written
+/// to a temporary file beside `path` and renamed over it, so a failed write leaves no partial
+/// file behind.
+pub fn write_npz(path: &Path, arrays: &[(&str, &Tensor)]) -> Result<(), NpyError> {
+    let mut members = Vec::with_capacity(arrays.len());
+    for (name, t) in arrays {
+        let bytes = npy_bytes(t).map_err(|m| error(path, Some(name), m))?;
+        members.push((*name, bytes));
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let file_name = path
+        .file_name()
+        .map_or_else(|| "out.npz".into(), |n| n.to_string_lossy());
+    let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
+    let result = (|| -> Result<(), String> {
+        let file =
+            File::create(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+        let mut zip = zip::ZipWriter::new(std::io::BufWriter::new(file));
+        for (name, bytes) in &members {
+            let opts = zip::write::SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Stored)
+                .large_file(bytes.len() as u64 >= u64::from(u32::MAX));
+            zip.start_file(format!("{name}.npy"), opts)
+                .map_err(|e| format!("cannot write member {name}: {e}"))?;
+            zip.write_all(bytes)
+                .map_err(|e| format!("cannot write member {name}: {e}"))?;
+        }
+        let mut w = zip
+            .finish()
+            .map_err(|e| format!("cannot finish the archive: {e}"))?;
+        w.flush().map_err(|e| format!("cannot write: {e}"))?;
+        let file = w
+            .into_inner()
+            .map_err(|e| format!("cannot write: {}", e.error()))?;
+        file.sync_all().map_err(|e| format!("cannot write: {e}"))?;
+        std::fs::rename(&tmp, path).map_err(|e| format!("cannot rename {}: {e}", tmp.display()))
+    })();
+    if let Err(m) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(error(path, None, m));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npz_round_trip_keeps_dtypes_shapes_and_order() {
+        let dir = std::env::temp_dir().join(format!("mmq-io-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("t.npz");
+        let a = Tensor::from_f32(vec![2, 3], vec![1.0, -2.0, 3.5, 0.0, f32::NAN, 6.0]).expect("a");
+        let b = Tensor::new(DType::Bool, vec![2], Data::Bool(vec![true, false])).expect("b");
+        let c = Tensor::new(DType::F16, vec![0, 4], Data::F16(Vec::new())).expect("c");
+        let s = Tensor::new(
+            DType::String,
+            vec![2],
+            Data::Str(vec!["héllo".into(), String::new()]),
+        )
+        .expect("s");
+        let i = Tensor::from_i64(vec![], vec![-7]).expect("i");
+        write_npz(
+            &path,
+            &[("z", &a), ("b", &b), ("c", &c), ("s", &s), ("i", &i)],
+        )
+        .expect("write");
+        let back = read_npz(&path).expect("read");
+        let names: Vec<&str> = back.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["z", "b", "c", "s", "i"]);
+        let Data::F32(v) = &back[0].1.data else {
+            panic!("f32 expected")
+        };
+        assert_eq!(back[0].1.shape, [2, 3]);
+        assert!(v[4].is_nan());
+        assert_eq!(v[2], 3.5);
+        assert_eq!(back[1].1, b);
+        assert_eq!(back[2].1, c);
+        assert_eq!(back[3].1, s);
+        assert_eq!(back[4].1, i);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn types_without_numpy_dtype_are_refused() {
+        let t = Tensor::new(DType::BF16, vec![1], Data::BF16(vec![half::bf16::ONE])).expect("t");
+        let err = write_npz(Path::new("/nonexistent/x.npz"), &[("w", &t)]).unwrap_err();
+        assert!(err.to_string().contains("bf16 has no NumPy dtype"), "{err}");
+    }
+
+    #[test]
+    fn fortran_order_is_reordered() {
+        let d = to_row_major(Data::I64(vec![1, 4, 2, 5, 3, 6]), &[2, 3]);
+        assert_eq!(d, Data::I64(vec![1, 2, 3, 4, 5, 6]));
+    }
+
+    #[test]
+    fn garbage_is_an_error_naming_the_file() {
+        let dir = std::env::temp_dir().join(format!("mmq-io-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let p = dir.join("bad.npy");
+        std::fs::write(&p, b"not numpy").expect("write");
+        let err = read_npy(&p).unwrap_err();
+        assert!(err.to_string().contains("bad.npy"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

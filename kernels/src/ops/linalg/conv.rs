@@ -1,0 +1,736 @@
+//! Conv and ConvTranspose: im2col / col2im around GEMM, parallel over images and groups.
+
+use mmq_ir::Op;
+use rayon::prelude::*;
+
+use super::{Real, by_real, gemm, is_float};
+use crate::error::KernelError;
+use crate::ops::util::{opt_tensor, tensor};
+use crate::ops::{OpCtx, OpResult};
+use crate::tensor::{RtValue, Tensor};
+
+/// Spatial geometry of a sliding-window op.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Geometry {
+    /// Input spatial dims.
+    pub input: Vec<usize>,
+    /// Kernel dims.
+    pub kernel: Vec<usize>,
+    /// Strides.
+    pub strides: Vec<usize>,
+    /// Dilations.
+    pub dilations: Vec<usize>,
+    /// Padding before each spatial dim.
+    pub pad_begin: Vec<usize>,
+    /// Padding after each spatial dim.
+    pub pad_end: Vec<usize>,
+    /// Output spatial dims.
+    pub output: Vec<usize>,
+}
+
+/// The sliding-window attributes shared by Conv and the pools.
+pub(crate) struct WindowAttrs<'a> {
+    pub auto_pad: Option<&'a str>,
+    pub dilations: Option<&'a [i64]>,
+    pub kernel_shape: Option<&'a [i64]>,
+    pub pads: Option<&'a [i64]>,
+    pub strides: Option<&'a [i64]>,
+    pub ceil_mode: bool,
+}
+
+fn positive(
+    cx: &OpCtx<'_>,
+    what: &str,
+    v: Option<&[i64]>,
+    n: usize,
+) -> Result<Vec<usize>, KernelError> {
+    match v {
+        None => Ok(vec![1; n]),
+        Some(v) if v.len() == n && v.iter().all(|&x| x >= 1) => {
+            Ok(v.iter().map(|&x| x as usize).collect())
+        }
+        Some(v) => Err(cx.invalid(format!("{what} {v:?} must have {n} positive entries"))),
+    }
+}
+
+/// Computes the geometry for `input` spatial dims; `kernel` defaults to `default_kernel`.
+pub(crate) fn geometry(
+    cx: &OpCtx<'_>,
+    a: &WindowAttrs<'_>,
+    input: &[usize],
+    default_kernel: Option<&[usize]>,
+) -> Result<Geometry, KernelError> {
+    let n = input.len();
+    let kernel: Vec<usize> = match (a.kernel_shape, default_kernel) {
+        (Some(k), _) => positive(cx, "kernel_shape", Some(k), n)?,
+        (None, Some(k)) if k.len() == n => k.to_vec(),
+        _ => return Err(cx.invalid("kernel_shape is missing or has the wrong rank")),
+    };
+    let strides = positive(cx, "strides", a.strides, n)?;
+    let dilations = positive(cx, "dilations", a.dilations, n)?;
+    let mut pad_begin = vec![0usize; n];
+    let mut pad_end = vec![0usize; n];
+    let mut output = vec![0usize; n];
+    let auto = a.auto_pad.unwrap_or("NOTSET");
+    for i in 0..n {
+        let span = (kernel[i] - 1) * dilations[i] + 1;
+        match auto {
+            "SAME_UPPER" | "SAME_LOWER" => {
+                let out = input[i].div_ceil(strides[i]);
+                let total = ((out.max(1) - 1) * strides[i] + span).saturating_sub(input[i]);
+                let small = total / 2;
+                if auto == "SAME_UPPER" {
+                    pad_begin[i] = small;
+                    pad_end[i] = total - small;
+                } else {
+                    pad_begin[i] = total - small;
+                    pad_end[i] = small;
+                }
+                output[i] = out;
+            }
+            "VALID" => {
+                output[i] = if input[i] >= span {
+                    (input[i] - span) / strides[i] + 1
+                } else {
+                    0
+                };
+            }
+            "NOTSET" | "" => {
+                if let Some(p) = a.pads {
+                    if p.len() != 2 * n || p.iter().any(|&x| x < 0) {
+                        return Err(cx.invalid(format!(
+                            "pads {p:?} must have {} non-negative entries",
+                            2 * n
+                        )));
+                    }
+                    pad_begin[i] = p[i] as usize;
+                    pad_end[i] = p[i + n] as usize;
+                }
+                let padded = input[i] + pad_begin[i] + pad_end[i];
+                output[i] = if padded < span {
+                    0
+                } else if a.ceil_mode {
+                    let mut o = (padded - span).div_ceil(strides[i]) + 1;
+                    if (o - 1) * strides[i] >= input[i] + pad_begin[i] {
+                        o -= 1;
+                    }
+                    o
+                } else {
+                    (padded - span) / strides[i] + 1
+                };
+            }
+            other => return Err(cx.invalid(format!("unknown auto_pad '{other}'"))),
+        }
+    }
+    Ok(Geometry {
+        input: input.to_vec(),
+        kernel,
+        strides,
+        dilations,
+        pad_begin,
+        pad_end,
+        output,
+    })
+}
+
+/// Fills `col[(c, k...), out...]` from one image `x[c, in...]` of `channels` channels.
+fn im2col<T: Real>(x: &[T], channels: usize, g: &Geometry, col: &mut [T]) {
+    let nd = g.input.len();
+    let in_size: usize = g.input.iter().product();
+    let out_size: usize = g.output.iter().product();
+    let ksize: usize = g.kernel.iter().product();
+    let last = nd - 1;
+    let (ow, iw) = (g.output[last], g.input[last]);
+    let (sw, dw, pw) = (
+        g.strides[last],
+        g.dilations[last],
+        g.pad_begin[last] as isize,
+    );
+    let outer_out: usize = g.output[..last].iter().product();
+    let mut kidx = vec![0usize; nd];
+    let mut oidx = vec![0usize; nd];
+    for c in 0..channels {
+        let xc = &x[c * in_size..(c + 1) * in_size];
+        for kk in 0..ksize {
+            // Kernel multi-index.
+            let mut r = kk;
+            for d in (0..nd).rev() {
+                kidx[d] = r % g.kernel[d];
+                r /= g.kernel[d];
+            }
+            let row = &mut col[(c * ksize + kk) * out_size..(c * ksize + kk + 1) * out_size];
+            let kw_off = (kidx[last] * dw) as isize - pw;
+            for o in 0..outer_out {
+                let mut r = o;
+                for d in (0..last).rev() {
+                    oidx[d] = r % g.output[d];
+                    r /= g.output[d];
+                }
+                let seg = &mut row[o * ow..(o + 1) * ow];
+                // Input offset of the outer dims, or None when in padding.
+                let mut base = 0usize;
+                let mut inside = true;
+                for d in 0..last {
+                    let p = (oidx[d] * g.strides[d] + kidx[d] * g.dilations[d]) as isize
+                        - g.pad_begin[d] as isize;
+                    if p < 0 || p >= g.input[d] as isize {
+                        inside = false;
+                        break;
+                    }
+                    base = base * g.input[d] + p as usize;
+                }
+                if !inside {
+                    seg.fill(T::ZERO);
+                    continue;
+                }
+                let xrow = &xc[base * iw..(base + 1) * iw];
+                if sw == 1 && kw_off >= 0 && kw_off as usize + ow <= iw {
+                    seg.copy_from_slice(&xrow[kw_off as usize..kw_off as usize + ow]);
+                } else {
+                    for (j, s) in seg.iter_mut().enumerate() {
+                        let p = (j * sw) as isize + kw_off;
+                        *s = if p >= 0 && (p as usize) < iw {
+                            xrow[p as usize]
+                        } else {
+                            T::ZERO
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Scatter-adds `col[(m, k...), in...]` into one image `y[m, out...]` (ConvTranspose); here
+/// `g.input` is the transposed conv's input and `g.output` its output.
+fn col2im<T: Real>(col: &[T], channels: usize, g: &Geometry, y: &mut [T]) {
+    let nd = g.input.len();
+    let in_size: usize = g.input.iter().product();
+    let out_size: usize = g.output.iter().product();
+    let ksize: usize = g.kernel.iter().product();
+    let mut kidx = vec![0usize; nd];
+    let mut iidx = vec![0usize; nd];
+    for c in 0..channels {
+        let yc = &mut y[c * out_size..(c + 1) * out_size];
+        for kk in 0..ksize {
+            let mut r = kk;
+            for d in (0..nd).rev() {
+                kidx[d] = r % g.kernel[d];
+                r /= g.kernel[d];
+            }
+            let row = &col[(c * ksize + kk) * in_size..(c * ksize + kk + 1) * in_size];
+            for (i, &v) in row.iter().enumerate() {
+                let mut r = i;
+                for d in (0..nd).rev() {
+                    iidx[d] = r % g.input[d];
+                    r /= g.input[d];
+                }
+                let mut off = 0usize;
+                let mut inside = true;
+                for d in 0..nd {
+                    let p = (iidx[d] * g.strides[d] + kidx[d] * g.dilations[d]) as isize
+                        - g.pad_begin[d] as isize;
+                    if p < 0 || p >= g.output[d] as isize {
+                        inside = false;
+                        break;
+                    }
+                    off = off * g.output[d] + p as usize;
+                }
+                if inside {
+                    yc[off] += v;
+                }
+            }
+        }
+    }
+}
+
+fn attrs_of(op: &Op) -> Option<(WindowAttrs<'_>, i64)> {
+    match op {
+        Op::Conv {
+            auto_pad,
+            dilations,
+            group,
+            kernel_shape,
+            pads,
+            strides,
+        }
+        | Op::ConvInteger {
+            auto_pad,
+            dilations,
+            group,
+            kernel_shape,
+            pads,
+            strides,
+        }
+        | Op::QLinearConv {
+            auto_pad,
+            dilations,
+            group,
+            kernel_shape,
+            pads,
+            strides,
+        }
+        | Op::ConvTranspose {
+            auto_pad,
+            dilations,
+            group,
+            kernel_shape,
+            pads,
+            strides,
+            ..
+        } => Some((
+            WindowAttrs {
+                auto_pad: auto_pad.as_deref(),
+                dilations: dilations.as_deref(),
+                kernel_shape: kernel_shape.as_deref(),
+                pads: pads.as_deref(),
+                strides: strides.as_deref(),
+                ceil_mode: false,
+            },
+            group.unwrap_or(1),
+        )),
+        _ => None,
+    }
+}
+
+/// Validated shapes of a convolution: (batch, in channels, out channels, group, geometry).
+pub(crate) struct ConvShape {
+    pub n: usize,
+    pub c: usize,
+    pub m: usize,
+    pub group: usize,
+    pub geo: Geometry,
+}
+
+/// Checks X `[N, C, ...]` and W `[M, C/group, k...]` and computes the geometry.
+pub(crate) fn conv_shape(
+    cx: &OpCtx<'_>,
+    xs: &[usize],
+    ws: &[usize],
+) -> Result<ConvShape, KernelError> {
+    let (a, group) = attrs_of(&cx.node.op).ok_or_else(|| cx.invalid("not a convolution"))?;
+    if xs.len() < 3 || ws.len() != xs.len() {
+        return Err(cx.invalid(format!(
+            "X {xs:?} and W {ws:?} must have the same rank, at least 3"
+        )));
+    }
+    if group < 1 {
+        return Err(cx.invalid(format!("group {group} must be positive")));
+    }
+    let group = group as usize;
+    let (n, c, m) = (xs[0], xs[1], ws[0]);
+    if c % group != 0 || m % group != 0 || ws[1] * group != c {
+        return Err(cx.invalid(format!("X {xs:?} and W {ws:?} do not fit group {group}")));
+    }
+    let geo = geometry(cx, &a, &xs[2..], Some(&ws[2..]))?;
+    if geo.kernel != ws[2..] {
+        return Err(cx.invalid(format!(
+            "kernel_shape {:?} differs from W {ws:?}",
+            geo.kernel
+        )));
+    }
+    Ok(ConvShape {
+        n,
+        c,
+        m,
+        group,
+        geo,
+    })
+}
+
+/// Runs a convolution on typed data: `y[n, m, out...]` (bias added when given).
+pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Option<&[T]>) -> Vec<T> {
+    let g = &s.geo;
+    let in_size: usize = g.input.iter().product();
+    let out_size: usize = g.output.iter().product();
+    let ksize: usize = g.kernel.iter().product();
+    let (cg, mg) = (s.c / s.group, s.m / s.group);
+    let kdim = cg * ksize;
+    let mut y = vec![T::ZERO; s.n * s.m * out_size];
+    if y.is_empty() {
+        return y;
+    }
+    let pointwise = ksize == 1
+        && g.strides.iter().all(|&v| v == 1)
+        && g.pad_begin.iter().chain(&g.pad_end).all(|&p| p == 0);
+    let work = |(ng, yg): (usize, &mut [T]), col: &mut Vec<T>| {
+        let (img, grp) = (ng / s.group, ng % s.group);
+        let xg = &x[(img * s.c + grp * cg) * in_size..(img * s.c + (grp + 1) * cg) * in_size];
+        let wg = &w[grp * mg * kdim..(grp + 1) * mg * kdim];
+        let b: &[T] = if pointwise {
+            xg
+        } else {
+            col.resize(kdim * out_size, T::ZERO);
+            im2col(xg, cg, g, col);
+            col
+        };
+        gemm(
+            mg,
+            kdim,
+            out_size,
+            T::ONE,
+            wg,
+            (kdim, 1),
+            b,
+            (out_size, 1),
+            T::ZERO,
+            yg,
+            (out_size, 1),
+        );
+        if let Some(bias) = bias {
+            for (j, row) in yg.chunks_mut(out_size).enumerate() {
+                let bv = bias[grp * mg + j];
+                row.iter_mut().for_each(|v| *v += bv);
+            }
+        }
+    };
+    let chunk = mg * out_size;
+    let flops = s.n * s.m * out_size * kdim;
+    if s.n * s.group > 1 && flops >= 1 << 20 {
+        y.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each_init(Vec::new, |col, item| work(item, col));
+    } else {
+        let mut col = Vec::new();
+        y.chunks_mut(chunk)
+            .enumerate()
+            .for_each(|item| work(item, &mut col));
+    }
+    y
+}
+
+fn conv_float<T: Real>(
+    cx: &OpCtx<'_>,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+) -> Result<Tensor, KernelError> {
+    let s = conv_shape(cx, &x.shape, &w.shape)?;
+    let xv = T::load(x)?;
+    let wv = T::load(w)?;
+    let bv = match b {
+        Some(b) => {
+            if b.shape != [s.m] {
+                return Err(cx.invalid(format!("B {:?} must be [{}]", b.shape, s.m)));
+            }
+            Some(T::load(b)?)
+        }
+        None => None,
+    };
+    let y = conv_compute(&s, &xv, &wv, bv.as_deref());
+    let mut shape = vec![s.n, s.m];
+    shape.extend(&s.geo.output);
+    T::store(x.dtype, shape, y)
+}
+
+/// Conv.
+pub(super) fn conv_op(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
+    let x = tensor(cx, inputs, 0)?;
+    let w = tensor(cx, inputs, 1)?;
+    let b = opt_tensor(inputs, 2);
+    if !is_float(x.dtype) || w.dtype != x.dtype {
+        return Err(cx.unsupported(format!("Conv on {} and {}", x.dtype, w.dtype)));
+    }
+    let y = by_real!(x.dtype, conv_float(cx, x, w, b.map(|b| &**b)))?;
+    Ok(vec![Some(y.into())])
+}
+
+fn conv_transpose_float<T: Real>(
+    cx: &OpCtx<'_>,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+) -> Result<Tensor, KernelError> {
+    let Op::ConvTranspose {
+        auto_pad,
+        dilations,
+        group,
+        kernel_shape,
+        output_padding,
+        output_shape,
+        pads,
+        strides,
+    } = &cx.node.op
+    else {
+        return Err(cx.invalid("not a ConvTranspose"));
+    };
+    let (xs, ws) = (&x.shape, &w.shape);
+    if xs.len() < 3 || ws.len() != xs.len() {
+        return Err(cx.invalid(format!(
+            "X {xs:?} and W {ws:?} must have the same rank, at least 3"
+        )));
+    }
+    let nd = xs.len() - 2;
+    let group = group.unwrap_or(1);
+    if group < 1 || xs[1] % group as usize != 0 || ws[0] != xs[1] {
+        return Err(cx.invalid(format!("X {xs:?} and W {ws:?} do not fit group {group}")));
+    }
+    let group = group as usize;
+    let (n, c) = (xs[0], xs[1]);
+    let m = ws[1] * group;
+    let input = xs[2..].to_vec();
+    let kernel = match kernel_shape {
+        Some(k) => positive(cx, "kernel_shape", Some(k), nd)?,
+        None => ws[2..].to_vec(),
+    };
+    if kernel != ws[2..] {
+        return Err(cx.invalid(format!("kernel_shape {kernel:?} differs from W {ws:?}")));
+    }
+    let strides = positive(cx, "strides", strides.as_deref(), nd)?;
+    let dilations = positive(cx, "dilations", dilations.as_deref(), nd)?;
+    let opad: Vec<i64> = match output_padding {
+        Some(p) if p.len() >= nd => p[..nd].to_vec(),
+        Some(p) => return Err(cx.invalid(format!("output_padding {p:?} has the wrong length"))),
+        None => vec![0; nd],
+    };
+    let auto = auto_pad.as_deref().unwrap_or("NOTSET");
+    let span = |i: usize| ((kernel[i] - 1) * dilations[i] + 1) as i64;
+    let full = |i: usize| strides[i] as i64 * (input[i] as i64 - 1) + opad[i] + span(i);
+    let explicit = match pads {
+        Some(p) if !matches!(auto, "SAME_UPPER" | "SAME_LOWER") => {
+            if p.len() != 2 * nd {
+                return Err(cx.invalid(format!("pads {p:?} must have {} entries", 2 * nd)));
+            }
+            Some(p.clone())
+        }
+        None if !matches!(auto, "SAME_UPPER" | "SAME_LOWER") && output_shape.is_none() => {
+            Some(vec![0; 2 * nd])
+        }
+        _ => None,
+    };
+    let (pb, pe, out): (Vec<i64>, Vec<i64>, Vec<i64>) = match explicit {
+        Some(p) => {
+            let out: Vec<i64> = match output_shape {
+                Some(os) => os[os.len().saturating_sub(nd)..].to_vec(),
+                None => (0..nd).map(|i| full(i) - p[i] - p[i + nd]).collect(),
+            };
+            (p[..nd].to_vec(), p[nd..].to_vec(), out)
+        }
+        None => {
+            let out: Vec<i64> = match output_shape {
+                Some(os) => os[os.len().saturating_sub(nd)..].to_vec(),
+                None => (0..nd)
+                    .map(|i| input[i] as i64 * strides[i] as i64)
+                    .collect(),
+            };
+            if out.len() != nd {
+                return Err(cx.invalid("output_shape has the wrong length"));
+            }
+            let mut pb = vec![0; nd];
+            let mut pe = vec![0; nd];
+            for i in 0..nd {
+                let total = full(i) - out[i];
+                let half = total.div_euclid(2);
+                if auto == "SAME_UPPER" {
+                    pb[i] = half;
+                    pe[i] = total - half;
+                } else {
+                    pb[i] = total - half;
+                    pe[i] = half;
+                }
+            }
+            (pb, pe, out)
+        }
+    };
+    // A negative end padding only means output positions that no input reaches.
+    if out.len() != nd || out.iter().any(|&o| o < 0) || pb.iter().any(|&p| p < 0) {
+        return Err(cx.invalid(format!(
+            "output shape {out:?} / pads {pb:?}+{pe:?} are invalid"
+        )));
+    }
+    let geo = Geometry {
+        input,
+        kernel,
+        strides,
+        dilations,
+        pad_begin: pb.iter().map(|&p| p as usize).collect(),
+        pad_end: pe.iter().map(|&p| p.max(0) as usize).collect(),
+        output: out.iter().map(|&o| o as usize).collect(),
+    };
+    let xv = T::load(x)?;
+    let wv = T::load(w)?;
+    let bv = match b {
+        Some(b) if b.shape != [m] => {
+            return Err(cx.invalid(format!("B {:?} must be [{m}]", b.shape)));
+        }
+        Some(b) => Some(T::load(b)?),
+        None => None,
+    };
+    let in_size: usize = geo.input.iter().product();
+    let out_size: usize = geo.output.iter().product();
+    let ksize: usize = geo.kernel.iter().product();
+    let (cg, mg) = (c / group, m / group);
+    let rows = mg * ksize;
+    let mut y = vec![T::ZERO; n * m * out_size];
+    if !y.is_empty() {
+        let work = |(ng, yg): (usize, &mut [T]), col: &mut Vec<T>| {
+            let (img, grp) = (ng / group, ng % group);
+            let xg = &xv[(img * c + grp * cg) * in_size..(img * c + (grp + 1) * cg) * in_size];
+            let wg = &wv[grp * cg * rows..(grp + 1) * cg * rows];
+            col.resize(rows * in_size, T::ZERO);
+            // col[rows, in] = Wg^T [rows, cg] · Xg [cg, in]
+            gemm(
+                rows,
+                cg,
+                in_size,
+                T::ONE,
+                wg,
+                (1, rows),
+                xg,
+                (in_size, 1),
+                T::ZERO,
+                col,
+                (in_size, 1),
+            );
+            col2im(col, mg, &geo, yg);
+            if let Some(bias) = &bv {
+                for (j, row) in yg.chunks_mut(out_size).enumerate() {
+                    let b = bias[grp * mg + j];
+                    row.iter_mut().for_each(|v| *v += b);
+                }
+            }
+        };
+        if n * group > 1 && n * m * in_size * ksize * cg >= 1 << 20 {
+            y.par_chunks_mut(mg * out_size)
+                .enumerate()
+                .for_each_init(Vec::new, |col, item| work(item, col));
+        } else {
+            let mut col = Vec::new();
+            y.chunks_mut((mg * out_size).max(1))
+                .enumerate()
+                .for_each(|item| work(item, &mut col));
+        }
+    }
+    let mut shape = vec![n, m];
+    shape.extend(&geo.output);
+    T::store(x.dtype, shape, y)
+}
+
+/// ConvTranspose.
+pub(super) fn conv_transpose_op(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
+    let x = tensor(cx, inputs, 0)?;
+    let w = tensor(cx, inputs, 1)?;
+    let b = opt_tensor(inputs, 2);
+    if !is_float(x.dtype) || w.dtype != x.dtype {
+        return Err(cx.unsupported(format!("ConvTranspose on {} and {}", x.dtype, w.dtype)));
+    }
+    let y = by_real!(x.dtype, conv_transpose_float(cx, x, w, b.map(|b| &**b)))?;
+    Ok(vec![Some(y.into())])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{close, f32t, out, run_op};
+    use mmq_ir::Op;
+
+    fn conv(pads: Option<Vec<i64>>, strides: Option<Vec<i64>>, auto_pad: Option<&str>) -> Op {
+        Op::Conv {
+            auto_pad: auto_pad.map(str::to_owned),
+            dilations: None,
+            group: None,
+            kernel_shape: None,
+            pads,
+            strides,
+        }
+    }
+
+    #[test]
+    fn conv_2d_padded_and_strided() {
+        // ONNX doc example: 5x5 input 0..25, 3x3 ones kernel.
+        let x: Vec<f32> = (0..25).map(|v| v as f32).collect();
+        let w = [1.0f32; 9];
+        let r = run_op(
+            conv(Some(vec![1, 1, 1, 1]), None, None),
+            vec![f32t(&[1, 1, 5, 5], &x), f32t(&[1, 1, 3, 3], &w)],
+            1,
+            11,
+        )
+        .expect("run");
+        let (s, v) = out(&r, 0);
+        assert_eq!(s, vec![1, 1, 5, 5]);
+        assert_eq!(&v[..5], &[12.0, 21.0, 27.0, 33.0, 24.0]);
+        assert_eq!(v[12], 108.0);
+        let r = run_op(
+            conv(Some(vec![1, 0, 1, 0]), Some(vec![2, 2]), None),
+            vec![f32t(&[1, 1, 5, 5], &x), f32t(&[1, 1, 3, 3], &w)],
+            1,
+            11,
+        )
+        .expect("run");
+        let (s, v) = out(&r, 0);
+        assert_eq!(s, vec![1, 1, 3, 2]);
+        assert_eq!(v, vec![21.0, 33.0, 99.0, 117.0, 111.0, 123.0]);
+        // SAME_LOWER on 5x5 stride 2 → 3x3 with pads 1 before.
+        let r = run_op(
+            conv(None, Some(vec![2, 2]), Some("SAME_LOWER")),
+            vec![f32t(&[1, 1, 5, 5], &x), f32t(&[1, 1, 3, 3], &w)],
+            1,
+            11,
+        )
+        .expect("run");
+        let (s, v) = out(&r, 0);
+        assert_eq!(s, vec![1, 1, 3, 3]);
+        assert_eq!(&v[..3], &[12.0, 27.0, 24.0]);
+    }
+
+    #[test]
+    fn conv_groups_bias_and_errors() {
+        // Depthwise 1-D: 2 channels, kernel 2, bias.
+        let op = Op::Conv {
+            auto_pad: None,
+            dilations: None,
+            group: Some(2),
+            kernel_shape: None,
+            pads: None,
+            strides: None,
+        };
+        let x = [1.0, 2.0, 3.0, 10.0, 20.0, 30.0];
+        let w = [1.0, 1.0, 1.0, -1.0];
+        let r = run_op(
+            op.clone(),
+            vec![
+                f32t(&[1, 2, 3], &x),
+                f32t(&[2, 1, 2], &w),
+                f32t(&[2], &[0.5, 1.0]),
+            ],
+            1,
+            11,
+        )
+        .expect("run");
+        assert_eq!(out(&r, 0), (vec![1, 2, 2], vec![3.5, 5.5, -9.0, -9.0]));
+        assert!(
+            run_op(
+                op,
+                vec![f32t(&[1, 2, 3], &x), f32t(&[2, 2, 2], &[0.0; 8])],
+                1,
+                11
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn conv_transpose_basic() {
+        // 1-D: x=[1,2,3], w=[1,1,1] → full conv [1,3,6,5,3]; stride 2 → [1,1,3,2,5,3,3].
+        let op = |strides: Option<Vec<i64>>| Op::ConvTranspose {
+            auto_pad: None,
+            dilations: None,
+            group: None,
+            kernel_shape: None,
+            output_padding: None,
+            output_shape: None,
+            pads: None,
+            strides,
+        };
+        let ins = || {
+            vec![
+                f32t(&[1, 1, 3], &[1.0, 2.0, 3.0]),
+                f32t(&[1, 1, 3], &[1.0, 1.0, 1.0]),
+            ]
+        };
+        let r = run_op(op(None), ins(), 1, 11).expect("run");
+        close(&out(&r, 0).1, &[1.0, 3.0, 6.0, 5.0, 3.0], 0.0);
+        let r = run_op(op(Some(vec![2])), ins(), 1, 11).expect("run");
+        close(&out(&r, 0).1, &[1.0, 1.0, 3.0, 2.0, 5.0, 3.0, 3.0], 0.0);
+    }
+}

@@ -1,0 +1,93 @@
+//! Interpreter time against ONNX Runtime (1 and 2 threads) on every fixture, in one run:
+//! `cargo bench -p mmq-tests --bench interp [-- RUNS]`. Prints medians and ratios.
+
+#![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::Instant;
+
+use mmq_kernels::{Interpreter, RtValue};
+use mmq_tests::{fixtures, python, repo_root};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let runs: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10);
+    println!(
+        "{:<16} {:<20} {:>10} {:>10} {:>10} {:>8} {:>8}",
+        "fixture", "model", "mmq 1t", "ort 1t", "ort 2t", "x 1t", "x 2t"
+    );
+    let mut ratios = Vec::new();
+    for f in fixtures() {
+        let inputs: HashMap<String, RtValue> = mmq_kernels::io::read_npz(&f.dir.join("inputs.npz"))
+            .unwrap_or_else(|e| panic!("{}: {e}", f.name))
+            .into_iter()
+            .map(|(k, t)| (k, RtValue::from(t)))
+            .collect();
+        for model in &f.models {
+            let m = mmq_onnx::load_files(&[model.as_path()], &Default::default())
+                .unwrap_or_else(|e| panic!("{}: {e}", f.name));
+            let g = m.graphs[m.entries[0].graph].clone();
+            let names: Vec<String> = g
+                .inputs
+                .iter()
+                .filter_map(|&v| m.values[v].name.clone())
+                .collect();
+            let feeds: HashMap<String, RtValue> = inputs
+                .iter()
+                .filter(|(k, _)| names.contains(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let interp = Interpreter::new(&m);
+            let graph = m.entries[0].graph;
+            interp
+                .run(graph, &feeds)
+                .unwrap_or_else(|e| panic!("{}: {e}", f.name));
+            let times: Vec<f64> = (0..runs)
+                .map(|_| {
+                    let t = Instant::now();
+                    let _ = interp.run(graph, &feeds);
+                    t.elapsed().as_secs_f64()
+                })
+                .collect();
+            let ours = median(times);
+            let out = Command::new(python())
+                .arg(repo_root().join("tools/ort_bench.py"))
+                .arg(model)
+                .arg(f.dir.join("inputs.npz"))
+                .args(["--threads", "1,2", "--runs", &runs.to_string()])
+                .output()
+                .expect("run ort_bench");
+            let j: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|_| panic!("ort_bench: {}", String::from_utf8_lossy(&out.stderr)));
+            let o1 = j["1"].as_f64().unwrap_or(f64::NAN);
+            let o2 = j["2"].as_f64().unwrap_or(f64::NAN);
+            let file = model
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            println!(
+                "{:<16} {:<20} {:>8.3}ms {:>8.3}ms {:>8.3}ms {:>7.2}x {:>7.2}x",
+                f.name,
+                file,
+                ours * 1e3,
+                o1 * 1e3,
+                o2 * 1e3,
+                ours / o1,
+                ours / o2
+            );
+            ratios.push(ours / o1);
+        }
+    }
+    println!(
+        "median interpreter / onnxruntime (1 thread): {:.2}x",
+        median(ratios)
+    );
+}

@@ -1,0 +1,367 @@
+//! The ONNX node test suite through the reference interpreter: each case's model is imported and
+//! run on the case's first data set, and every output is compared with the expected one the way
+//! the ONNX backend test runner does (same dtype and shape; numbers within the case's rtol/atol,
+//! NaN where NaN is expected; strings and bools exact; small float and int types by decoded
+//! value).
+//!
+//! `MMQ_NODE_FILTER=add,matmul` runs only the cases whose name contains one of the substrings
+//! and fails when any of them fails. Without a filter every case runs and the failures must be
+//! exactly those listed in `tests/interp-node-suite-expectations.txt` (`CASE REASON` per line).
+//! The actual list is written to `target/interp-node-suite-actual.txt`.
+
+#![allow(
+    clippy::print_stderr,
+    reason = "the test reports its pass count and failures"
+)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use mmq_kernels::{Data, Interpreter, RtValue, Tensor};
+use mmq_tests::{oracle, repo_root, scratch_dir};
+
+const EXPECTATIONS: &str = "tests/interp-node-suite-expectations.txt";
+const ACTUAL: &str = "target/interp-node-suite-actual.txt";
+/// A case still running after this long is recorded as failed (its thread is left behind).
+const CASE_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_RTOL: f64 = 1e-3;
+const DEFAULT_ATOL: f64 = 1e-7;
+
+fn read_expectations() -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(repo_root().join(EXPECTATIONS)).unwrap_or_default();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| match l.split_once(' ') {
+            Some((name, reason)) => (name.to_owned(), reason.trim().to_owned()),
+            None => (l.to_owned(), String::new()),
+        })
+        .collect()
+}
+
+/// Why a case fails, and the op the failure is attributed to (for the summary).
+struct Failure {
+    reason: String,
+    op: String,
+}
+
+/// The files `stem_<i>.pb` / `stem_<i>.unsupported` of a data set, in index order.
+fn data_files(dir: &Path, stem: &str) -> Result<Vec<PathBuf>, String> {
+    let mut files = Vec::new();
+    for i in 0.. {
+        let pb = dir.join(format!("{stem}_{i}.pb"));
+        let marker = dir.join(format!("{stem}_{i}.unsupported"));
+        if pb.is_file() {
+            files.push(pb);
+        } else if marker.is_file() {
+            let kind = std::fs::read_to_string(&marker).unwrap_or_default();
+            return Err(format!("non-tensor data: {stem} {i} is a {}", kind.trim()));
+        } else {
+            break;
+        }
+    }
+    Ok(files)
+}
+
+fn read_tensor(path: &Path) -> Result<(String, Tensor), String> {
+    let c = mmq_onnx::load_tensor(path).map_err(|e| format!("data: {e}"))?;
+    let t = Tensor::from_const(&c).map_err(|e| format!("data: {e}"))?;
+    Ok((c.name.unwrap_or_default(), t))
+}
+
+fn tolerances(case: &Path) -> (f64, f64) {
+    let text = std::fs::read_to_string(case.join("tolerance.txt")).unwrap_or_default();
+    let mut it = text.split_whitespace().map(str::parse::<f64>);
+    match (it.next(), it.next()) {
+        (Some(Ok(r)), Some(Ok(a))) => (r, a),
+        _ => (DEFAULT_RTOL, DEFAULT_ATOL),
+    }
+}
+
+/// Compares one output like `numpy.testing.assert_allclose(actual, expected, rtol, atol)`.
+fn compare(actual: &Tensor, expected: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
+    if actual.dtype != expected.dtype {
+        return Err(format!(
+            "dtype {} != expected {}",
+            actual.dtype, expected.dtype
+        ));
+    }
+    if actual.shape != expected.shape {
+        return Err(format!(
+            "shape {:?} != expected {:?}",
+            actual.shape, expected.shape
+        ));
+    }
+    match (&actual.data, &expected.data) {
+        (Data::Str(a), Data::Str(b)) => {
+            return match a.iter().zip(b).position(|(x, y)| x != y) {
+                Some(i) => Err(format!("element {i}: {:?} != expected {:?}", a[i], b[i])),
+                None => Ok(()),
+            };
+        }
+        (Data::Bool(a), Data::Bool(b)) => {
+            return match a.iter().zip(b).position(|(x, y)| x != y) {
+                Some(i) => Err(format!("element {i}: {} != expected {}", a[i], b[i])),
+                None => Ok(()),
+            };
+        }
+        _ => {}
+    }
+    let a = actual.to_f64().map_err(|e| e.to_string())?;
+    let b = expected.to_f64().map_err(|e| e.to_string())?;
+    let mut bad = 0usize;
+    let mut first = None;
+    for (i, (&x, &y)) in a.iter().zip(&b).enumerate() {
+        let ok = if x.is_nan() || y.is_nan() {
+            x.is_nan() && y.is_nan()
+        } else if x.is_infinite() || y.is_infinite() {
+            x == y
+        } else {
+            (x - y).abs() <= atol + rtol * y.abs()
+        };
+        if !ok {
+            bad += 1;
+            first.get_or_insert((i, x, y));
+        }
+    }
+    match first {
+        Some((i, x, y)) => Err(format!(
+            "{bad} of {} elements differ (rtol={rtol:e} atol={atol:e}); first at {i}: {x} != expected {y}",
+            a.len()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The op named in an interpreter error (`run: name (Op): ...` or `run: Op node: ...`), if any.
+fn op_in_reason(reason: &str) -> Option<String> {
+    let label = reason.strip_prefix("run: ")?.split(": ").next()?;
+    let op = match label.rsplit_once(" (") {
+        Some((_, rest)) => rest.strip_suffix(')')?,
+        None => label.strip_suffix(" node")?,
+    };
+    (!op.is_empty() && !op.contains(' ')).then(|| op.to_owned())
+}
+
+/// Runs one case directory; the error is why it fails.
+fn run_case(dir: &Path) -> Result<(), Failure> {
+    let fail = |reason: String, op: &str| Failure {
+        reason,
+        op: op.to_owned(),
+    };
+    let model = dir.join("model.onnx");
+    let m = mmq_onnx::load_files(&[model.as_path()], &mmq_onnx::LoadOptions::default())
+        .map_err(|e| fail(format!("import: {e}"), "(import)"))?;
+    let graph = m.entries[0].graph;
+    // The op under test: the only node's op, else the first node's (expanded cases).
+    let nodes = &m.graphs[graph].nodes;
+    let main_op = match nodes.len() {
+        0 => "(no nodes)".to_owned(),
+        1 => m.nodes[nodes[0]].op.op_type().to_owned(),
+        _ => format!("{} (multi-node)", m.nodes[nodes[0]].op.op_type()),
+    };
+    let data = dir.join("test_data_set_0");
+    if !data.is_dir() {
+        return Err(fail("no data set".to_owned(), &main_op));
+    }
+    let inputs = data_files(&data, "input").map_err(|e| fail(e, "(non-tensor data)"))?;
+    let outputs = data_files(&data, "output").map_err(|e| fail(e, "(non-tensor data)"))?;
+    let mut feeds: HashMap<String, RtValue> = HashMap::new();
+    for p in &inputs {
+        let (name, t) = read_tensor(p).map_err(|e| fail(e, &main_op))?;
+        feeds.insert(name, RtValue::from(t));
+    }
+    let got = Interpreter::new(&m).run(graph, &feeds).map_err(|e| {
+        let reason = format!("run: {e}");
+        let op = op_in_reason(&reason).unwrap_or_else(|| main_op.clone());
+        fail(reason, &op)
+    })?;
+    if got.len() != outputs.len() {
+        return Err(fail(
+            format!("{} outputs, expected {}", got.len(), outputs.len()),
+            &main_op,
+        ));
+    }
+    let (rtol, atol) = tolerances(dir);
+    for (i, ((name, value), p)) in got.iter().zip(&outputs).enumerate() {
+        let (_, expected) = read_tensor(p).map_err(|e| fail(e, &main_op))?;
+        let Some(actual) = value.as_tensor() else {
+            return Err(fail(
+                format!("output {i} ({name}) is not a tensor"),
+                &main_op,
+            ));
+        };
+        compare(actual, &expected, rtol, atol)
+            .map_err(|e| fail(format!("output {i} ({name}): {e}"), &main_op))?;
+    }
+    Ok(())
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(non-string payload)".to_owned())
+}
+
+/// Runs a case on its own thread, catching panics and giving up after [`CASE_TIMEOUT`].
+fn run_isolated(dir: PathBuf) -> Result<(), Failure> {
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("interp-case".to_owned())
+        .stack_size(64 << 20)
+        .spawn(move || {
+            let r = std::panic::catch_unwind(|| run_case(&dir)).unwrap_or_else(|p| {
+                Err(Failure {
+                    reason: format!("panic: {}", panic_message(&*p)),
+                    op: "(panic)".to_owned(),
+                })
+            });
+            let _ = tx.send(r);
+        });
+    if let Err(e) = spawned {
+        return Err(Failure {
+            reason: format!("cannot start a thread: {e}"),
+            op: "(harness)".to_owned(),
+        });
+    }
+    rx.recv_timeout(CASE_TIMEOUT).unwrap_or_else(|_| {
+        Err(Failure {
+            reason: format!("timeout after {}s", CASE_TIMEOUT.as_secs()),
+            op: "(timeout)".to_owned(),
+        })
+    })
+}
+
+/// Dumps the suite with data, reusing the previous dump when the oracle script and the Python
+/// environment are unchanged (the stamp file records both).
+fn dump_cases() -> PathBuf {
+    let root = repo_root();
+    let stamp = format!(
+        "{}\n{}",
+        std::fs::read_to_string(root.join("tools/oracle.py")).unwrap_or_default(),
+        std::fs::read_to_string(root.join(".venv/pyvenv.cfg")).unwrap_or_default()
+    );
+    let cases = root.join("target/mmq-test-scratch/interp-node-suite/cases");
+    let stamp_path = cases.join("dump.stamp");
+    if std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp)
+        && cases.join("cases.txt").is_file()
+    {
+        return cases;
+    }
+    let cases = scratch_dir("interp-node-suite/cases");
+    let out = oracle(&[
+        OsStr::new("node-dump"),
+        cases.as_os_str(),
+        OsStr::new("--with-data"),
+    ]);
+    assert!(
+        out.status.success(),
+        "node-dump failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&stamp_path, stamp).expect("write the dump stamp");
+    cases
+}
+
+#[test]
+fn interpreter_node_suite() {
+    let cases = dump_cases();
+    let listing = std::fs::read_to_string(cases.join("cases.txt")).expect("cases.txt");
+    let all: Vec<&str> = listing.lines().filter(|l| !l.is_empty()).collect();
+    assert!(
+        all.len() > 1500,
+        "the node suite has {} cases, expected ~1900",
+        all.len()
+    );
+    let filter: Option<Vec<String>> = std::env::var("MMQ_NODE_FILTER").ok().map(|f| {
+        f.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    });
+    let names: Vec<&str> = match &filter {
+        Some(subs) => all
+            .iter()
+            .copied()
+            .filter(|n| subs.iter().any(|s| n.contains(s.as_str())))
+            .collect(),
+        None => all.clone(),
+    };
+
+    // Panics inside cases are reported as failures; keep their default report off stderr.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name() != Some("interp-case") {
+            default_hook(info);
+        }
+    }));
+    let start = std::time::Instant::now();
+    let mut failing: BTreeMap<String, Failure> = BTreeMap::new();
+    for name in &names {
+        if let Err(mut f) = run_isolated(cases.join(name)) {
+            f.reason = f.reason.replace('\n', " ").chars().take(160).collect();
+            failing.insert((*name).to_owned(), f);
+        }
+    }
+    let elapsed = start.elapsed();
+    let _ = std::panic::take_hook();
+
+    let passing = names.len() - failing.len();
+    let mut by_op: BTreeMap<&str, usize> = BTreeMap::new();
+    for f in failing.values() {
+        *by_op.entry(f.op.as_str()).or_default() += 1;
+    }
+    let mut by_op: Vec<(&str, usize)> = by_op.into_iter().collect();
+    by_op.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let summary: Vec<String> = by_op.iter().map(|(op, n)| format!("{op} {n}")).collect();
+    eprintln!(
+        "interpreter: {passing} of {} cases pass ({:.1}s)\nfailures by op: {}",
+        names.len(),
+        elapsed.as_secs_f64(),
+        summary.join(", ")
+    );
+
+    if filter.is_some() {
+        for (name, f) in &failing {
+            eprintln!("FAIL {name}: {}", f.reason);
+        }
+        assert!(
+            failing.is_empty(),
+            "{} of {} selected cases fail (listed above)",
+            failing.len(),
+            names.len()
+        );
+        return;
+    }
+
+    let actual: String = failing
+        .iter()
+        .map(|(k, f)| format!("{k} {}\n", f.reason))
+        .collect();
+    let actual_path = repo_root().join(ACTUAL);
+    let _ = std::fs::write(&actual_path, &actual);
+    let expected = read_expectations();
+    let newly_failing: Vec<String> = failing
+        .iter()
+        .filter(|(k, _)| !expected.contains_key(*k))
+        .map(|(k, f)| format!("{k}: {}", f.reason))
+        .collect();
+    let newly_passing: Vec<&String> = expected
+        .keys()
+        .filter(|k| !failing.contains_key(*k))
+        .collect();
+    eprintln!("actual list in {}", actual_path.display());
+    assert!(
+        newly_failing.is_empty() && newly_passing.is_empty(),
+        "expectations out of date ({EXPECTATIONS}).\nnewly failing ({}): {newly_failing:#?}\n\
+         newly passing ({}): {newly_passing:?}\n(the full actual list is in {})",
+        newly_failing.len(),
+        newly_passing.len(),
+        actual_path.display()
+    );
+}
