@@ -13,9 +13,12 @@ Subcommands:
       With --with-data, also write the case's first data set in the standard
       layout OUTDIR/<case>/test_data_set_0/{input,output}_<i>.pb (TensorProto
       named after the graph input/output; bfloat16, float8 and int4 keep their
-      element type) and OUTDIR/<case>/tolerance.txt ("RTOL ATOL"). A value that
-      is not a tensor (sequence, optional) is written as a marker file
-      {input,output}_<i>.unsupported holding its kind.
+      element type) and OUTDIR/<case>/tolerance.txt ("RTOL ATOL"). A sequence
+      is a directory <stem>.seq/ holding 0.pb, 1.pb, ..., dtype.txt (the ONNX
+      element type code) and name.txt (the value's name); an optional is
+      <stem>.opt.pb or <stem>.opt.seq/ when it holds a value and a file
+      <stem>.none holding the value's name when it does not.
+      Any other value is a marker file <stem>.unsupported holding its kind.
 
   node-eval CASEDIR --converted CONVDIR -o RESULT.json [--only NAME...]
       For each node test case (restricted to CASEDIR/cases.txt when present),
@@ -279,18 +282,53 @@ def run_phase(case: Any, phase: str, convdir: Path) -> str:
     raise ValueError(f"unknown phase {phase}")
 
 
-def write_case_value(d: Path, stem: str, name: str, value: Any) -> None:
-    """One case value as `stem.pb` (a named TensorProto) or a `stem.unsupported` marker."""
+def seq_elem_type(type_proto: Any) -> int:
+    """The ONNX element type code of a sequence's tensors from its TypeProto (0 when unknown)."""
+    if type_proto is not None and type_proto.HasField("sequence_type"):
+        elem = type_proto.sequence_type.elem_type
+        if elem.HasField("tensor_type"):
+            return elem.tensor_type.elem_type
+    return 0
+
+
+def write_case_value(d: Path, stem: str, name: str, value: Any, type_proto: Any = None) -> None:
+    """One case value, typed by `type_proto` (the graph input/output type, when known):
+    a tensor as `stem.pb` (a named TensorProto); a sequence as a directory `stem.seq/` holding
+    `0.pb`, `1.pb`, ..., `dtype.txt` (the ONNX element type code, so that an empty sequence
+    keeps its type) and `name.txt` (the value's name); an optional as `stem.opt.pb` /
+    `stem.opt.seq/` when it holds a value and as a file `stem.none` holding the value's name
+    when it does not. Anything else becomes a `stem.unsupported`
+    marker holding its kind."""
     import numpy as np
     import onnx
 
     value = normalize_value(value)
+    if type_proto is not None and type_proto.HasField("optional_type"):
+        if value is None:
+            (d / f"{stem}.none").write_text(name + "\n")
+            return
+        write_case_value(d, f"{stem}.opt", name, value, type_proto.optional_type.elem_type)
+        return
     if isinstance(value, np.ndarray):
         # from_array keeps ml_dtypes element types (bfloat16, float8, int4) as ONNX types.
         tp = onnx.numpy_helper.from_array(value, name)
         (d / f"{stem}.pb").write_bytes(tp.SerializeToString())
         return
-    kind = "none" if value is None else "sequence" if isinstance(value, list) else type(value).__name__
+    if isinstance(value, list) and all(isinstance(v, np.ndarray) for v in value):
+        seq = d / f"{stem}.seq"
+        seq.mkdir(exist_ok=True)
+        elem_type = seq_elem_type(type_proto)
+        for k, v in enumerate(value):
+            tp = onnx.numpy_helper.from_array(v, f"{name}_{k}")
+            elem_type = elem_type or tp.data_type
+            (seq / f"{k}.pb").write_bytes(tp.SerializeToString())
+        (seq / "dtype.txt").write_text(f"{elem_type}\n")
+        (seq / "name.txt").write_text(name + "\n")
+        return
+    if value is None:
+        (d / f"{stem}.none").write_text(name + "\n")
+        return
+    kind = "sequence" if isinstance(value, list) else type(value).__name__
     (d / f"{stem}.unsupported").write_text(kind + "\n")
 
 
@@ -305,11 +343,12 @@ def write_case_data(d: Path, case: Any) -> None:
     data = d / "test_data_set_0"
     data.mkdir(exist_ok=True)
     in_names = graph_input_names(case.model)
-    out_names = [o.name for o in case.model.graph.output]
+    in_types = {i.name: i.type for i in case.model.graph.input}
+    outs = list(case.model.graph.output)
     for i, (name, value) in enumerate(zip(in_names, inputs)):
-        write_case_value(data, f"input_{i}", name, value)
-    for i, (name, value) in enumerate(zip(out_names, outputs)):
-        write_case_value(data, f"output_{i}", name, value)
+        write_case_value(data, f"input_{i}", name, value, in_types.get(name))
+    for i, (out, value) in enumerate(zip(outs, outputs)):
+        write_case_value(data, f"output_{i}", out.name, value, out.type)
 
 
 def cmd_node_dump(args: argparse.Namespace) -> int:

@@ -18,5 +18,5 @@ mod tensor;
 
 pub use error::KernelError;
 pub use interp::{Env, Interpreter, RunStats};
-pub use ops::OpCtx;
+pub use ops::{OpCtx, quant};
 pub use tensor::{Data, RtValue, Tensor};

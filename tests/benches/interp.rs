@@ -1,5 +1,5 @@
-//! Interpreter time against ONNX Runtime (1 and 2 threads) on every fixture, in one run:
-//! `cargo bench -p mmq-tests --bench interp [-- RUNS]`. Prints medians and ratios.
+//! Interpreter time (one thread) against ONNX Runtime (1 and 2 threads) on every fixture, in
+//! one run: `cargo bench -p mmq-tests --bench interp [-- RUNS]`. Prints medians and ratios.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
@@ -20,6 +20,11 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(10);
+    // The interpreter's kernels use rayon; compare like with like at one thread.
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build_global()
+        .expect("configure rayon");
     println!(
         "{:<16} {:<20} {:>10} {:>10} {:>10} {:>8} {:>8}",
         "fixture", "model", "mmq 1t", "ort 1t", "ort 2t", "x 1t", "x 2t"

@@ -2,7 +2,8 @@
 //! run on the case's first data set, and every output is compared with the expected one the way
 //! the ONNX backend test runner does (same dtype and shape; numbers within the case's rtol/atol,
 //! NaN where NaN is expected; strings and bools exact; small float and int types by decoded
-//! value).
+//! value). Sequences compare element by element, optionals by presence and then content; the
+//! data set layout for them is described in `tools/oracle.py` (`node-dump --with-data`).
 //!
 //! `MMQ_NODE_FILTER=add,matmul` runs only the cases whose name contains one of the substrings
 //! and fails when any of them fails. Without a filter every case runs and the failures must be
@@ -17,9 +18,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
+use mmq_ir::DType;
 use mmq_kernels::{Data, Interpreter, RtValue, Tensor};
 use mmq_tests::{oracle, repo_root, scratch_dir};
 
@@ -48,28 +50,82 @@ struct Failure {
     op: String,
 }
 
-/// The files `stem_<i>.pb` / `stem_<i>.unsupported` of a data set, in index order.
-fn data_files(dir: &Path, stem: &str) -> Result<Vec<PathBuf>, String> {
-    let mut files = Vec::new();
+/// Reads the values `stem_<i>` of a data set, in index order, each with its name: a tensor
+/// `stem_<i>.pb`, a sequence directory `stem_<i>.seq/`, an optional `stem_<i>.opt.pb` /
+/// `stem_<i>.opt.seq/` holding a value or `stem_<i>.none` holding none. A
+/// `stem_<i>.unsupported` marker (any other kind of value) is an error.
+fn data_values(dir: &Path, stem: &str) -> Result<Vec<(String, RtValue)>, String> {
+    let mut values = Vec::new();
     for i in 0.. {
-        let pb = dir.join(format!("{stem}_{i}.pb"));
-        let marker = dir.join(format!("{stem}_{i}.unsupported"));
-        if pb.is_file() {
-            files.push(pb);
-        } else if marker.is_file() {
-            let kind = std::fs::read_to_string(&marker).unwrap_or_default();
+        let base = format!("{stem}_{i}");
+        let path = |suffix: &str| dir.join(format!("{base}{suffix}"));
+        let value = if path(".pb").is_file() {
+            let (name, t) = read_tensor(&path(".pb"))?;
+            (name, RtValue::from(t))
+        } else if path(".seq").is_dir() {
+            let (name, seq) = read_sequence(&path(".seq"))?;
+            (name, RtValue::Sequence(seq))
+        } else if path(".opt.pb").is_file() {
+            let (name, t) = read_tensor(&path(".opt.pb"))?;
+            let inner = RtValue::from(t);
+            (name, RtValue::Optional(Some(Box::new(inner))))
+        } else if path(".opt.seq").is_dir() {
+            let (name, seq) = read_sequence(&path(".opt.seq"))?;
+            let inner = RtValue::Sequence(seq);
+            (name, RtValue::Optional(Some(Box::new(inner))))
+        } else if path(".none").is_file() {
+            let name = std::fs::read_to_string(path(".none"))
+                .map_err(|e| format!("data: {base}.none: {e}"))?;
+            (name.trim().to_owned(), RtValue::Optional(None))
+        } else if path(".unsupported").is_file() {
+            let kind = std::fs::read_to_string(path(".unsupported")).unwrap_or_default();
             return Err(format!("non-tensor data: {stem} {i} is a {}", kind.trim()));
         } else {
             break;
-        }
+        };
+        values.push(value);
     }
-    Ok(files)
+    Ok(values)
 }
 
 fn read_tensor(path: &Path) -> Result<(String, Tensor), String> {
     let c = mmq_onnx::load_tensor(path).map_err(|e| format!("data: {e}"))?;
     let t = Tensor::from_const(&c).map_err(|e| format!("data: {e}"))?;
     Ok((c.name.unwrap_or_default(), t))
+}
+
+/// A sequence directory: `name.txt`, `dtype.txt` (ONNX element type code) and the elements
+/// `0.pb`, `1.pb`, ... (every one of that dtype).
+fn read_sequence(dir: &Path) -> Result<(String, Vec<Arc<Tensor>>), String> {
+    let read = |file: &str| {
+        std::fs::read_to_string(dir.join(file))
+            .map(|s| s.trim().to_owned())
+            .map_err(|e| format!("data: {}: {e}", dir.join(file).display()))
+    };
+    let name = read("name.txt")?;
+    let code = read("dtype.txt")?;
+    let dtype = code
+        .parse::<i32>()
+        .ok()
+        .and_then(DType::from_onnx_code)
+        .ok_or_else(|| format!("data: {}: unknown element type {code:?}", dir.display()))?;
+    let mut elems = Vec::new();
+    for k in 0.. {
+        let p = dir.join(format!("{k}.pb"));
+        if !p.is_file() {
+            break;
+        }
+        let (_, t) = read_tensor(&p)?;
+        if t.dtype != dtype {
+            return Err(format!(
+                "data: {}: element {k} is {}, the sequence holds {dtype}",
+                dir.display(),
+                t.dtype
+            ));
+        }
+        elems.push(Arc::new(t));
+    }
+    Ok((name, elems))
 }
 
 fn tolerances(case: &Path) -> (f64, f64) {
@@ -136,6 +192,42 @@ fn compare(actual: &Tensor, expected: &Tensor, rtol: f64, atol: f64) -> Result<(
     }
 }
 
+/// The kind of a runtime value, for messages.
+fn kind(v: &RtValue) -> &'static str {
+    match v {
+        RtValue::Tensor(_) => "tensor",
+        RtValue::Sequence(_) => "sequence",
+        RtValue::Optional(Some(_)) => "optional holding a value",
+        RtValue::Optional(None) => "empty optional",
+    }
+}
+
+/// Compares any runtime value: tensors with [`compare`], sequences by length and then element by
+/// element, optionals by presence and then content.
+fn compare_value(actual: &RtValue, expected: &RtValue, rtol: f64, atol: f64) -> Result<(), String> {
+    match (actual, expected) {
+        (RtValue::Tensor(a), RtValue::Tensor(b)) => compare(a, b, rtol, atol),
+        (RtValue::Sequence(a), RtValue::Sequence(b)) => {
+            if a.len() != b.len() {
+                return Err(format!(
+                    "sequence of {} tensors, expected {}",
+                    a.len(),
+                    b.len()
+                ));
+            }
+            for (k, (x, y)) in a.iter().zip(b).enumerate() {
+                compare(x, y, rtol, atol).map_err(|e| format!("sequence element {k}: {e}"))?;
+            }
+            Ok(())
+        }
+        (RtValue::Optional(None), RtValue::Optional(None)) => Ok(()),
+        (RtValue::Optional(Some(a)), RtValue::Optional(Some(b))) => {
+            compare_value(a, b, rtol, atol).map_err(|e| format!("optional: {e}"))
+        }
+        _ => Err(format!("{}, expected {}", kind(actual), kind(expected))),
+    }
+}
+
 /// The op named in an interpreter error (`run: name (Op): ...` or `run: Op node: ...`), if any.
 fn op_in_reason(reason: &str) -> Option<String> {
     let label = reason.strip_prefix("run: ")?.split(": ").next()?;
@@ -167,13 +259,9 @@ fn run_case(dir: &Path) -> Result<(), Failure> {
     if !data.is_dir() {
         return Err(fail("no data set".to_owned(), &main_op));
     }
-    let inputs = data_files(&data, "input").map_err(|e| fail(e, "(non-tensor data)"))?;
-    let outputs = data_files(&data, "output").map_err(|e| fail(e, "(non-tensor data)"))?;
-    let mut feeds: HashMap<String, RtValue> = HashMap::new();
-    for p in &inputs {
-        let (name, t) = read_tensor(p).map_err(|e| fail(e, &main_op))?;
-        feeds.insert(name, RtValue::from(t));
-    }
+    let inputs = data_values(&data, "input").map_err(|e| fail(e, "(non-tensor data)"))?;
+    let outputs = data_values(&data, "output").map_err(|e| fail(e, "(non-tensor data)"))?;
+    let feeds: HashMap<String, RtValue> = inputs.into_iter().collect();
     let got = Interpreter::new(&m).run(graph, &feeds).map_err(|e| {
         let reason = format!("run: {e}");
         let op = op_in_reason(&reason).unwrap_or_else(|| main_op.clone());
@@ -186,15 +274,8 @@ fn run_case(dir: &Path) -> Result<(), Failure> {
         ));
     }
     let (rtol, atol) = tolerances(dir);
-    for (i, ((name, value), p)) in got.iter().zip(&outputs).enumerate() {
-        let (_, expected) = read_tensor(p).map_err(|e| fail(e, &main_op))?;
-        let Some(actual) = value.as_tensor() else {
-            return Err(fail(
-                format!("output {i} ({name}) is not a tensor"),
-                &main_op,
-            ));
-        };
-        compare(actual, &expected, rtol, atol)
+    for (i, ((name, actual), (_, expected))) in got.iter().zip(&outputs).enumerate() {
+        compare_value(actual, expected, rtol, atol)
             .map_err(|e| fail(format!("output {i} ({name}): {e}"), &main_op))?;
     }
     Ok(())
@@ -364,4 +445,33 @@ fn interpreter_node_suite() {
         newly_passing.len(),
         actual_path.display()
     );
+}
+
+#[test]
+fn compare_value_checks_sequences_and_optionals() {
+    let t = |v: Vec<f32>| {
+        Arc::new(Tensor::new(DType::F32, vec![v.len()], Data::F32(v)).expect("a valid tensor"))
+    };
+    let seq = |v: Vec<Arc<Tensor>>| RtValue::Sequence(v);
+    let some = |v: RtValue| RtValue::Optional(Some(Box::new(v)));
+    let a = seq(vec![t(vec![1.0, 2.0]), t(vec![3.0])]);
+    assert!(compare_value(&a, &a, 0.0, 0.0).is_ok());
+    let shorter = seq(vec![t(vec![1.0, 2.0])]);
+    assert!(
+        compare_value(&shorter, &a, 0.0, 0.0)
+            .is_err_and(|e| e.contains("sequence of 1 tensors, expected 2"))
+    );
+    let off = seq(vec![t(vec![1.0, 2.0]), t(vec![4.0])]);
+    assert!(compare_value(&off, &a, 0.0, 0.0).is_err_and(|e| e.starts_with("sequence element 1:")));
+    assert!(compare_value(&seq(vec![]), &seq(vec![]), 0.0, 0.0).is_ok());
+    let none = RtValue::Optional(None);
+    assert!(compare_value(&none, &none, 0.0, 0.0).is_ok());
+    assert!(
+        compare_value(&none, &some(a.clone()), 0.0, 0.0)
+            .is_err_and(|e| e == "empty optional, expected optional holding a value")
+    );
+    assert!(compare_value(&some(a.clone()), &some(a.clone()), 0.0, 0.0).is_ok());
+    assert!(compare_value(&some(off), &some(a.clone()), 0.0, 0.0).is_err());
+    // A plain value never matches an optional holding it.
+    assert!(compare_value(&a, &some(a.clone()), 0.0, 0.0).is_err());
 }

@@ -4,6 +4,7 @@
 //! Bodies run through [`OpCtx::run_graph`] in the scope of the node, so they see outer values.
 
 mod data;
+mod loss;
 mod rnn;
 mod seq;
 mod tail;
@@ -56,7 +57,8 @@ pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> Option<OpResul
         Op::Custom(c) if c.domain.is_empty() || c.domain == "ai.onnx" => {
             return seq::eval(cx, c, inputs)
                 .or_else(|| tail::eval(cx, c, inputs))
-                .or_else(|| rnn::eval(cx, c, inputs));
+                .or_else(|| rnn::eval(cx, c, inputs))
+                .or_else(|| loss::eval(cx, c, inputs));
         }
         _ => return None,
     })

@@ -4,7 +4,7 @@
 mod control;
 mod elementwise;
 mod linalg;
-mod quant;
+pub mod quant;
 mod shape;
 pub(crate) mod util;
 

@@ -1,5 +1,4 @@
 //! Helpers shared by the kernel families: operand access, axes, broadcasting.
-#![allow(dead_code, reason = "shared by the kernel families as they land")]
 
 use std::sync::Arc;
 
