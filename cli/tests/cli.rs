@@ -1,40 +1,14 @@
 //! The `mmq` command line: exit codes, diagnostics for malformed input (snapshot-tested), atomic
 //! outputs, and the JSON summary schema.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
+use common::{mmq, repo, run_in, scratch};
+
 use mmq_onnx::proto::onnx as pb;
 use prost::Message;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = repo().join("target/mmq-cli-tests").join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
-fn mmq() -> Command {
-    Command::cargo_bin("mmq").expect("mmq binary")
-}
-
-/// Runs mmq in `dir`, returning (exit code, stderr with `dir` replaced by `[DIR]`).
-fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = mmq().current_dir(dir).args(args).output().expect("run mmq");
-    let clean = |b: &[u8]| String::from_utf8_lossy(b).replace(&dir.display().to_string(), "[DIR]");
-    (
-        out.status.code().unwrap_or(-1),
-        clean(&out.stdout),
-        clean(&out.stderr),
-    )
-}
 
 fn tensor_type(elem: i32, dims: &[i64]) -> pb::TypeProto {
     pb::TypeProto {

@@ -1,44 +1,17 @@
 //! `mmq run`: the vit fixture through the interpreter matches ONNX Runtime's outputs; input
 //! errors name the input and what was expected (snapshot-tested).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
+use common::{repo, run_in, scratch};
+
 use mmq_kernels::io::{read_npz, write_npz};
 use mmq_kernels::{Data, Tensor};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = repo().join("target/mmq-cli-tests").join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
 fn vit() -> PathBuf {
     repo().join("tests/fixtures/vit")
-}
-
-/// Runs mmq in `dir`; returns (exit code, stdout, stderr).
-fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::cargo_bin("mmq")
-        .expect("mmq binary")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run mmq");
-    let text = |b: &[u8]| String::from_utf8_lossy(b).replace(&dir.display().to_string(), "[DIR]");
-    (
-        out.status.code().unwrap_or(-1),
-        text(&out.stdout),
-        text(&out.stderr),
-    )
 }
 
 fn pixel_values() -> Tensor {

@@ -43,6 +43,20 @@ pub fn oracle(args: &[&std::ffi::OsStr]) -> Output {
         .unwrap_or_else(|e| panic!("cannot run the oracle: {e}"))
 }
 
+/// An expectations file (`CASE REASON` per line, `#` comments), relative to the repository root:
+/// the cases that do not pass yet, with why. A missing file is an empty list.
+pub fn read_expectations(path: &str) -> std::collections::BTreeMap<String, String> {
+    let text = std::fs::read_to_string(repo_root().join(path)).unwrap_or_default();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| match l.split_once(' ') {
+            Some((name, reason)) => (name.to_owned(), reason.trim().to_owned()),
+            None => (l.to_owned(), String::new()),
+        })
+        .collect()
+}
+
 /// A committed fixture: a directory with one or more `.onnx` files, `inputs.npz`, `outputs.npz`.
 #[derive(Debug, Clone)]
 pub struct Fixture {

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use mmq_ir::DType;
 use mmq_kernels::{Data, Interpreter, RtValue, Tensor};
-use mmq_tests::{oracle, repo_root, scratch_dir};
+use mmq_tests::{oracle, read_expectations, repo_root, scratch_dir};
 
 const EXPECTATIONS: &str = "tests/interp-node-suite-expectations.txt";
 const ACTUAL: &str = "target/interp-node-suite-actual.txt";
@@ -31,18 +31,6 @@ const ACTUAL: &str = "target/interp-node-suite-actual.txt";
 const CASE_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_RTOL: f64 = 1e-3;
 const DEFAULT_ATOL: f64 = 1e-7;
-
-fn read_expectations() -> BTreeMap<String, String> {
-    let text = std::fs::read_to_string(repo_root().join(EXPECTATIONS)).unwrap_or_default();
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| match l.split_once(' ') {
-            Some((name, reason)) => (name.to_owned(), reason.trim().to_owned()),
-            None => (l.to_owned(), String::new()),
-        })
-        .collect()
-}
 
 /// Why a case fails, and the op the failure is attributed to (for the summary).
 struct Failure {
@@ -426,7 +414,7 @@ fn interpreter_node_suite() {
         .collect();
     let actual_path = repo_root().join(ACTUAL);
     let _ = std::fs::write(&actual_path, &actual);
-    let expected = read_expectations();
+    let expected = read_expectations(EXPECTATIONS);
     let newly_failing: Vec<String> = failing
         .iter()
         .filter(|(k, _)| !expected.contains_key(*k))

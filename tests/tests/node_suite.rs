@@ -9,21 +9,9 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::Path;
 
-use mmq_tests::{oracle, repo_root, scratch_dir};
+use mmq_tests::{oracle, read_expectations, repo_root, scratch_dir};
 
 const EXPECTATIONS: &str = "tests/node-suite-expectations.txt";
-
-fn read_expectations() -> BTreeMap<String, String> {
-    let text = std::fs::read_to_string(repo_root().join(EXPECTATIONS)).unwrap_or_default();
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| match l.split_once(' ') {
-            Some((name, reason)) => (name.to_owned(), reason.trim().to_owned()),
-            None => (l.to_owned(), String::new()),
-        })
-        .collect()
-}
 
 /// Imports, verifies, text-round-trips and exports one case; the error says which step failed.
 fn convert(src: &Path, dst: &Path) -> Result<(), String> {
@@ -132,7 +120,7 @@ fn node_suite_round_trip() {
         }
     }
 
-    let expected = read_expectations();
+    let expected = read_expectations(EXPECTATIONS);
     let newly_failing: Vec<_> = failing
         .keys()
         .filter(|k| !expected.contains_key(*k))

@@ -1,0 +1,39 @@
+//! Helpers shared by the command-line tests.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
+}
+
+/// An empty scratch directory under `target/mmq-cli-tests/`.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = repo().join("target/mmq-cli-tests").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// The `mmq` binary.
+pub fn mmq() -> Command {
+    Command::cargo_bin("mmq").expect("mmq binary")
+}
+
+/// Runs mmq in `dir`; returns (exit code, stdout, stderr), with `dir` replaced by `[DIR]`.
+pub fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = mmq().current_dir(dir).args(args).output().expect("run mmq");
+    let clean = |b: &[u8]| String::from_utf8_lossy(b).replace(&dir.display().to_string(), "[DIR]");
+    (
+        out.status.code().unwrap_or(-1),
+        clean(&out.stdout),
+        clean(&out.stderr),
+    )
+}
