@@ -39,8 +39,22 @@ impl Env<'_> {
 pub struct Interpreter<'m> {
     module: &'m Module,
     consts: Mutex<HashMap<Const, Arc<Tensor>>>,
+    /// Per-graph facts computed once, not on every activation (a `Loop` body runs many times).
+    plans: Mutex<HashMap<GraphId, Arc<Plan>>>,
     stats: Option<Mutex<RunStats>>,
     live_bytes: Mutex<usize>,
+}
+
+/// What running a graph needs besides its inputs: when each value can be freed, and the opset.
+struct Plan {
+    /// Node position → the values whose last use it is.
+    last_use: HashMap<usize, Vec<Value>>,
+    /// Every value read at all (results outside this set are freed at once).
+    used: HashSet<Value>,
+    /// Graph outputs, never freed.
+    keep: HashSet<Value>,
+    /// The default-domain opset of the model holding the graph.
+    opset: i64,
 }
 
 impl<'m> Interpreter<'m> {
@@ -49,6 +63,7 @@ impl<'m> Interpreter<'m> {
         Interpreter {
             module,
             consts: Mutex::default(),
+            plans: Mutex::default(),
             stats: None,
             live_bytes: Mutex::new(0),
         }
@@ -314,8 +329,7 @@ impl<'m> Interpreter<'m> {
             self.track(val.byte_size() as isize);
             env.vals.insert(v, val);
         }
-        let (last_use, used) = last_uses(m, graph);
-        let keep: HashSet<Value> = g.outputs.iter().copied().collect();
+        let plan = self.plan(graph);
         for (i, &n) in g.nodes.iter().enumerate() {
             let node = &m.nodes[n];
             let args = node
@@ -323,11 +337,10 @@ impl<'m> Interpreter<'m> {
                 .iter()
                 .map(|o| o.map(|v| self.value(v, &env)).transpose())
                 .collect::<Result<Vec<_>, _>>()?;
-            let opset = m.onnx_opset(graph).unwrap_or(23);
             let cx = OpCtx {
                 interp: self,
                 node,
-                opset,
+                opset: plan.opset,
                 env: &env,
             };
             let start = self.stats.as_ref().map(|_| Instant::now());
@@ -347,9 +360,13 @@ impl<'m> Interpreter<'m> {
                 }
             }
             // Free what this node was the last user of, and results nobody uses.
-            let dead = node.outputs.iter().flatten().filter(|v| !used.contains(v));
-            for v in last_use.get(&i).into_iter().flatten().chain(dead) {
-                if !keep.contains(v)
+            let dead = node
+                .outputs
+                .iter()
+                .flatten()
+                .filter(|v| !plan.used.contains(v));
+            for v in plan.last_use.get(&i).into_iter().flatten().chain(dead) {
+                if !plan.keep.contains(v)
                     && let Some(val) = env.vals.remove(v)
                 {
                     self.track(-(val.byte_size() as isize));
@@ -365,6 +382,24 @@ impl<'m> Interpreter<'m> {
             self.track(-(val.byte_size() as isize));
         }
         Ok(outs)
+    }
+
+    fn plan(&self, graph: GraphId) -> Arc<Plan> {
+        if let Some(p) = self.plans.lock().ok().and_then(|p| p.get(&graph).cloned()) {
+            return p;
+        }
+        let m = self.module;
+        let (last_use, used) = last_uses(m, graph);
+        let plan = Arc::new(Plan {
+            last_use,
+            used,
+            keep: m.graphs[graph].outputs.iter().copied().collect(),
+            opset: m.onnx_opset(graph).unwrap_or(23),
+        });
+        if let Ok(mut p) = self.plans.lock() {
+            p.insert(graph, plan.clone());
+        }
+        plan
     }
 
     fn track(&self, delta: isize) {

@@ -31,24 +31,22 @@ pub enum Data {
 }
 
 /// Applies `$body` to the vector inside any non-string, non-code variant, bound as `$v`.
-#[macro_export]
-#[doc(hidden)]
 macro_rules! with_numeric {
     ($data:expr, $v:ident => $body:expr, else $other:expr) => {
         match $data {
-            $crate::Data::Bool($v) => $body,
-            $crate::Data::U8($v) => $body,
-            $crate::Data::I8($v) => $body,
-            $crate::Data::U16($v) => $body,
-            $crate::Data::I16($v) => $body,
-            $crate::Data::U32($v) => $body,
-            $crate::Data::I32($v) => $body,
-            $crate::Data::U64($v) => $body,
-            $crate::Data::I64($v) => $body,
-            $crate::Data::F16($v) => $body,
-            $crate::Data::BF16($v) => $body,
-            $crate::Data::F32($v) => $body,
-            $crate::Data::F64($v) => $body,
+            Data::Bool($v) => $body,
+            Data::U8($v) => $body,
+            Data::I8($v) => $body,
+            Data::U16($v) => $body,
+            Data::I16($v) => $body,
+            Data::U32($v) => $body,
+            Data::I32($v) => $body,
+            Data::U64($v) => $body,
+            Data::I64($v) => $body,
+            Data::F16($v) => $body,
+            Data::BF16($v) => $body,
+            Data::F32($v) => $body,
+            Data::F64($v) => $body,
             _ => $other,
         }
     };

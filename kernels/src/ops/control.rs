@@ -3,7 +3,6 @@
 //!
 //! Bodies run through [`OpCtx::run_graph`] in the scope of the node, so they see outer values.
 
-mod data;
 mod loss;
 mod rnn;
 mod seq;
@@ -14,6 +13,7 @@ use std::sync::Arc;
 use mmq_ir::{Attr, CustomOp, DType, GraphId, Op};
 
 use crate::error::KernelError;
+use crate::ops::data;
 use crate::ops::util::{self, tensor};
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{Data, RtValue, Tensor};

@@ -2,6 +2,7 @@
 //! handle; [`eval`] tries them in turn.
 
 mod control;
+pub(crate) mod data;
 mod elementwise;
 mod linalg;
 pub mod quant;

@@ -2,7 +2,6 @@
 //! scatter reductions aside), so they are written once over every [`crate::Data`] variant,
 //! strings and small-type codes included.
 
-mod data;
 mod index;
 mod layout;
 mod misc;

@@ -3,11 +3,11 @@
 
 use mmq_ir::{Attr, ConstData, CustomOp, DType, Storage};
 
-use super::data::each_variant;
 use super::{attr, attr_i64, attr_str};
+use crate::ops::data::map_any;
 use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
-use crate::tensor::{Data, RtValue, Tensor};
+use crate::tensor::{RtValue, Tensor};
 
 /// Runs the op when it is one of this file's ops.
 pub(super) fn eval(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
@@ -367,7 +367,7 @@ fn upsample(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> OpResul
                     }
                 }
             }
-            let data = each_variant!(&x.data, |v, _get| gather(v, &idx));
+            let data = map_any!(&x.data, |v, _get| gather(v, &idx));
             Ok(vec![Some(Tensor::new(x.dtype, out_shape, data)?.into())])
         }
         "linear" | "bilinear" => {
@@ -396,6 +396,7 @@ mod tests {
 
     use super::*;
     use crate::interp::Interpreter;
+    use crate::tensor::Data;
 
     /// Runs one custom op of the default domain on `x` and returns its first output.
     fn run_one(op_type: &str, attrs: Vec<(String, Attr)>, x: Tensor, out: DType) -> Tensor {

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use mmq_ir::{Attr, CustomOp};
 
-use super::{attr, attr_i64, data, scalar_bool, scalar_i64};
+use super::{attr, attr_i64, scalar_bool, scalar_i64};
 use crate::error::KernelError;
+use crate::ops::data;
 use crate::ops::util::{self, opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{RtValue, Tensor};

@@ -4,9 +4,9 @@
 
 use mmq_ir::{Attr, CustomOp, DType};
 
-use super::data::{self, each_variant};
 use super::{attr, attr_f32, attr_i64, attr_ints, attr_str};
 use crate::error::KernelError;
+use crate::ops::data::{self, map_any};
 use crate::ops::util::{self, opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{Data, RtValue, Tensor};
@@ -145,7 +145,7 @@ fn compress(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> OpResul
     }
     let mut out_shape = shape;
     out_shape[axis] = keep.len();
-    let data = each_variant!(&x.data, |v, _get| gather(v, &idx));
+    let data = map_any!(&x.data, |v, _get| gather(v, &idx));
     one(Tensor::new(x.dtype, out_shape, data)?)
 }
 
@@ -231,7 +231,7 @@ fn reverse_sequence(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) ->
             pos[d] = 0;
         }
     }
-    let data = each_variant!(&x.data, |v, _get| gather(v, &idx));
+    let data = map_any!(&x.data, |v, _get| gather(v, &idx));
     one(Tensor::new(x.dtype, x.shape.clone(), data)?)
 }
 
@@ -477,7 +477,7 @@ fn unique(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> OpResult 
     let y = Tensor::new(
         src.dtype,
         y_shape,
-        each_variant!(&src.data, |v, _get| gather(v, &idx)),
+        map_any!(&src.data, |v, _get| gather(v, &idx)),
     )?;
     let n = firsts.len();
     Ok(vec![
@@ -549,7 +549,7 @@ fn center_crop_pad(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> 
                 .map(|i| i.map_or(crate::numeric::encode(x.dtype, 0.0, true), |i| v[i]))
                 .collect(),
         ),
-        d => each_variant!(d, |v, _get| gather_or_default(v, &idx)),
+        d => map_any!(d, |v, _get| gather_or_default(v, &idx)),
     };
     one(Tensor::new(x.dtype, out_shape, data)?)
 }
@@ -1208,7 +1208,7 @@ fn tensor_scatter(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> O
             moves.push(((o * max_len + dst as usize) * inner, (o * seq + s) * inner));
         }
     }
-    let data = each_variant!(&past.data, |v, get| {
+    let data = map_any!(&past.data, |v, get| {
         let mut out = v.clone();
         let src = get(&update.data).unwrap_or(&[]);
         for &(d, s) in &moves {

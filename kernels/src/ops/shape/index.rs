@@ -4,7 +4,7 @@ use half::{bf16, f16};
 use mmq_ir::DType;
 
 use crate::error::KernelError;
-use crate::ops::shape::data::{append, axis_in, ints, like, map_any, norm_index, sdim, take};
+use crate::ops::data::{append, axis_in, ints, like, map_any, norm_index, sdim, take};
 use crate::ops::shape::single;
 use crate::ops::util::{opt_tensor, strides, tensor};
 use crate::ops::{OpCtx, OpResult};

@@ -2,10 +2,10 @@
 //! splits, broadcasts, tiling, padding, depth/space shuffles.
 
 use crate::error::KernelError;
-use crate::ops::shape::data::{
-    append, axis_in, istrides, like, map_any, norm_axes, sdim, strided, take,
+use crate::ops::data::{
+    self, append, axis_in, ints, istrides, like, norm_axes, sdim, strided, take,
 };
-use crate::ops::shape::{data::ints, single};
+use crate::ops::shape::single;
 use crate::ops::util::{broadcast_shapes, opt_tensor, strides, tensor};
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{RtValue, Tensor};
@@ -265,43 +265,8 @@ pub(super) fn concat(cx: &OpCtx<'_>, inputs: &[Option<RtValue>], axis: Option<i6
         .map(|i| tensor(cx, inputs, i).map(|t| &**t))
         .collect::<Result<_, _>>()?;
     let first = *ts.first().ok_or_else(|| cx.invalid("no operands"))?;
-    let r = first.rank();
-    let a = axis_in(cx, axis, r)?;
-    let mut shape = first.shape.clone();
-    shape[a] = 0;
-    for (i, t) in ts.iter().enumerate() {
-        let same = t.rank() == r
-            && t.dtype == first.dtype
-            && t.shape
-                .iter()
-                .zip(&first.shape)
-                .enumerate()
-                .all(|(k, (x, y))| k == a || x == y);
-        if !same {
-            return Err(cx.invalid(format!(
-                "operand {i} ({} {:?}) does not fit operand 0 ({} {:?}) on axis {a}",
-                t.dtype, t.shape, first.dtype, first.shape
-            )));
-        }
-        shape[a] += t.shape[a];
-    }
-    let outer: usize = first.shape[..a].iter().product();
-    let inner: usize = first.shape[a + 1..].iter().product();
-    let total: usize = shape.iter().product();
-    let data = map_any!(&first.data, |_v, get| {
-        let parts: Vec<_> = ts
-            .iter()
-            .map(|t| (get(&t.data).unwrap_or(&[]), t.shape[a] * inner))
-            .collect();
-        let mut out = Vec::with_capacity(total);
-        for o in 0..outer {
-            for &(p, c) in &parts {
-                out.extend_from_slice(&p[o * c..(o + 1) * c]);
-            }
-        }
-        out
-    });
-    single(like(first, shape, data)?)
+    let a = axis_in(cx, axis, first.rank())?;
+    single(data::concat(&ts, a, false).map_err(|e| cx.invalid(e))?)
 }
 
 pub(super) fn split(

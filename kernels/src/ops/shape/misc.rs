@@ -2,7 +2,7 @@
 
 use mmq_ir::{Const, DType, Op};
 
-use crate::ops::shape::data::{ints, repeat_elem, sdim};
+use crate::ops::data::{ints, repeat_elem, sdim};
 use crate::ops::shape::single;
 use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};

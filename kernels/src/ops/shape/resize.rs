@@ -6,7 +6,7 @@
 use mmq_ir::{DType, Op};
 
 use crate::error::KernelError;
-use crate::ops::shape::data::norm_axes;
+use crate::ops::data::norm_axes;
 use crate::ops::shape::single;
 use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
@@ -327,7 +327,7 @@ pub(super) fn resize(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
             }
         }
         (None, Some(z)) => {
-            let z = crate::ops::shape::data::ints(cx, z, "sizes")?;
+            let z = crate::ops::data::ints(cx, z, "sizes")?;
             if z.len() != na || z.iter().any(|&v| v < 0) {
                 return Err(cx.invalid(format!("sizes {z:?} do not fit {na} axes")));
             }
