@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::PathBuf;
 
-use mmq_ir::{Dim, GraphId, Module, Type, Value, ValueDef};
+use mmq_ir::text::type_text;
+use mmq_ir::{Dim, GraphId, Module, Value, ValueDef};
 use serde_json::{Value as Json, json};
 
 use crate::Format;
@@ -51,32 +52,6 @@ fn render_dim(m: &Module, d: &Dim) -> String {
     d.render(&|s| m.symbols[s].name.clone())
 }
 
-/// A short type spelling for summaries (`f32[batch, 3, 224, 224]`).
-fn type_str(m: &Module, ty: &Type) -> String {
-    match ty {
-        Type::Unknown => "unknown".to_owned(),
-        Type::Tensor(t) | Type::SparseTensor(t) => {
-            let dtype = t.dtype.map_or("?", |d| d.name());
-            let dims = match &t.shape {
-                Some(dims) => {
-                    let dims: Vec<String> = dims.iter().map(|d| render_dim(m, d)).collect();
-                    format!("[{}]", dims.join(", "))
-                }
-                None => "[*]".to_owned(),
-            };
-            let s = format!("{dtype}{dims}");
-            if matches!(ty, Type::SparseTensor(_)) {
-                format!("sparse<{s}>")
-            } else {
-                s
-            }
-        }
-        Type::Sequence(t) => format!("seq<{}>", type_str(m, t)),
-        Type::Optional(t) => format!("opt<{}>", type_str(m, t)),
-        Type::Map(k, v) => format!("map<{k}, {}>", type_str(m, v)),
-    }
-}
-
 fn value_json(m: &Module, v: Value) -> Json {
     let ty = m.value_type(v);
     let (dtype, shape) = match ty.as_tensor() {
@@ -86,7 +61,7 @@ fn value_json(m: &Module, v: Value) -> Json {
                 Json::Array(s.iter().map(|d| dim_json(m, d)).collect())
             }),
         ),
-        None => (json!(type_str(m, ty)), Json::Null),
+        None => (json!(type_text(m, ty)), Json::Null),
     };
     json!({"name": m.values[v].name.clone().unwrap_or_default(), "dtype": dtype, "shape": shape})
 }
@@ -205,7 +180,7 @@ fn dot(m: &Module) -> String {
                 out,
                 "  {id} [shape=ellipse, label=\"{}\\n{}\"];",
                 dot_escape(&name),
-                dot_escape(&type_str(m, m.value_type(v)))
+                dot_escape(&type_text(m, m.value_type(v)))
             );
             source.insert(v, id);
         }
@@ -233,7 +208,7 @@ fn dot(m: &Module) -> String {
                     let _ = writeln!(
                         out,
                         "  {src} -> {id} [label=\"{}\"];",
-                        dot_escape(&type_str(m, m.value_type(v)))
+                        dot_escape(&type_text(m, m.value_type(v)))
                     );
                 }
             }
@@ -253,7 +228,7 @@ fn dot(m: &Module) -> String {
                 let _ = writeln!(
                     out,
                     "  {src} -> {id} [label=\"{}\"];",
-                    dot_escape(&type_str(m, m.value_type(v)))
+                    dot_escape(&type_text(m, m.value_type(v)))
                 );
             }
         }

@@ -184,23 +184,7 @@ impl<'m> Interpreter<'m> {
     }
 
     fn describe(&self, ty: &Type) -> String {
-        let m = self.module;
-        match ty.as_tensor() {
-            Some(t) => {
-                let dtype = t.dtype.map_or("?", |d| d.name());
-                match &t.shape {
-                    Some(dims) => {
-                        let dims: Vec<String> = dims
-                            .iter()
-                            .map(|d| d.render(&|s| m.symbols[s].name.clone()))
-                            .collect();
-                        format!("{dtype}[{}]", dims.join(", "))
-                    }
-                    None => format!("{dtype} tensor"),
-                }
-            }
-            None => format!("{ty:?}"),
-        }
+        mmq_ir::text::type_text(self.module, ty)
     }
 
     fn check_input(

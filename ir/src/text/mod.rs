@@ -70,6 +70,11 @@ pub fn print(m: &Module) -> String {
     print_with(m, &PrintOptions::default())
 }
 
+/// The `.mmir` spelling of a type, with the module's symbol names (`f32[batch, 3, 224, 224]`).
+pub fn type_text(m: &Module, ty: &crate::Type) -> String {
+    printer::type_text(m, ty)
+}
+
 /// Prints `m` as `.mmir` text.
 pub fn print_with(m: &Module, opts: &PrintOptions) -> String {
     printer::print_module(m, opts)

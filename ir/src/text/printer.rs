@@ -8,7 +8,7 @@ use super::canon::{const_has_value, printed_entries, printed_links};
 use super::lexer::{name_text, quote};
 use crate::attr::Attr;
 use crate::constant::{Const, ConstData, Storage};
-use crate::dim::{Dim, Sym};
+use crate::dim::Sym;
 use crate::dtype::DType;
 use crate::module::{GraphId, ModelInfo, Module, Node, Value, ValueDef};
 use crate::op::Op;
@@ -73,6 +73,37 @@ struct Printer<'a> {
     /// Keys of the values of the top-level graph tree being printed.
     value_keys: HashMap<Value, String>,
     printed_graphs: HashSet<GraphId>,
+}
+
+/// A symbol's spelling (quoted when it is not an identifier).
+fn sym_text(m: &Module, s: Sym) -> String {
+    match m.symbols.get(s) {
+        Some(d) => name_text(&d.name),
+        None => quote(format!("<undeclared symbol {}>", s.index()).as_bytes()),
+    }
+}
+
+fn tensor_type_text(m: &Module, t: &TensorType) -> String {
+    let dtype = t.dtype.map_or("?", DType::name);
+    match &t.shape {
+        None => format!("{dtype}[*]"),
+        Some(dims) => {
+            let dims: Vec<String> = dims.iter().map(|d| d.render(&|s| sym_text(m, s))).collect();
+            format!("{dtype}[{}]", dims.join(", "))
+        }
+    }
+}
+
+/// The `.mmir` spelling of a type (`f32[batch, seq, 768]`, `seq<i64[?]>`, `unknown`).
+pub(crate) fn type_text(m: &Module, t: &Type) -> String {
+    match t {
+        Type::Unknown => "unknown".to_owned(),
+        Type::Tensor(t) => tensor_type_text(m, t),
+        Type::SparseTensor(t) => format!("sparse<{}>", tensor_type_text(m, t)),
+        Type::Sequence(e) => format!("seq<{}>", type_text(m, e)),
+        Type::Optional(e) => format!("opt<{}>", type_text(m, e)),
+        Type::Map(k, v) => format!("map<{}, {}>", k.name(), type_text(m, v)),
+    }
 }
 
 pub(crate) fn print_module(m: &Module, opts: &PrintOptions) -> String {
@@ -176,37 +207,8 @@ impl Printer<'_> {
         self.value_keys = order.into_iter().zip(keys).collect();
     }
 
-    fn sym_name(&self, s: Sym) -> String {
-        match self.m.symbols.get(s) {
-            Some(d) => name_text(&d.name),
-            None => quote(format!("<undeclared symbol {}>", s.index()).as_bytes()),
-        }
-    }
-
-    fn dim(&self, d: &Dim) -> String {
-        d.render(&|s| self.sym_name(s))
-    }
-
-    fn tensor_type(&self, t: &TensorType) -> String {
-        let dtype = t.dtype.map_or("?", DType::name);
-        match &t.shape {
-            None => format!("{dtype}[*]"),
-            Some(dims) => {
-                let dims: Vec<String> = dims.iter().map(|d| self.dim(d)).collect();
-                format!("{dtype}[{}]", dims.join(", "))
-            }
-        }
-    }
-
     fn ty(&self, t: &Type) -> String {
-        match t {
-            Type::Unknown => "unknown".to_owned(),
-            Type::Tensor(t) => self.tensor_type(t),
-            Type::SparseTensor(t) => format!("sparse<{}>", self.tensor_type(t)),
-            Type::Sequence(e) => format!("seq<{}>", self.ty(e)),
-            Type::Optional(e) => format!("opt<{}>", self.ty(e)),
-            Type::Map(k, v) => format!("map<{}, {}>", k.name(), self.ty(v)),
-        }
+        type_text(self.m, t)
     }
 
     fn value_ty(&self, v: Value) -> String {
