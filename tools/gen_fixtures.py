@@ -970,7 +970,7 @@ def gen_qat_cnn(out_root: Path) -> None:
 # --- large model (not committed) ------------------------------------------
 
 
-def gen_big_llama(out_dir: Path) -> None:
+def gen_big_llama(out_dir: Path, layers: int = 32) -> None:
     name = "big_llama"
     rng = seed_everything(9)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -981,7 +981,7 @@ def gen_big_llama(out_dir: Path) -> None:
         vocab_size=32000,
         hidden_size=1024,
         intermediate_size=2816,
-        num_hidden_layers=32,
+        num_hidden_layers=layers,
         num_attention_heads=16,
         num_key_value_heads=4,
         head_dim=64,
@@ -991,7 +991,7 @@ def gen_big_llama(out_dir: Path) -> None:
         model = LlamaForCausalLM(cfg).eval()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"  {name}: {n_params / 1e6:.1f}M parameters ({n_params * 4 / 2**30:.2f} GiB f32)")
-    export_causal_lm_with_past(name, out_dir, model, n_layers=32, n_kv_heads=4, head_dim=64,
+    export_causal_lm_with_past(name, out_dir, model, n_layers=layers, n_kv_heads=4, head_dim=64,
                                vocab=32000, with_position_ids=True, rng=rng, external_data=True,
                                check_alt_shapes=False)
 
@@ -1022,6 +1022,8 @@ def main() -> int:
                         help=f"output root (default: {FIXTURES_DIR})")
     parser.add_argument("--big-llama", type=Path, metavar="DIR",
                         help="also write a 32-layer LLaMA (~1.6 GiB, external data) to DIR")
+    parser.add_argument("--big-llama-layers", type=int, default=32, metavar="N",
+                        help="decoder layers of the --big-llama model (default 32)")
     args = parser.parse_args()
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
@@ -1042,7 +1044,7 @@ def main() -> int:
     if args.big_llama is not None:
         print("[big_llama]")
         try:
-            gen_big_llama(args.big_llama)
+            gen_big_llama(args.big_llama, args.big_llama_layers)
         except Exception:
             traceback.print_exc()
             failed.append("big_llama")

@@ -9,6 +9,7 @@
 #   tools/gen_fixtures.sh                      # all committed fixtures
 #   tools/gen_fixtures.sh --only gpt2_kv       # a single fixture
 #   tools/gen_fixtures.sh --big-llama /tmp/big # large external-data model
+#   tools/gen_fixtures.sh --big-llama /tmp/big8 --big-llama-layers 8
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

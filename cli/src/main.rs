@@ -3,9 +3,11 @@
 //! The only crate that prints. Exit codes: 0 success, 1 user error (bad input, unsupported
 //! construct) with a diagnostic on stderr, 2 usage error.
 
+mod compile;
 mod diagnostics;
 mod inspect;
 mod load;
+mod opt;
 mod run;
 
 use std::io::Write;
@@ -81,6 +83,61 @@ enum Command {
         /// The file.
         input: PathBuf,
     },
+    /// Run rule sets, then const-fold and DCE, on one model; print the result as `.mmir`.
+    Opt {
+        /// The model: an ONNX file or a `.mmir` file.
+        input: PathBuf,
+        /// Rule sets to run together (comma-separated).
+        #[arg(
+            long,
+            value_name = "SET[,SET...]",
+            value_delimiter = ',',
+            required = true
+        )]
+        rules: Vec<String>,
+        /// Print each rule firing and a table of counters to stderr.
+        #[arg(long)]
+        explain: bool,
+        /// The target whose cost model and ops the rewrites use.
+        #[arg(long, value_enum, default_value_t = OptTarget::Generic)]
+        target: OptTarget,
+        /// Write the result here (`.mmir` or `.onnx`) instead of printing it.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Optimize models for a target and export them.
+    Compile {
+        /// The ONNX models (several load as one module and export into the directory OUT).
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// The target.
+        #[arg(long, value_enum)]
+        target: compile::CompileTarget,
+        /// Optimization level: -O0 (none), -O1 (canonicalize, const-fold, dce), -O2 (also the
+        /// rule sets).
+        #[arg(short = 'O', value_name = "LEVEL", default_value = "2", value_parser = parse_level)]
+        level: mmq_passes::OptLevel,
+        /// Output ONNX file (a directory when there are several inputs).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Print the module to stderr after this pass (or `all`).
+        #[arg(long, value_name = "PASS|all")]
+        dump_after: Option<String>,
+        /// Print the time and counters of each pass to stderr.
+        #[arg(long)]
+        time_passes: bool,
+    },
+}
+
+fn parse_level(s: &str) -> Result<mmq_passes::OptLevel, String> {
+    s.parse()
+        .map_err(|e: mmq_passes::ParseOptLevelError| e.to_string())
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OptTarget {
+    Ort,
+    Generic,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -127,6 +184,44 @@ fn main() -> ExitCode {
             stats,
         })
         .and_then(|text| emit(&text)),
+        Command::Opt {
+            input,
+            rules,
+            explain,
+            target,
+            output,
+        } => opt::run(&opt::OptArgs {
+            input,
+            rules,
+            explain,
+            target: match target {
+                OptTarget::Ort => mmq_passes::Target::Ort,
+                OptTarget::Generic => mmq_passes::Target::Generic,
+            },
+            output,
+        })
+        .and_then(|(out, err)| {
+            let _ = std::io::stderr().write_all(err.as_bytes());
+            emit(&out)
+        }),
+        Command::Compile {
+            inputs,
+            target,
+            level,
+            output,
+            dump_after,
+            time_passes,
+        } => compile::run(&compile::CompileArgs {
+            inputs,
+            target,
+            level,
+            output,
+            dump_after,
+            time_passes,
+        })
+        .map(|err| {
+            let _ = std::io::stderr().write_all(err.as_bytes());
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -368,6 +368,40 @@ impl<'m> Interpreter<'m> {
         Ok(outs)
     }
 
+    /// Evaluates one node of the module on the given operands (`None`: omitted optional
+    /// operand), outside any graph activation: the node's subgraphs, if any, see no outer-scope
+    /// values. Returns one entry per declared result (`None` where the kernel produced none).
+    /// Constant folding uses this.
+    pub fn eval_node(
+        &self,
+        node: Node,
+        inputs: Vec<Option<RtValue>>,
+    ) -> Result<Vec<Option<RtValue>>, KernelError> {
+        let m = self.module;
+        let data = m
+            .nodes
+            .get(node)
+            .ok_or_else(|| KernelError::Module(format!("node {node:?} does not exist")))?;
+        if m.graphs.get(data.graph).is_none() {
+            return Err(KernelError::Module(format!(
+                "node {node:?} belongs to no graph"
+            )));
+        }
+        let env = Env {
+            vals: HashMap::new(),
+            parent: None,
+        };
+        let cx = OpCtx {
+            interp: self,
+            node: data,
+            opset: m.onnx_opset(data.graph).unwrap_or(23),
+            env: &env,
+        };
+        let mut outs = ops::eval(&cx, &inputs)?;
+        outs.resize(data.outputs.len(), None);
+        Ok(outs)
+    }
+
     fn plan(&self, graph: GraphId) -> Arc<Plan> {
         if let Some(p) = self.plans.lock().ok().and_then(|p| p.get(&graph).cloned()) {
             return p;

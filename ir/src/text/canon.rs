@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::attr::Attr;
+use crate::constant::Const;
 use crate::module::{Entry, GraphData, GraphId, Link, Module, Node, Value, ValueData, ValueDef};
 use crate::op::{CustomOp, Op};
 
@@ -104,6 +105,90 @@ fn remap_graphs(op: &Op, f: &dyn Fn(GraphId) -> GraphId) -> Op {
 /// references to a value that is not defined in the canonical order become missing operands
 /// (or are dropped from graph outputs). A module that is already canonical is returned equal.
 pub fn canonicalize(m: &Module) -> Module {
+    canonicalize_impl(m, false)
+}
+
+/// [`canonicalize`], also dropping the constants that nothing reads: no operand, graph output,
+/// graph input default or attribute of a printed graph refers to them. Passes leave such
+/// constants behind when they replace the ops that read them.
+pub fn canonicalize_pruned(m: &Module) -> Module {
+    canonicalize_impl(m, true)
+}
+
+/// For each constant, whether a printed graph reads it.
+fn consts_in_use(m: &Module) -> Vec<bool> {
+    let mut used = vec![false; m.consts.len()];
+    let mut mark = |c: Const| {
+        if let Some(u) = used.get_mut(c.index()) {
+            *u = true;
+        }
+    };
+    let mut seen = HashSet::new();
+    for (i, e) in m.entries.iter().enumerate() {
+        if printed_entries(m)[i] {
+            mark_tree(m, e.graph, &mut seen);
+        }
+    }
+    let value_const = |v: Value| match m.values.get(v).map(|d| d.def) {
+        Some(ValueDef::Const(c)) => Some(c),
+        Some(ValueDef::Input { default, .. }) => default,
+        _ => None,
+    };
+    for &g in &seen {
+        let data = &m.graphs[g];
+        for &v in data.inputs.iter().chain(&data.outputs) {
+            if let Some(c) = value_const(v) {
+                mark(c);
+            }
+        }
+        for &n in &data.nodes {
+            let Some(node) = m.nodes.get(n) else { continue };
+            for v in node.inputs.iter().flatten() {
+                if let Some(c) = value_const(*v) {
+                    mark(c);
+                }
+            }
+            for c in node.op.attr_consts() {
+                mark(c);
+            }
+        }
+    }
+    used
+}
+
+/// `op` with every constant handle in its attributes passed through `f`.
+fn remap_consts(op: &Op, f: &dyn Fn(Const) -> Const) -> Op {
+    if op.attr_consts().is_empty() {
+        return op.clone();
+    }
+    let attrs: Vec<(String, Attr)> = op
+        .attrs()
+        .into_iter()
+        .map(|(n, a)| {
+            let a = match a {
+                Attr::Tensor(c) => Attr::Tensor(f(c)),
+                Attr::Tensors(cs) => Attr::Tensors(cs.into_iter().map(f).collect()),
+                a => a,
+            };
+            (n.to_owned(), a)
+        })
+        .collect();
+    match op {
+        Op::Custom(c) => Op::Custom(CustomOp {
+            domain: c.domain.clone(),
+            op_type: c.op_type.clone(),
+            attrs,
+        }),
+        _ => Op::from_parts("", op.op_type(), attrs),
+    }
+}
+
+fn canonicalize_impl(m: &Module, prune: bool) -> Module {
+    let keep = if prune {
+        consts_in_use(m)
+    } else {
+        vec![true; m.consts.len()]
+    };
     let mut out = Module::new();
     for (_, s) in m.symbols.iter() {
         let new = out.symbol(&s.name);
@@ -112,11 +197,16 @@ pub fn canonicalize(m: &Module) -> Module {
     }
     let has_value = const_has_value(m);
     let mut const_value = HashMap::new();
+    let mut const_map = HashMap::new();
     for (c, data) in m.consts.iter() {
+        if !keep[c.index()] {
+            continue;
+        }
         if has_value[c.index()] {
             const_value.insert(c, out.add_const(data.clone()));
+            const_map.insert(c, Const::from_index(out.consts.len() - 1));
         } else {
-            out.add_attr_const(data.clone());
+            const_map.insert(c, out.add_attr_const(data.clone()));
         }
     }
     let mut cx = Canon {
@@ -124,6 +214,7 @@ pub fn canonicalize(m: &Module) -> Module {
         out,
         values: HashMap::new(),
         graphs: HashMap::new(),
+        consts: if prune { Some(const_map) } else { None },
     };
     for (v, data) in m.values.iter() {
         if let ValueDef::Const(c) = data.def
@@ -160,6 +251,8 @@ struct Canon<'a> {
     out: Module,
     values: HashMap<Value, Value>,
     graphs: HashMap<GraphId, GraphId>,
+    /// Old → new constant handles, when constants were dropped.
+    consts: Option<HashMap<Const, Const>>,
 }
 
 impl Canon<'_> {
@@ -181,6 +274,10 @@ impl Canon<'_> {
                     let default = match d.def {
                         ValueDef::Input { default, .. } => default,
                         _ => None,
+                    };
+                    let default = match (&self.consts, default) {
+                        (Some(map), Some(c)) => map.get(&c).copied(),
+                        (_, d) => d,
                     };
                     (d.name.clone(), m.types[d.ty].clone(), default)
                 }
@@ -223,7 +320,10 @@ impl Canon<'_> {
             }
         }
         let graphs = &self.graphs;
-        let op = remap_graphs(&data.op, &|g| graphs.get(&g).copied().unwrap_or(g));
+        let mut op = remap_graphs(&data.op, &|g| graphs.get(&g).copied().unwrap_or(g));
+        if let Some(map) = &self.consts {
+            op = remap_consts(&op, &|c| map.get(&c).copied().unwrap_or(c));
+        }
         let inputs = data
             .inputs
             .iter()

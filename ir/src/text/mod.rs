@@ -42,7 +42,7 @@ use codespan_reporting::diagnostic::{Diagnostic, Label};
 use crate::Module;
 use crate::diag::Entity;
 
-pub use canon::canonicalize;
+pub use canon::{canonicalize, canonicalize_pruned};
 
 /// Options for [`print_with`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -987,3 +987,25 @@ fn irregular_modules_round_trip_through_canonicalize() {
     assert_eq!(canon.entries.len(), 3);
     assert_eq!(canon.links.len(), 1);
 }
+
+#[test]
+fn canonicalize_pruned_drops_constants_nothing_reads() {
+    let src = "const $a : f32[] = dense<[1.0]>
+const $b : f32[] = dense<[2.0]>
+tensor $t : f32[1] = dense<[3.0]>
+
+graph @g(%x: f32[2]) -> (f32[2]) {
+  %y = Add(%x, $b) : f32[2]
+  %z = ConstantOfShape($b) {value = $t} : f32[2]
+  %w = Add(%y, %z) : f32[2]
+  return %w
+}
+";
+    let (m, _) = parse(src).expect("parses");
+    let pruned = canonicalize_pruned(&m);
+    let text = print(&pruned);
+    assert!(!text.contains("$a"), "{text}");
+    assert!(text.contains("$b") && text.contains("$t"), "{text}");
+    let (again, _) = parse(&text).expect("pruned text parses");
+    assert_eq!(print(&again), text);
+}

@@ -8,7 +8,7 @@
 mod binary;
 mod cast;
 mod reduce;
-mod unary;
+pub(crate) mod unary;
 
 #[cfg(test)]
 mod tests;

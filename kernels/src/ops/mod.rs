@@ -1,6 +1,7 @@
 //! Kernels, one module per op family. Each family's `eval` returns `None` for ops it does not
 //! handle; [`eval`] tries them in turn.
 
+mod contrib;
 mod control;
 pub(crate) mod data;
 mod elementwise;
@@ -73,7 +74,8 @@ impl OpCtx<'_> {
 /// Runs one node.
 pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
     type Family = fn(&OpCtx<'_>, &[Option<RtValue>]) -> Option<OpResult>;
-    const FAMILIES: [Family; 5] = [
+    const FAMILIES: [Family; 6] = [
+        contrib::eval,
         elementwise::eval,
         linalg::eval,
         shape::eval,

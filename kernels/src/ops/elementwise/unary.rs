@@ -37,7 +37,7 @@ impl Flt for f64 {
 
 /// The error function, to about 1e-15: the Maclaurin series below 2, the continued fraction of
 /// `erfc` up to 6, 1 beyond.
-pub(super) fn erf(x: f64) -> f64 {
+pub(crate) fn erf(x: f64) -> f64 {
     if x.is_nan() {
         return x;
     }

@@ -1,0 +1,135 @@
+//! `mmq opt`: runs named rule sets, then const-fold and DCE, and prints or writes the result.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use mmq_passes::{ConstFold, Dce, Pass, PassManager, PassOptions, PipelineReport, RewritePass};
+
+use crate::diagnostics::Failure;
+use crate::load;
+
+/// What `mmq opt` was asked to do.
+pub struct OptArgs {
+    /// The input (ONNX or `.mmir`).
+    pub input: PathBuf,
+    /// Rule set names.
+    pub rules: Vec<String>,
+    /// Print rule firings and counters to stderr.
+    pub explain: bool,
+    /// The target.
+    pub target: mmq_passes::Target,
+    /// Output file (`.mmir` or `.onnx`); stdout (`.mmir`) without it.
+    pub output: Option<PathBuf>,
+}
+
+/// Runs `opt`; returns what to print on stdout and what to print on stderr.
+pub fn run(args: &OptArgs) -> Result<(String, String), Failure> {
+    let rewrite = RewritePass::new(&args.rules).map_err(|e| Failure {
+        rendered: format!("error: {}\n", pass_message(&e)),
+        code: 2,
+    })?;
+    let output_kind = match &args.output {
+        None => None,
+        Some(p) => Some(output_kind(p)?),
+    };
+    let loaded = load::load(std::slice::from_ref(&args.input))?;
+    loaded.verify()?;
+    let mut module = loaded.module;
+    if module.entries.is_empty() {
+        return Err(Failure::user(format!(
+            "error: {}: the module has no graph\n",
+            args.input.display()
+        )));
+    }
+    let passes: Vec<Box<dyn Pass>> =
+        vec![Box::new(rewrite), Box::new(ConstFold::new()), Box::new(Dce)];
+    let pm = PassManager::new(passes);
+    let opts = PassOptions {
+        target: args.target,
+        explain: args.explain,
+    };
+    let report = pm
+        .run(&mut module, &opts)
+        .map_err(|e| Failure::user(format!("error: {e}\n")))?;
+    let stderr = if args.explain {
+        explain(&report)
+    } else {
+        String::new()
+    };
+    let text = mmq_ir::text::print(&module);
+    match (&args.output, output_kind) {
+        (Some(path), Some(OutputKind::Text)) => {
+            write_atomic(path, text.as_bytes())?;
+            Ok((String::new(), stderr))
+        }
+        (Some(path), Some(OutputKind::Onnx)) => {
+            crate::compile::write_onnx(&module, path)?;
+            Ok((String::new(), stderr))
+        }
+        _ => Ok((text, stderr)),
+    }
+}
+
+/// The message of a pass error without the pass name prefix for construction errors.
+fn pass_message(e: &mmq_passes::PassError) -> String {
+    match e {
+        mmq_passes::PassError::Failed { message, .. } => message.clone(),
+        other => other.to_string(),
+    }
+}
+
+enum OutputKind {
+    Text,
+    Onnx,
+}
+
+fn output_kind(path: &Path) -> Result<OutputKind, Failure> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("mmir") => Ok(OutputKind::Text),
+        Some("onnx") => Ok(OutputKind::Onnx),
+        _ => Err(Failure {
+            rendered: format!(
+                "error: cannot tell the output format of {}: use a .mmir or .onnx file name\n",
+                path.display()
+            ),
+            code: 2,
+        }),
+    }
+}
+
+/// Writes `bytes` to a temporary file beside `path` and renames it into place.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
+    let fail =
+        |e: std::io::Error| Failure::user(format!("error: cannot write {}: {e}\n", path.display()));
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(fail)?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        fail(e)
+    })
+}
+
+/// Each firing (rule and the nodes it matched), then a table of counters per pass.
+fn explain(report: &PipelineReport) -> String {
+    let mut s = String::new();
+    for pass in &report.passes {
+        for f in &pass.report.firings {
+            let nodes = if f.nodes.is_empty() {
+                "(built by another rule)".to_owned()
+            } else {
+                f.nodes.join(", ")
+            };
+            let _ = writeln!(s, "{}: {} at {nodes}", pass.name, f.rule);
+        }
+    }
+    s.push_str(&crate::compile::counter_table(report, false));
+    s
+}

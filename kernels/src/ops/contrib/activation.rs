@@ -1,0 +1,142 @@
+//! Contrib kernels: GELU variants (`Gelu`, `FastGelu`, `BiasGelu`), `QuickGelu` and
+//! `FusedMatMul`, per ONNX Runtime's contrib op schemas. Element math runs in f64 and results
+//! are rounded once to the input's dtype.
+
+use mmq_ir::CustomOp;
+
+use super::norm::{float_attr, int_attr};
+use crate::error::KernelError;
+use crate::ops::elementwise::unary::erf;
+use crate::ops::linalg::batched_matmul;
+use crate::ops::util::{opt_tensor, tensor};
+use crate::ops::{OpCtx, OpResult};
+use crate::tensor::{RtValue, Tensor};
+
+/// Runs `op` when it belongs to this file.
+pub(super) fn eval(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
+    let r = match op.op_type.as_str() {
+        "Gelu" => map(cx, inputs, false, gelu_erf),
+        "BiasGelu" => map(cx, inputs, true, gelu_erf),
+        "FastGelu" => map(cx, inputs, false, gelu_tanh),
+        "QuickGelu" => {
+            let alpha = f64::from(float_attr(op, "alpha", 1.702));
+            map(cx, inputs, false, move |x| x / (1.0 + (-alpha * x).exp()))
+        }
+        "FusedMatMul" => fused_matmul(cx, op, inputs),
+        _ => return None,
+    };
+    Some(r)
+}
+
+/// `x * Φ(x)` (the erf form).
+fn gelu_erf(x: f64) -> f64 {
+    0.5 * x * (1.0 + erf(x * std::f64::consts::FRAC_1_SQRT_2))
+}
+
+/// The tanh approximation of GELU.
+fn gelu_tanh(x: f64) -> f64 {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// `f(x + bias)`, the bias (operand 1; required when `need_bias`) 1-D over the last axis.
+fn map(
+    cx: &OpCtx<'_>,
+    inputs: &[Option<RtValue>],
+    need_bias: bool,
+    f: impl Fn(f64) -> f64,
+) -> OpResult {
+    let x = tensor(cx, inputs, 0)?;
+    if !x.dtype.is_float() {
+        return Err(cx.unsupported(format!("input dtype {:?}", x.dtype)));
+    }
+    let bias = if need_bias {
+        Some(tensor(cx, inputs, 1)?)
+    } else {
+        opt_tensor(inputs, 1)
+    };
+    let hidden = x.shape.last().copied().unwrap_or(1);
+    let b = match bias {
+        Some(b) if b.len() != hidden || b.rank() != 1 => {
+            return Err(cx.invalid(format!(
+                "bias {:?} must be 1-D of the last dim {hidden}",
+                b.shape
+            )));
+        }
+        Some(b) => Some(b.to_f64()?),
+        None => None,
+    };
+    let xv = x.to_f64()?;
+    let y: Vec<f64> = xv
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| f(v + b.as_ref().map_or(0.0, |b| b[i % hidden])))
+        .collect();
+    Ok(vec![Some(RtValue::Tensor(
+        Tensor::from_f64_as(x.dtype, x.shape.clone(), &y)?.into(),
+    ))])
+}
+
+/// Row-major data of `t` with its last two dims swapped.
+fn swap_last(t: &[f64], shape: &[usize]) -> (Vec<f64>, Vec<usize>) {
+    let r = shape.len();
+    let (m, n) = (shape[r - 2], shape[r - 1]);
+    let mut out = vec![0.0; t.len()];
+    if m * n > 0 {
+        for (o, i) in out.chunks_mut(m * n).zip(t.chunks(m * n)) {
+            for p in 0..m {
+                for q in 0..n {
+                    o[q * m + p] = i[p * n + q];
+                }
+            }
+        }
+    }
+    let mut s = shape.to_vec();
+    s.swap(r - 2, r - 1);
+    (out, s)
+}
+
+/// `FusedMatMul`: `alpha * op(A) @ op(B)`, `op` swapping the last two dims when `transA` /
+/// `transB` is set (numpy matmul broadcasting; 1-D operands as in MatMul).
+fn fused_matmul(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> OpResult {
+    let a = tensor(cx, inputs, 0)?;
+    let b = tensor(cx, inputs, 1)?;
+    if int_attr(op, "transBatchA", 0) != 0 || int_attr(op, "transBatchB", 0) != 0 {
+        return Err(cx.unsupported("transBatchA/transBatchB"));
+    }
+    if !a.dtype.is_float() || a.dtype != b.dtype {
+        return Err(cx.unsupported(format!("dtypes {:?} and {:?}", a.dtype, b.dtype)));
+    }
+    let alpha = f64::from(float_attr(op, "alpha", 1.0));
+    let (mut sa, mut sb) = (a.shape.clone(), b.shape.clone());
+    let (drop_m, drop_n) = (sa.len() == 1, sb.len() == 1);
+    if drop_m {
+        sa.insert(0, 1);
+    }
+    if drop_n {
+        sb.push(1);
+    }
+    let (mut av, mut bv) = (a.to_f64()?, b.to_f64()?);
+    if int_attr(op, "transA", 0) != 0 && !drop_m {
+        (av, sa) = swap_last(&av, &sa);
+    }
+    if int_attr(op, "transB", 0) != 0 && !drop_n {
+        (bv, sb) = swap_last(&bv, &sb);
+    }
+    let (mut shape, out) = batched_matmul(&av, &sa, &bv, &sb).ok_or_else(|| {
+        cx.invalid(format!(
+            "shapes {:?} and {:?} do not multiply",
+            a.shape, b.shape
+        ))
+    })?;
+    let r = shape.len();
+    if drop_n {
+        shape.remove(r - 1);
+    }
+    if drop_m {
+        shape.remove(r - 2);
+    }
+    let out: Vec<f64> = out.into_iter().map(|v| v * alpha).collect();
+    let t: Result<Tensor, KernelError> = Tensor::from_f64_as(a.dtype, shape, &out);
+    Ok(vec![Some(RtValue::Tensor(t?.into()))])
+}

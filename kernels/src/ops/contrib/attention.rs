@@ -1,0 +1,287 @@
+//! Contrib kernels: attention (`MultiHeadAttention`, as ONNX Runtime's contrib op schema
+//! defines it).
+
+use mmq_ir::{Attr, CustomOp, DType};
+
+use crate::error::KernelError;
+use crate::ops::util::{opt_tensor, tensor};
+use crate::ops::{OpCtx, OpResult};
+use crate::tensor::{RtValue, Tensor};
+
+/// Runs `op` when it belongs to this file.
+pub(super) fn eval(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
+    match op.op_type.as_str() {
+        "MultiHeadAttention" => Some(multi_head_attention(cx, op, inputs)),
+        _ => None,
+    }
+}
+
+fn int_attr(op: &CustomOp, name: &str) -> Option<i64> {
+    op.attrs.iter().find_map(|(n, a)| match a {
+        Attr::Int(i) if n == name => Some(*i),
+        _ => None,
+    })
+}
+
+fn float_attr(op: &CustomOp, name: &str) -> Option<f32> {
+    op.attrs.iter().find_map(|(n, a)| match a {
+        Attr::Float(f) if n == name => Some(*f),
+        _ => None,
+    })
+}
+
+/// Key or value in the layout `[B, N, T, H]` (row-major), with its sequence length and head
+/// size.
+struct Heads {
+    data: Vec<f64>,
+    seq: usize,
+    dim: usize,
+}
+
+/// `t` as `[B, N, T, H]`: 4-D input as it is, 3-D `[B, T, N*H]` split into heads.
+fn heads(cx: &OpCtx<'_>, t: &Tensor, b: usize, n: usize, what: &str) -> Result<Heads, KernelError> {
+    let v = t.to_f64()?;
+    match *t.shape.as_slice() {
+        [tb, tn, s, d] if tb == b && tn == n => Ok(Heads {
+            data: v,
+            seq: s,
+            dim: d,
+        }),
+        [tb, s, hidden] if tb == b && hidden % n == 0 => {
+            let d = hidden / n;
+            let mut out = vec![0.0; v.len()];
+            for bi in 0..b {
+                for si in 0..s {
+                    for hi in 0..n {
+                        let src = (bi * s + si) * hidden + hi * d;
+                        let dst = ((bi * n + hi) * s + si) * d;
+                        out[dst..dst + d].copy_from_slice(&v[src..src + d]);
+                    }
+                }
+            }
+            Ok(Heads {
+                data: out,
+                seq: s,
+                dim: d,
+            })
+        }
+        ref s => Err(cx.invalid(format!(
+            "{what} {s:?} must be [{b}, T, {n}*H] or [{b}, {n}, T, H]"
+        ))),
+    }
+}
+
+/// `MultiHeadAttention` (com.microsoft): query `[B, S, N*H]`; key and value `[B, T, N*H]` or
+/// `[B, N, T, H]`; optional `attention_bias` `[B or 1, N or 1, S, T]` added to the scaled
+/// scores; `scale` (default `1/sqrt(H)`). Output `[B, S, N*Hv]`. The forms with a packed or
+/// biased projection, a key padding mask, a past cache or `unidirectional` are not supported.
+fn multi_head_attention(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> OpResult {
+    let q = tensor(cx, inputs, 0)?;
+    let k = tensor(cx, inputs, 1)?;
+    let v = tensor(cx, inputs, 2)?;
+    for (i, what) in [
+        (3, "bias"),
+        (4, "key_padding_mask"),
+        (6, "past_key"),
+        (7, "past_value"),
+    ] {
+        if opt_tensor(inputs, i).is_some() {
+            return Err(cx.unsupported(format!("MultiHeadAttention with {what}")));
+        }
+    }
+    if int_attr(op, "unidirectional").unwrap_or(0) != 0 {
+        return Err(cx.unsupported("MultiHeadAttention with unidirectional = 1"));
+    }
+    if !matches!(q.dtype, DType::F32 | DType::F16 | DType::F64) {
+        return Err(cx.unsupported(format!("MultiHeadAttention on {}", q.dtype)));
+    }
+    let n = int_attr(op, "num_heads")
+        .filter(|&n| n > 0)
+        .ok_or_else(|| cx.invalid("num_heads must be a positive integer"))? as usize;
+    let &[b, s, hidden] = q.shape.as_slice() else {
+        return Err(cx.invalid(format!("query {:?} must be 3-D [B, S, N*H]", q.shape)));
+    };
+    if hidden % n != 0 {
+        return Err(cx.invalid(format!(
+            "query hidden size {hidden} is not a multiple of {n} heads"
+        )));
+    }
+    let d = hidden / n;
+    let kh = heads(cx, k, b, n, "key")?;
+    let vh = heads(cx, v, b, n, "value")?;
+    if kh.dim != d || vh.seq != kh.seq {
+        return Err(cx.invalid(format!(
+            "query {:?}, key {:?} and value {:?} do not fit together",
+            q.shape, k.shape, v.shape
+        )));
+    }
+    let (t, dv) = (kh.seq, vh.dim);
+    let bias = match opt_tensor(inputs, 5) {
+        Some(a) => {
+            let ok = a.rank() == 4
+                && (a.shape[0] == b || a.shape[0] == 1)
+                && (a.shape[1] == n || a.shape[1] == 1)
+                && a.shape[2] == s
+                && a.shape[3] == t;
+            if !ok {
+                return Err(cx.invalid(format!(
+                    "attention_bias {:?} must be [{b} or 1, {n} or 1, {s}, {t}]",
+                    a.shape
+                )));
+            }
+            Some((a.to_f64()?, a.shape[0] != 1, a.shape[1] != 1))
+        }
+        None => None,
+    };
+    let scale = match float_attr(op, "scale") {
+        Some(x) if x != 0.0 => f64::from(x),
+        _ => 1.0 / (d as f64).sqrt(),
+    };
+    let qv = q.to_f64()?;
+    let mut out = vec![0.0; b * s * n * dv];
+    let mut row = vec![0.0; t];
+    for bi in 0..b {
+        for hi in 0..n {
+            let kbase = (bi * n + hi) * t;
+            for si in 0..s {
+                let qo = (bi * s + si) * hidden + hi * d;
+                let qr = &qv[qo..qo + d];
+                for (ti, r) in row.iter_mut().enumerate() {
+                    let ko = (kbase + ti) * d;
+                    let dot: f64 = qr
+                        .iter()
+                        .zip(&kh.data[ko..ko + d])
+                        .map(|(x, y)| x * y)
+                        .sum();
+                    *r = dot * scale;
+                }
+                if let Some((a, per_b, per_h)) = &bias {
+                    let ab = if *per_b { bi } else { 0 };
+                    let ah = if *per_h { hi } else { 0 };
+                    let hn = if *per_h { n } else { 1 };
+                    let ao = ((ab * hn + ah) * s + si) * t;
+                    for (r, x) in row.iter_mut().zip(&a[ao..ao + t]) {
+                        *r += x;
+                    }
+                }
+                let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let mut sum = 0.0;
+                for r in row.iter_mut() {
+                    *r = (*r - max).exp();
+                    sum += *r;
+                }
+                let oo = (bi * s + si) * n * dv + hi * dv;
+                for (ti, p) in row.iter().enumerate() {
+                    let w = p / sum;
+                    let vo = (kbase + ti) * dv;
+                    for (o, x) in out[oo..oo + dv].iter_mut().zip(&vh.data[vo..vo + dv]) {
+                        *o += w * x;
+                    }
+                }
+            }
+        }
+    }
+    let y = Tensor::from_f64_as(q.dtype, vec![b, s, n * dv], &out)?;
+    Ok(vec![Some(y.into())])
+}
+
+#[cfg(test)]
+mod tests {
+    use mmq_ir::{Attr, CustomOp, Op};
+
+    use crate::ops::linalg::tests::{close, f32t, out, run_op};
+
+    fn mha(heads: i64, scale: f32) -> Op {
+        Op::Custom(CustomOp {
+            domain: "com.microsoft".into(),
+            op_type: "MultiHeadAttention".into(),
+            attrs: vec![
+                ("num_heads".into(), Attr::Int(heads)),
+                ("scale".into(), Attr::Float(scale)),
+            ],
+        })
+    }
+
+    #[test]
+    fn scale_and_bias() {
+        // One head, one query, two keys: scores [0, ln 3] give weights [1/4, 3/4].
+        let ln3 = 3f32.ln();
+        let q = f32t(&[1, 1, 1], &[1.0]);
+        let k = f32t(&[1, 1, 2, 1], &[0.0, 1.0]);
+        let v = f32t(&[1, 1, 2, 1], &[10.0, 20.0]);
+        let r = run_op(mha(1, ln3), vec![q.clone(), k.clone(), v.clone()], 1, 17).expect("runs");
+        let (shape, y) = out(&r, 0);
+        assert_eq!(shape, [1, 1, 1]);
+        close(&y, &[17.5], 1e-6);
+        // A bias [ln 3, 0] evens the scores out.
+        let bias = f32t(&[1, 1, 1, 2], &[ln3, 0.0]);
+        let r = run_op(mha(1, ln3), vec![q, k, v, None, None, bias], 1, 17).expect("runs");
+        close(&out(&r, 0).1, &[15.0], 1e-6);
+    }
+
+    #[test]
+    fn key_3d_and_4d_agree_and_bias_broadcasts() {
+        // B 1, S 2, T 3, two heads of size 2.
+        let q: Vec<f32> = (0..8).map(|i| (i as f32 * 0.37).sin()).collect();
+        let k4: Vec<f32> = (0..12).map(|i| (i as f32 * 0.53).cos()).collect();
+        let v4: Vec<f32> = (0..12).map(|i| i as f32 * 0.1 - 0.4).collect();
+        // [B, N, T, H] → [B, T, N*H]
+        let to3 = |x: &[f32]| -> Vec<f32> {
+            let mut o = vec![0.0; 12];
+            for n in 0..2 {
+                for t in 0..3 {
+                    for h in 0..2 {
+                        o[t * 4 + n * 2 + h] = x[(n * 3 + t) * 2 + h];
+                    }
+                }
+            }
+            o
+        };
+        let bias: Vec<f32> = (0..6).map(|i| -(i as f32) * 0.3).collect();
+        let b1 = f32t(&[1, 1, 2, 3], &bias);
+        let mut both = bias.clone();
+        both.extend(&bias);
+        let b2 = f32t(&[1, 2, 2, 3], &both);
+        let run = |k: Vec<f32>, kshape: &[usize], b| {
+            let r = run_op(
+                mha(2, 0.5),
+                vec![
+                    f32t(&[1, 2, 4], &q),
+                    f32t(kshape, &k),
+                    f32t(
+                        kshape,
+                        &if kshape.len() == 4 {
+                            v4.clone()
+                        } else {
+                            to3(&v4)
+                        },
+                    ),
+                    None,
+                    None,
+                    b,
+                ],
+                1,
+                17,
+            )
+            .expect("runs");
+            out(&r, 0)
+        };
+        let (s4, y4) = run(k4.clone(), &[1, 2, 3, 2], b1.clone());
+        let (s3, y3) = run(to3(&k4), &[1, 3, 4], b1);
+        let (_, yb) = run(k4.clone(), &[1, 2, 3, 2], b2);
+        assert_eq!(s4, [1, 2, 4]);
+        assert_eq!(s3, s4);
+        close(&y3, &y4, 1e-6);
+        close(&yb, &y4, 1e-6);
+    }
+
+    #[test]
+    fn past_inputs_are_refused() {
+        let q = f32t(&[1, 1, 2], &[1.0, 2.0]);
+        let k = f32t(&[1, 1, 1, 2], &[1.0, 0.0]);
+        let past = f32t(&[1, 1, 1, 2], &[0.0, 1.0]);
+        let inputs = vec![q, k.clone(), k, None, None, None, past.clone(), past];
+        let err = run_op(mha(1, 1.0), inputs, 1, 17).expect_err("past not supported");
+        assert!(err.to_string().contains("past_key"), "{err}");
+    }
+}

@@ -1,0 +1,222 @@
+//! The e-class analysis: types (from the IR's inference), constness and small constant
+//! contents, plus the tables the leaves point into (attribute sets, literals).
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use egg::{Analysis, DidMerge, EGraph, Id};
+use mmq_ir::{ConstData, DType, Module, Op, Storage, Type, Value};
+use mmq_kernels::Tensor;
+
+use super::lang::TNode;
+use crate::pass::Target;
+
+/// Constants with at most this many elements have their contents in the analysis.
+pub(crate) const SMALL_CONST: usize = 64;
+
+/// What is known about the value of an e-class.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) enum Konst {
+    /// Depends on graph inputs.
+    #[default]
+    No,
+    /// An absent optional operand.
+    Absent,
+    /// Computed from constants only (const-fold evaluates it after extraction).
+    Expr,
+    /// A constant; `vals` holds its elements when it has at most [`SMALL_CONST`].
+    Const {
+        /// Elements as f64, for small constants.
+        vals: Option<Vec<f64>>,
+    },
+}
+
+impl Konst {
+    /// Known at compile time (or absent).
+    pub(crate) fn is_const(&self) -> bool {
+        !matches!(self, Konst::No)
+    }
+
+    fn rank(&self) -> u8 {
+        match self {
+            Konst::No => 0,
+            Konst::Expr => 1,
+            Konst::Absent => 2,
+            Konst::Const { vals: None } => 3,
+            Konst::Const { vals: Some(_) } => 4,
+        }
+    }
+}
+
+/// Per-class data.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Data {
+    /// The value's type, when known.
+    pub ty: Option<Type>,
+    /// Constness.
+    pub konst: Konst,
+}
+
+/// The analysis and its tables.
+#[derive(Debug, Default)]
+pub(crate) struct Facts {
+    /// The target (rules that emit target-specific ops check it).
+    pub target: Target,
+    /// Attribute sets ([`TNode::Attrs`] leaves).
+    pub ops: Vec<Op>,
+    op_index: HashMap<String, u32>,
+    /// Literals ([`TNode::Lit`] leaves).
+    pub lits: Vec<ConstData>,
+    lit_index: HashMap<(DType, Vec<i64>, Bytes), u32>,
+    /// Data of [`TNode::Value`] leaves, by value index.
+    pub values: HashMap<u32, Data>,
+    /// Default-domain opset of the graph being rewritten.
+    pub opset: i64,
+    /// Rule firings (rule, matched class), recorded by every rule's applier.
+    pub log: Vec<(egg::Symbol, Id)>,
+}
+
+impl Facts {
+    /// Empty tables for `target`.
+    pub(crate) fn new(target: Target) -> Self {
+        Facts {
+            target,
+            ..Default::default()
+        }
+    }
+
+    /// Interns an attribute set.
+    pub(crate) fn intern_op(&mut self, op: Op) -> u32 {
+        let key = format!("{op:?}");
+        if let Some(&k) = self.op_index.get(&key) {
+            return k;
+        }
+        let k = self.ops.len() as u32;
+        self.ops.push(op);
+        self.op_index.insert(key, k);
+        k
+    }
+
+    /// Interns a literal.
+    pub(crate) fn intern_lit(&mut self, c: ConstData) -> u32 {
+        let bytes = match &c.storage {
+            Storage::Inline(b) => b.clone(),
+            _ => Bytes::new(),
+        };
+        let key = (c.dtype, c.shape.clone(), bytes);
+        if let Some(&k) = self.lit_index.get(&key) {
+            return k;
+        }
+        let k = self.lits.len() as u32;
+        self.lits.push(c);
+        self.lit_index.insert(key, k);
+        k
+    }
+
+    /// Records the facts of an outside value (its type; constness and small contents for
+    /// constants).
+    pub(crate) fn describe_value(&mut self, m: &Module, v: Value) {
+        let ty = m.value_type(v).clone();
+        let konst = match m.values[v].def {
+            mmq_ir::ValueDef::Const(c) => Konst::Const {
+                vals: small_values(&m.consts[c]),
+            },
+            _ => Konst::No,
+        };
+        self.values.insert(
+            v.index() as u32,
+            Data {
+                ty: Some(ty),
+                konst,
+            },
+        );
+    }
+}
+
+/// The elements of a constant with at most [`SMALL_CONST`] of them, as f64.
+pub(crate) fn small_values(c: &ConstData) -> Option<Vec<f64>> {
+    if c.num_elements() > SMALL_CONST || c.dtype == DType::String {
+        return None;
+    }
+    Tensor::from_const(c).ok()?.to_f64().ok()
+}
+
+/// A literal constant.
+pub(crate) fn literal(dtype: DType, shape: Vec<i64>, vals: &[f64]) -> Option<ConstData> {
+    let dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+    let t = Tensor::from_f64_as(dtype, dims, vals).ok()?;
+    let bytes = t.to_bytes()?;
+    Some(ConstData::new(
+        None,
+        dtype,
+        shape,
+        Storage::Inline(Bytes::from(bytes)),
+    ))
+}
+
+impl Analysis<TNode> for Facts {
+    type Data = Data;
+
+    fn make(egraph: &mut EGraph<TNode, Self>, enode: &TNode, _id: Id) -> Data {
+        match enode {
+            TNode::Value(v) => egraph.analysis.values.get(v).cloned().unwrap_or_default(),
+            TNode::Lit(l) => {
+                let c = &egraph.analysis.lits[*l as usize];
+                Data {
+                    ty: Some(Type::tensor(
+                        c.dtype,
+                        c.shape.iter().map(|&d| mmq_ir::Dim::known(d)).collect(),
+                    )),
+                    konst: Konst::Const {
+                        vals: small_values(c),
+                    },
+                }
+            }
+            TNode::None => Data {
+                ty: None,
+                konst: Konst::Absent,
+            },
+            TNode::Op { kind, args, .. } => {
+                let random = kind.as_str().starts_with("Random")
+                    || matches!(kind.as_str(), "Bernoulli" | "Multinomial" | "Dropout");
+                let operands = &args[..args.len().saturating_sub(1)];
+                let all_const =
+                    !random && operands.iter().all(|&a| egraph[a].data.konst.is_const());
+                Data {
+                    ty: None,
+                    konst: if all_const { Konst::Expr } else { Konst::No },
+                }
+            }
+            TNode::Get(_, [t]) => Data {
+                ty: None,
+                konst: if egraph[*t].data.konst.is_const() {
+                    Konst::Expr
+                } else {
+                    Konst::No
+                },
+            },
+            TNode::Attrs(_) | TNode::Root(_) => Data::default(),
+        }
+    }
+
+    fn merge(&mut self, a: &mut Data, b: Data) -> DidMerge {
+        let mut changed_a = false;
+        let mut changed_b = false;
+        match (&a.ty, b.ty) {
+            (None, Some(t)) => {
+                a.ty = Some(t);
+                changed_a = true;
+            }
+            (Some(_), None) => changed_b = true,
+            _ => {}
+        }
+        let (ra, rb) = (a.konst.rank(), b.konst.rank());
+        if rb > ra {
+            a.konst = b.konst;
+            changed_a = true;
+        } else if ra > rb {
+            changed_b = true;
+        }
+        DidMerge(changed_a, changed_b)
+    }
+}

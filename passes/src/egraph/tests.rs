@@ -1,0 +1,49 @@
+//! Engine tests on small `.mmir` graphs.
+
+use mmq_ir::{Module, text};
+
+use crate::RewritePass;
+use crate::pass::{Pass, PassOptions, Target};
+
+pub(crate) fn parse(src: &str) -> Module {
+    let (mut m, _) = text::parse(src).unwrap_or_else(|e| panic!("{e:?}"));
+    let errs = mmq_ir::infer::infer_module(&mut m);
+    assert!(
+        errs.iter().all(|e| e.severity != mmq_ir::Severity::Error),
+        "{errs:?}"
+    );
+    m
+}
+
+pub(crate) fn rewrite(src: &str, sets: &[&str], target: Target) -> (String, Vec<(String, usize)>) {
+    let mut m = parse(src);
+    let opts = PassOptions {
+        target,
+        explain: false,
+    };
+    let rep = RewritePass::new(sets).unwrap().run(&mut m, &opts).unwrap();
+    let errs = mmq_ir::verify::verify_all(&m);
+    assert!(
+        errs.is_empty(),
+        "invalid after rewrite: {errs:?}\n{}",
+        text::print(&m)
+    );
+    let m = text::canonicalize(&m);
+    (text::print(&m), rep.counters.into_iter().collect())
+}
+
+#[test]
+fn identity_and_transpose_pairs_collapse() {
+    let src = "graph @g(%x: f32[2, 3]) -> (f32[3, 2]) {
+  %a = Identity(%x) : f32[2, 3]
+  %b = Transpose(%a) {perm = [1, 0]} : f32[3, 2]
+  %c = Transpose(%b) {perm = [1, 0]} : f32[2, 3]
+  %d = Transpose(%c) {perm = [1, 0]} : f32[3, 2]
+  return %d
+}
+";
+    let (out, fired) = rewrite(src, &["simplify"], Target::Generic);
+    assert!(out.matches("Transpose").count() == 1, "{out}");
+    assert!(!out.contains("Identity"), "{out}");
+    assert!(fired.iter().any(|(r, _)| r == "identity-elim"), "{fired:?}");
+}

@@ -1,0 +1,22 @@
+//! Optimization passes for mmq modules.
+//!
+//! A [`Pass`] transforms a [`mmq_ir::Module`] in place and reports what changed. The pass
+//! manager runs explicit pipelines per target and level. The e-graph engine (on `egg`) runs
+//! named rule sets; egg types never appear in this crate's public API.
+
+pub mod canonicalize;
+pub mod const_fold;
+pub mod dce;
+pub mod egraph;
+pub mod manager;
+pub mod pass;
+mod rules;
+
+pub use canonicalize::Canonicalize;
+pub use const_fold::ConstFold;
+pub use dce::Dce;
+pub use egraph::{RewritePass, rule_sets};
+pub use manager::{
+    DumpAfter, OptLevel, ParseOptLevelError, PassManager, PassRun, PipelineReport, pipeline,
+};
+pub use pass::{Firing, Pass, PassError, PassOptions, PassReport, Target};

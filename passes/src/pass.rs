@@ -1,0 +1,97 @@
+//! The [`Pass`] trait and what a pass reports.
+
+use std::collections::BTreeMap;
+
+use mmq_ir::{IrError, Module};
+
+/// The code generation target a pipeline optimizes for. Target-specific decisions (cost model,
+/// which fused ops exist, emitted op forms) are keyed by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Target {
+    /// Standard ONNX ops only (no contrib ops); what the reference interpreter runs.
+    #[default]
+    Generic,
+    /// ONNX Runtime (CPU): standard ops plus the `com.microsoft` contrib ops it runs.
+    Ort,
+}
+
+impl Target {
+    /// The target's name as the command line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Generic => "generic",
+            Target::Ort => "ort",
+        }
+    }
+}
+
+/// Options every pass sees.
+#[derive(Clone, Debug, Default)]
+pub struct PassOptions {
+    /// The target.
+    pub target: Target,
+    /// Record each rule firing with the nodes it rewrote (`mmq opt --explain`).
+    pub explain: bool,
+}
+
+/// One rule application recorded for `--explain`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Firing {
+    /// The rule name.
+    pub rule: String,
+    /// The source names of the values the matched pattern root stood for (empty when the
+    /// root was built by another rule).
+    pub nodes: Vec<String>,
+}
+
+/// What a pass did.
+#[derive(Clone, Debug, Default)]
+pub struct PassReport {
+    /// Whether the module changed.
+    pub changed: bool,
+    /// Named counters (rule firings by rule name, folded nodes, removed nodes, ...).
+    pub counters: BTreeMap<String, usize>,
+    /// Rule firings in order, when [`PassOptions::explain`] is set.
+    pub firings: Vec<Firing>,
+    /// Free-form facts about the run (e-graph size, iterations, stop reason).
+    pub notes: Vec<String>,
+}
+
+impl PassReport {
+    /// Adds `n` to counter `name`.
+    pub fn count(&mut self, name: &str, n: usize) {
+        if n > 0 {
+            *self.counters.entry(name.to_owned()).or_default() += n;
+            self.changed = true;
+        }
+    }
+}
+
+/// A pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    /// The module is invalid (input to the pass, or its result when verification is on).
+    #[error("{pass}: invalid module: {}", .errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Invalid {
+        /// The pass after (or before) which verification failed.
+        pass: String,
+        /// The verifier's errors.
+        errors: Vec<IrError>,
+    },
+    /// The pass cannot handle something in the module.
+    #[error("{pass}: {message}")]
+    Failed {
+        /// The pass.
+        pass: String,
+        /// What went wrong and where.
+        message: String,
+    },
+}
+
+/// A transformation of a module.
+pub trait Pass {
+    /// The pass name (kebab-case), as `--dump-after` and `--time-passes` print it.
+    fn name(&self) -> &str;
+    /// Runs the pass on every graph of `module`.
+    fn run(&self, module: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError>;
+}

@@ -1,0 +1,381 @@
+//! `transformer` / attention: the scaled dot-product attention of transformer exports becomes
+//! one fused op.
+//!
+//! The exports compute `Transpose(MatMul(Softmax(QKᵀ·c [+ bias]), V), [0, 2, 1, 3])` with `Q`,
+//! `Kᵀ` and `V` split into heads (`[B, N, S, H]`, `[B, N, H, T]`, `[B, N, T, H]`). Small
+//! normalizing rules move a scalar scale written elsewhere (a `Div` after `QKᵀ`, a `Mul` on `Q`
+//! or on `K`, two scales in a row) to the one place the fusion reads it, so one pattern covers
+//! them all. On ONNX Runtime the fused op is `com.microsoft.MultiHeadAttention` with the query
+//! as `[B, S, N*H]`, key and value in the `[B, N, T, H]` form the graph computes (a
+//! concatenated KV cache or grouped-query heads repeated by the graph stay as they are, so
+//! the cache outputs do not change), the additive mask as `attention_bias` and the graph's
+//! scale as `scale`. The generic target has no fused form here (standard `Attention` needs
+//! opset 23).
+
+use egg::{Id, Subst};
+use mmq_ir::{Attr, CustomOp, DType, Dim, Op, Type};
+
+use super::*;
+use crate::egraph::lang::TNode;
+
+/// The attributes leaf class `attrs` as an op.
+fn attrs_op(eg: &EG, attrs: Id) -> Option<&Op> {
+    eg[attrs].nodes.iter().find_map(|n| match n {
+        TNode::Attrs(k) => eg.analysis.ops.get(*k as usize),
+        _ => None,
+    })
+}
+
+/// The value of class `id` when it is one number known at compile time: a one-element
+/// constant, or `Mul`/`Div`/`Reciprocal`/`Sqrt` of such (the const-expressions the normalizing
+/// rules build). Reads values, computes no tensor.
+fn scalar_value(eg: &EG, id: Id, depth: u32) -> Option<f64> {
+    let id = eg.find(id);
+    if let Konst::Const { vals: Some(v) } = &eg[id].data.konst {
+        return (v.len() == 1).then(|| v[0]);
+    }
+    if depth == 0 || !eg[id].data.konst.is_const() {
+        return None;
+    }
+    eg[id].nodes.iter().find_map(|n| {
+        let TNode::Op { kind, args, .. } = n else {
+            return None;
+        };
+        let arg = |i: usize| scalar_value(eg, args[i], depth - 1);
+        match (kind.as_str(), args.len()) {
+            ("Mul", 3) => Some(arg(0)? * arg(1)?),
+            ("Div", 3) => Some(arg(0)? / arg(1)?),
+            ("Reciprocal", 2) => Some(1.0 / arg(0)?),
+            ("Sqrt", 2) => Some(arg(0)?.sqrt()),
+            _ => None,
+        }
+    })
+}
+
+/// `v` is one non-zero finite number known at compile time whose rank (when known) is at
+/// most 4, so multiplying a 4-D score tensor by it neither broadcasts nor changes the shape.
+fn is_scale(eg: &EG, s: &Subst, v: &str) -> bool {
+    let rank_ok = ty(eg, s, v)
+        .and_then(Type::shape)
+        .is_none_or(|d| d.len() <= 4 && d.iter().all(|x| x.as_known() == Some(1)));
+    rank_ok && scalar_value(eg, at(s, v), 4).is_some_and(|x| x.is_finite() && x != 0.0)
+}
+
+/// Condition: `v` is a scalar scale ([`is_scale`]).
+fn scale(v: &'static str) -> Cond {
+    when(move |eg, s| is_scale(eg, s, v))
+}
+
+/// `Transpose(x, perm)`, composed with a `Transpose` that already defines `x` (and `x`'s own
+/// source when the composition is the identity); typed `t`.
+fn transpose_of(eg: &mut EG, x: Id, perm: &[i64], t: Type) -> Option<Id> {
+    let inner = eg[eg.find(x)].nodes.iter().find_map(|n| match n {
+        TNode::Op { kind, args, .. } if kind.as_str() == "Transpose" && args.len() == 2 => {
+            match attrs_op(eg, args[1]) {
+                Some(Op::Transpose { perm: Some(p) }) if p.len() == perm.len() => {
+                    Some((args[0], p.clone()))
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    });
+    let (src, p) = match inner {
+        Some((src, p1)) => {
+            let composed: Option<Vec<i64>> = perm
+                .iter()
+                .map(|&j| p1.get(usize::try_from(j).ok()?).copied())
+                .collect();
+            (src, composed?)
+        }
+        None => (x, perm.to_vec()),
+    };
+    if p.iter().enumerate().all(|(i, &d)| d == i as i64) {
+        return Some(src);
+    }
+    let id = add_op(eg, Op::Transpose { perm: Some(p) }, &[Some(src)], 1);
+    set_ty(eg, id, t);
+    Some(id)
+}
+
+/// The operand of a `Reshape` defining `x` when that operand has type `t` (fully known):
+/// merging the heads of `x` back gives that operand itself.
+fn reshaped_from(eg: &EG, x: Id, t: &Type) -> Option<Id> {
+    if !fully_known(t) {
+        return None;
+    }
+    eg[eg.find(x)].nodes.iter().find_map(|n| match n {
+        TNode::Op { kind, args, .. } if kind.as_str() == "Reshape" && args.len() == 3 => {
+            (eg[args[0]].data.ty.as_ref() == Some(t)).then_some(args[0])
+        }
+        _ => None,
+    })
+}
+
+/// Every dim of `t` known (as a constant or a named expression) and its dtype known.
+fn fully_known(t: &Type) -> bool {
+    t.dtype().is_some()
+        && t.shape()
+            .is_some_and(|d| d.iter().all(|x| !matches!(x, Dim::Unknown)))
+}
+
+/// The class holds a `com.microsoft.MultiHeadAttention` node.
+fn is_mha(eg: &EG, x: Id) -> bool {
+    eg[eg.find(x)].nodes.iter().any(
+        |n| matches!(n, TNode::Op { kind, .. } if kind.as_str() == "com.microsoft.MultiHeadAttention"),
+    )
+}
+
+/// The 4-D shape of `v`.
+fn shape4(eg: &EG, s: &Subst, v: &str) -> Option<[Dim; 4]> {
+    let d = shape_of(eg, s, v)?;
+    <[Dim; 4]>::try_from(d).ok()
+}
+
+/// A known dim.
+fn known(d: &Dim) -> Option<i64> {
+    d.as_known().filter(|&n| n > 0)
+}
+
+/// Two dims that are the same named or constant size (not unknown).
+fn same(a: &Dim, b: &Dim) -> bool {
+    !matches!(a, Dim::Unknown) && a == b
+}
+
+/// What the fusion reads from a match.
+struct Attn {
+    dtype: DType,
+    /// `[B, N, S, H]` of the query.
+    q: [Dim; 4],
+    heads: i64,
+    head: i64,
+    value_head: i64,
+}
+
+/// Checks the shapes of a match: `Q [B, N, S, H]`, `Kᵀ [B, N, H, T]`, `V [B, N, T, Hv]` with
+/// `N`, `H`, `Hv` known and no broadcasting between them; the optional bias `[B or 1, N or 1,
+/// S, T]`; the softmax over the last axis; the final transpose `[0, 2, 1, 3]`.
+fn read(eg: &EG, s: &Subst, bias: bool) -> Option<Attn> {
+    let dtype = dtype_of(eg, s, "?q")?;
+    if !matches!(dtype, DType::F32 | DType::F16) {
+        return None;
+    }
+    let q = shape4(eg, s, "?q")?;
+    let kt = shape4(eg, s, "?kt")?;
+    let v = shape4(eg, s, "?v")?;
+    let heads = known(&q[1])?;
+    let head = known(&q[3])?;
+    let value_head = known(&v[3])?;
+    let fits = same(&q[0], &kt[0])
+        && same(&q[0], &v[0])
+        && known(&kt[1]) == Some(heads)
+        && known(&v[1]) == Some(heads)
+        && known(&kt[2]) == Some(head)
+        && same(&kt[3], &v[2])
+        && dtype_of(eg, s, "?kt") == Some(dtype)
+        && dtype_of(eg, s, "?v") == Some(dtype);
+    if !fits {
+        return None;
+    }
+    if bias {
+        let b = shape4(eg, s, "?bias")?;
+        let ok = (known(&b[0]) == Some(1) || same(&b[0], &q[0]))
+            && (known(&b[1]) == Some(1) || known(&b[1]) == Some(heads))
+            && same(&b[2], &q[2])
+            && same(&b[3], &kt[3])
+            && dtype_of(eg, s, "?bias") == Some(dtype);
+        if !ok {
+            return None;
+        }
+    }
+    let last = match op(eg, s, "?sm")? {
+        Op::Softmax { axis: Some(a) } => *a == -1 || *a == 3,
+        Op::Softmax { axis: None } => eg.analysis.opset >= 13,
+        _ => false,
+    };
+    let perm_ok =
+        matches!(op(eg, s, "?tp")?, Op::Transpose { perm: Some(p) } if p == &[0, 2, 1, 3]);
+    (last && perm_ok).then_some(Attn {
+        dtype,
+        q,
+        heads,
+        head,
+        value_head,
+    })
+}
+
+/// Builds `Reshape(MultiHeadAttention(Reshape(Transpose(Q)), Transpose(Kᵀ), V, bias),
+/// [0, 0, N, Hv])`: the `[B, S, N, Hv]` result the matched final transpose gives.
+fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool) -> Option<Id> {
+    let a = read(eg, s, bias)?;
+    let scale = if scaled {
+        scalar_value(eg, at(s, "?c"), 4)?
+    } else {
+        1.0
+    };
+    let [b, n, sq, h] = a.q.clone();
+    let t = shape4(eg, s, "?kt")?[3].clone();
+    let hidden = Dim::known(a.heads * a.head);
+    let ty4 = |d: [Dim; 4]| Type::tensor(a.dtype, d.to_vec());
+    let qt = transpose_of(
+        eg,
+        at(s, "?q"),
+        &[0, 2, 1, 3],
+        ty4([b.clone(), sq.clone(), n.clone(), h.clone()]),
+    )?;
+    let q3_ty = Type::tensor(a.dtype, vec![b.clone(), sq.clone(), hidden]);
+    let q3 = match reshaped_from(eg, qt, &q3_ty) {
+        Some(x) => x,
+        None => {
+            let flat = lit(eg, DType::I64, vec![3], &[0.0, 0.0, -1.0])?;
+            let q3 = add_op(
+                eg,
+                Op::Reshape { allowzero: None },
+                &[Some(qt), Some(flat)],
+                1,
+            );
+            set_ty(eg, q3, q3_ty);
+            q3
+        }
+    };
+    let k = transpose_of(
+        eg,
+        at(s, "?kt"),
+        &[0, 1, 3, 2],
+        ty4([b.clone(), n.clone(), t, h]),
+    )?;
+    let mha = Op::Custom(CustomOp {
+        domain: "com.microsoft".into(),
+        op_type: "MultiHeadAttention".into(),
+        attrs: vec![
+            ("num_heads".into(), Attr::Int(a.heads)),
+            ("scale".into(), Attr::Float(scale as f32)),
+        ],
+    });
+    let v = at(s, "?v");
+    let mut inputs = vec![Some(q3), Some(k), Some(v)];
+    if bias {
+        inputs.extend([None, None, Some(at(s, "?bias"))]);
+    }
+    let y = add_op(eg, mha, &inputs, 1);
+    let vh = Dim::known(a.value_head);
+    set_ty(
+        eg,
+        y,
+        Type::tensor(
+            a.dtype,
+            vec![b.clone(), sq.clone(), Dim::known(a.heads * a.value_head)],
+        ),
+    );
+    let split = lit(
+        eg,
+        DType::I64,
+        vec![4],
+        &[0.0, 0.0, a.heads as f64, a.value_head as f64],
+    )?;
+    let out = add_op(
+        eg,
+        Op::Reshape { allowzero: None },
+        &[Some(y), Some(split)],
+        1,
+    );
+    set_ty(eg, out, ty4([b, sq, n, vh]));
+    Some(out)
+}
+
+/// Builds `Mul(MatMul(x, y), c)` (the scale moved after the product), typed as the root.
+fn scale_after(
+    x: &'static str,
+    y: &'static str,
+    c: &'static str,
+    m: &'static str,
+    mm: &'static str,
+) -> impl Fn(&mut EG, Id, &Subst) -> Option<Id> + Send + Sync {
+    move |eg, root, s| {
+        let t = eg[root].data.ty.clone()?;
+        let p = add_op(
+            eg,
+            op(eg, s, mm)?.clone(),
+            &[Some(at(s, x)), Some(at(s, y))],
+            1,
+        );
+        set_ty(eg, p, t.clone());
+        let r = add_op(eg, op(eg, s, m)?.clone(), &[Some(p), Some(at(s, c))], 1);
+        set_ty(eg, r, t);
+        Some(r)
+    }
+}
+
+const MHA: &str =
+    "(Transpose (MatMul (Softmax (Mul (MatMul ?q ?kt ?mm1) ?c ?mul) ?sm) ?v ?mm2) ?tp)";
+const MHA_BIAS: &str = "(Transpose (MatMul (Softmax (Add (Mul (MatMul ?q ?kt ?mm1) ?c ?mul) ?bias ?add) ?sm) ?v ?mm2) ?tp)";
+const MHA_1: &str = "(Transpose (MatMul (Softmax (MatMul ?q ?kt ?mm1) ?sm) ?v ?mm2) ?tp)";
+const MHA_1_BIAS: &str =
+    "(Transpose (MatMul (Softmax (Add (MatMul ?q ?kt ?mm1) ?bias ?add) ?sm) ?v ?mm2) ?tp)";
+
+#[rustfmt::skip]
+pub(crate) fn rules() -> Vec<Rw> {
+    vec![
+        // ---- normalizing the scale -------------------------------------------------------
+        // `MatMul(Q, K) / c` → `MatMul(Q, K) · (1/c)` for a scalar constant `c ≠ 0` (1/c is a
+        // const-expression). Exact up to one rounding (exact when `c` is a power of two).
+        rule("attn-scale-div", "(Div (MatMul ?q ?k ?mm) ?c ?d)", vec![for_ort(), scale("?c")],
+             |eg, root, s| {
+                 let t = eg[root].data.ty.clone()?;
+                 let one = lit(eg, dtype_of(eg, s, "?c")?, vec![], &[1.0])?;
+                 let inv = add_op(eg, Op::Div {}, &[Some(one), Some(at(s, "?c"))], 1);
+                 let mm = add_op(eg, op(eg, s, "?mm")?.clone(), &[Some(at(s, "?q")), Some(at(s, "?k"))], 1);
+                 let r = add_op(eg, Op::Mul {}, &[Some(mm), Some(inv)], 1);
+                 set_ty(eg, r, t);
+                 Some(r)
+             }),
+        // `MatMul(Q · a, K)` → `MatMul(Q, K) · a` for a scalar constant `a`. Exact up to
+        // rounding (exact when `a` is a power of two).
+        rule("attn-scale-q", "(MatMul (Mul ?q ?a ?m) ?k ?mm)", vec![for_ort(), scale("?a")],
+             scale_after("?q", "?k", "?a", "?m", "?mm")),
+        // `MatMul(Q, K · a)` → `MatMul(Q, K) · a` for a scalar constant `a`. Exact up to
+        // rounding (exact when `a` is a power of two).
+        rule("attn-scale-k", "(MatMul ?q (Mul ?k ?a ?m) ?mm)", vec![for_ort(), scale("?a")],
+             scale_after("?q", "?k", "?a", "?m", "?mm")),
+        // `MatMul(Q, K) · a · b` → `MatMul(Q, K) · (a·b)` for scalar constants `a`, `b` (a·b is
+        // a const-expression). Exact up to one rounding.
+        rule("attn-scale-merge", "(Mul (Mul (MatMul ?q ?k ?mm) ?a ?m1) ?b ?m2)",
+             vec![for_ort(), scale("?a"), scale("?b")],
+             |eg, root, s| {
+                 let t = eg[root].data.ty.clone()?;
+                 let ab = add_op(eg, op(eg, s, "?m1")?.clone(), &[Some(at(s, "?a")), Some(at(s, "?b"))], 1);
+                 let p = add_op(eg, op(eg, s, "?mm")?.clone(), &[Some(at(s, "?q")), Some(at(s, "?k"))], 1);
+                 set_ty(eg, p, t.clone());
+                 let r = add_op(eg, op(eg, s, "?m2")?.clone(), &[Some(p), Some(ab)], 1);
+                 set_ty(eg, r, t);
+                 Some(r)
+             }),
+        // ---- cleaning up around the fused op ----------------------------------------------
+        // `Reshape(Reshape(y, s1), s2)` → `y` when `y` is a fused attention result and the
+        // outer result has exactly `y`'s type (the heads split by the fusion merged back):
+        // exact, reshapes keep the element order.
+        rule("attn-reshape-roundtrip", "(Reshape (Reshape ?y ?s1 ?a1) ?s2 ?a2)",
+             vec![for_ort(), when(|eg, s| is_mha(eg, at(s, "?y")))],
+             |eg, root, s| {
+                 let t = eg[root].data.ty.as_ref()?;
+                 (fully_known(t) && ty(eg, s, "?y") == Some(t)).then(|| at(s, "?y"))
+             }),
+        // ---- fusion (ONNX Runtime) -------------------------------------------------------
+        // Scaled attention without mask → `MultiHeadAttention` (`scale` = the graph's `c`).
+        // Exact up to the fused kernel's rounding. Conditions: see [`read`]; `c` one number.
+        rule("attn-mha", MHA, vec![for_ort(), scale("?c")],
+             |eg, _, s| build_mha(eg, s, false, true)),
+        // Scaled attention with an additive mask → `MultiHeadAttention` with the mask as
+        // `attention_bias` (`[B or 1, N or 1, S, T]`). Exact up to the kernel's rounding.
+        rule("attn-mha-bias", MHA_BIAS, vec![for_ort(), scale("?c")],
+             |eg, _, s| build_mha(eg, s, true, true)),
+        // Attention whose scale is folded into the weights (`scale` = 1). Exact up to the
+        // kernel's rounding.
+        rule("attn-mha-unscaled", MHA_1, vec![for_ort()],
+             |eg, _, s| build_mha(eg, s, false, false)),
+        // Masked attention whose scale is folded into the weights (`scale` = 1). Exact up to
+        // the kernel's rounding.
+        rule("attn-mha-unscaled-bias", MHA_1_BIAS, vec![for_ort()],
+             |eg, _, s| build_mha(eg, s, true, false)),
+    ]
+}
