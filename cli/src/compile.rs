@@ -167,5 +167,10 @@ pub fn counter_table(report: &PipelineReport, times: bool) -> String {
         let total = report.total_time().as_secs_f64() * 1e3;
         let _ = writeln!(s, "{:<width$} {total:>10.3}", "total");
     }
+    for p in &report.passes {
+        for note in &p.report.notes {
+            let _ = writeln!(s, "{}: {note}", p.name);
+        }
+    }
     s
 }

@@ -66,9 +66,14 @@ pub(crate) fn printed_links(m: &Module) -> Vec<(Link, usize, usize)> {
         .collect()
 }
 
-/// `op` with every graph handle in its attributes passed through `f`.
-fn remap_graphs(op: &Op, f: &dyn Fn(GraphId) -> GraphId) -> Op {
-    if op.subgraphs().is_empty() {
+/// `op` with every graph handle in its attributes passed through `graph` and every constant
+/// handle through `konst`.
+fn remap_handles(
+    op: &Op,
+    graph: &dyn Fn(GraphId) -> GraphId,
+    konst: &dyn Fn(Const) -> Const,
+) -> Op {
+    if op.subgraphs().is_empty() && op.attr_consts().is_empty() {
         return op.clone();
     }
     let attrs: Vec<(String, Attr)> = op
@@ -76,8 +81,10 @@ fn remap_graphs(op: &Op, f: &dyn Fn(GraphId) -> GraphId) -> Op {
         .into_iter()
         .map(|(n, a)| {
             let a = match a {
-                Attr::Graph(g) => Attr::Graph(f(g)),
-                Attr::Graphs(gs) => Attr::Graphs(gs.into_iter().map(f).collect()),
+                Attr::Graph(g) => Attr::Graph(graph(g)),
+                Attr::Graphs(gs) => Attr::Graphs(gs.into_iter().map(graph).collect()),
+                Attr::Tensor(c) => Attr::Tensor(konst(c)),
+                Attr::Tensors(cs) => Attr::Tensors(cs.into_iter().map(konst).collect()),
                 a => a,
             };
             (n.to_owned(), a)
@@ -154,33 +161,6 @@ fn consts_in_use(m: &Module) -> Vec<bool> {
         }
     }
     used
-}
-
-/// `op` with every constant handle in its attributes passed through `f`.
-fn remap_consts(op: &Op, f: &dyn Fn(Const) -> Const) -> Op {
-    if op.attr_consts().is_empty() {
-        return op.clone();
-    }
-    let attrs: Vec<(String, Attr)> = op
-        .attrs()
-        .into_iter()
-        .map(|(n, a)| {
-            let a = match a {
-                Attr::Tensor(c) => Attr::Tensor(f(c)),
-                Attr::Tensors(cs) => Attr::Tensors(cs.into_iter().map(f).collect()),
-                a => a,
-            };
-            (n.to_owned(), a)
-        })
-        .collect();
-    match op {
-        Op::Custom(c) => Op::Custom(CustomOp {
-            domain: c.domain.clone(),
-            op_type: c.op_type.clone(),
-            attrs,
-        }),
-        _ => Op::from_parts("", op.op_type(), attrs),
-    }
 }
 
 fn canonicalize_impl(m: &Module, prune: bool) -> Module {
@@ -320,10 +300,13 @@ impl Canon<'_> {
             }
         }
         let graphs = &self.graphs;
-        let mut op = remap_graphs(&data.op, &|g| graphs.get(&g).copied().unwrap_or(g));
-        if let Some(map) = &self.consts {
-            op = remap_consts(&op, &|c| map.get(&c).copied().unwrap_or(c));
-        }
+        let consts = &self.consts;
+        let op = remap_handles(&data.op, &|g| graphs.get(&g).copied().unwrap_or(g), &|c| {
+            consts
+                .as_ref()
+                .and_then(|m| m.get(&c).copied())
+                .unwrap_or(c)
+        });
         let inputs = data
             .inputs
             .iter()

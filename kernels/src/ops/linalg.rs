@@ -375,7 +375,7 @@ pub(crate) fn batched_matmul<T: Real>(
 }
 
 /// Applies numpy matmul rules for 1-D operands: returns padded shapes and the dims to drop.
-fn matmul_shapes(a: &[usize], b: &[usize]) -> (Vec<usize>, Vec<usize>, bool, bool) {
+pub(crate) fn matmul_shapes(a: &[usize], b: &[usize]) -> (Vec<usize>, Vec<usize>, bool, bool) {
     let mut sa = a.to_vec();
     let mut sb = b.to_vec();
     let drop_m = sa.len() == 1;
@@ -393,7 +393,19 @@ fn matmul_float<T: Real>(cx: &OpCtx<'_>, a: &Tensor, b: &Tensor) -> Result<Tenso
     let (sa, sb, drop_m, drop_n) = matmul_shapes(&a.shape, &b.shape);
     let av = T::load(a)?;
     let bv = T::load(b)?;
-    let (mut shape, out) = batched_matmul(&av, &sa, &bv, &sb).ok_or_else(|| {
+    let (shape, out) = matmul_padded(cx, (a, &av, &sa), (b, &bv, &sb), drop_m, drop_n)?;
+    T::store(a.dtype, shape, out)
+}
+
+/// `a @ b` on the padded shapes of [`matmul_shapes`], dropping the padded dims again.
+pub(crate) fn matmul_padded<T: Real>(
+    cx: &OpCtx<'_>,
+    (a, av, sa): (&Tensor, &[T], &[usize]),
+    (b, bv, sb): (&Tensor, &[T], &[usize]),
+    drop_m: bool,
+    drop_n: bool,
+) -> Result<(Vec<usize>, Vec<T>), KernelError> {
+    let (mut shape, out) = batched_matmul(av, sa, bv, sb).ok_or_else(|| {
         cx.invalid(format!(
             "shapes {:?} and {:?} do not multiply",
             a.shape, b.shape
@@ -406,7 +418,7 @@ fn matmul_float<T: Real>(cx: &OpCtx<'_>, a: &Tensor, b: &Tensor) -> Result<Tenso
     if drop_m {
         shape.remove(r - 2);
     }
-    T::store(a.dtype, shape, out)
+    Ok((shape, out))
 }
 
 /// Integer matmul in wrapping i64 arithmetic, for the integer dtypes MatMul/Gemm accept.

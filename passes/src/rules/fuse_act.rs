@@ -54,25 +54,12 @@ fn fused_conv(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
     let (act, params) = activation(eg, s)?;
     let (ins, conv) = node_of(eg, at(s, "?y"), "Conv")?;
     let Op::Conv { .. } = conv else { return None };
-    let mut attrs: Vec<(String, Attr)> = conv
-        .attrs()
-        .into_iter()
-        .map(|(n, a)| (n.to_owned(), a))
-        .collect();
-    attrs.push(("activation".into(), Attr::String(act.into())));
+    let mut extra = vec![("activation".to_owned(), Attr::String(act.into()))];
     if !params.is_empty() {
-        attrs.push(("activation_params".into(), Attr::Floats(params)));
+        extra.push(("activation_params".into(), Attr::Floats(params)));
     }
-    let fused = Op::Custom(CustomOp {
-        domain: "com.microsoft".into(),
-        op_type: "FusedConv".into(),
-        attrs,
-    });
-    let ins: Vec<Option<Id>> = ins
-        .iter()
-        .map(|&i| (!matches!(eg[i].data.konst, Konst::Absent)).then_some(i))
-        .collect();
-    Some(add_op(eg, fused, &ins, 1))
+    let fused = contrib("FusedConv", conv, extra);
+    Some(add_present(eg, fused, &ins))
 }
 
 /// `Gemm` in `?y`'s class → `FusedGemm` with the activation (no Clip in ONNX Runtime's).
@@ -83,25 +70,36 @@ fn fused_gemm(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
     }
     let (ins, gemm) = node_of(eg, at(s, "?y"), "Gemm")?;
     let Op::Gemm { .. } = gemm else { return None };
-    let mut attrs: Vec<(String, Attr)> = gemm
+    let mut extra = vec![("activation".to_owned(), Attr::String(act.into()))];
+    for (name, p) in ["activation_alpha", "activation_beta"].iter().zip(&params) {
+        extra.push(((*name).into(), Attr::Float(*p)));
+    }
+    let fused = contrib("FusedGemm", gemm, extra);
+    Some(add_present(eg, fused, &ins))
+}
+
+/// A `com.microsoft` op named `op_type` with `base`'s attributes followed by `extra`.
+fn contrib(op_type: &str, base: &Op, extra: Vec<(String, Attr)>) -> Op {
+    let mut attrs: Vec<(String, Attr)> = base
         .attrs()
         .into_iter()
         .map(|(n, a)| (n.to_owned(), a))
         .collect();
-    attrs.push(("activation".into(), Attr::String(act.into())));
-    for (name, p) in ["activation_alpha", "activation_beta"].iter().zip(&params) {
-        attrs.push(((*name).into(), Attr::Float(*p)));
-    }
-    let fused = Op::Custom(CustomOp {
+    attrs.extend(extra);
+    Op::Custom(CustomOp {
         domain: "com.microsoft".into(),
-        op_type: "FusedGemm".into(),
+        op_type: op_type.into(),
         attrs,
-    });
+    })
+}
+
+/// Adds `op` over `ins`, keeping absent operands absent.
+fn add_present(eg: &mut EG, op: Op, ins: &[Id]) -> Id {
     let ins: Vec<Option<Id>> = ins
         .iter()
         .map(|&i| (!matches!(eg[i].data.konst, Konst::Absent)).then_some(i))
         .collect();
-    Some(add_op(eg, fused, &ins, 1))
+    add_op(eg, op, &ins, 1)
 }
 
 /// The class bound to `?y` holds a node of `kind`.

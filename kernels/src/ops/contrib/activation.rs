@@ -7,7 +7,7 @@ use mmq_ir::CustomOp;
 use super::norm::{float_attr, int_attr};
 use crate::error::KernelError;
 use crate::ops::elementwise::unary::erf;
-use crate::ops::linalg::batched_matmul;
+use crate::ops::linalg::{matmul_padded, matmul_shapes};
 use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{RtValue, Tensor};
@@ -108,14 +108,7 @@ fn fused_matmul(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> Op
         return Err(cx.unsupported(format!("dtypes {:?} and {:?}", a.dtype, b.dtype)));
     }
     let alpha = f64::from(float_attr(op, "alpha", 1.0));
-    let (mut sa, mut sb) = (a.shape.clone(), b.shape.clone());
-    let (drop_m, drop_n) = (sa.len() == 1, sb.len() == 1);
-    if drop_m {
-        sa.insert(0, 1);
-    }
-    if drop_n {
-        sb.push(1);
-    }
+    let (mut sa, mut sb, drop_m, drop_n) = matmul_shapes(&a.shape, &b.shape);
     let (mut av, mut bv) = (a.to_f64()?, b.to_f64()?);
     if int_attr(op, "transA", 0) != 0 && !drop_m {
         (av, sa) = swap_last(&av, &sa);
@@ -123,19 +116,7 @@ fn fused_matmul(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> Op
     if int_attr(op, "transB", 0) != 0 && !drop_n {
         (bv, sb) = swap_last(&bv, &sb);
     }
-    let (mut shape, out) = batched_matmul(&av, &sa, &bv, &sb).ok_or_else(|| {
-        cx.invalid(format!(
-            "shapes {:?} and {:?} do not multiply",
-            a.shape, b.shape
-        ))
-    })?;
-    let r = shape.len();
-    if drop_n {
-        shape.remove(r - 1);
-    }
-    if drop_m {
-        shape.remove(r - 2);
-    }
+    let (shape, out) = matmul_padded(cx, (a, &av, &sa), (b, &bv, &sb), drop_m, drop_n)?;
     let out: Vec<f64> = out.into_iter().map(|v| v * alpha).collect();
     let t: Result<Tensor, KernelError> = Tensor::from_f64_as(a.dtype, shape, &out);
     Ok(vec![Some(RtValue::Tensor(t?.into()))])
