@@ -84,7 +84,7 @@ pub(crate) fn extract(eg: &EG, root: Id, cost: &dyn CostModel) -> HashMap<Id, TN
         }
     }
     let mut sel: HashMap<Id, usize> = best.iter().map(|(&c, &(_, i))| (c, i)).collect();
-    refine(eg, eg.find(root), cost, &mut sel);
+    Refine::new(eg, eg.find(root), cost, &sel).run(&mut sel);
     let mut out = HashMap::new();
     let mut stack = vec![eg.find(root)];
     while let Some(c) = stack.pop() {
@@ -120,116 +120,305 @@ fn reaches(eg: &EG, best: &HashMap<Id, (f64, usize)>, node: &TNode, target: Id) 
     false
 }
 
-/// The classes reachable from `root` under `sel` and the sum of their nodes' own costs;
-/// `None` when the selection has a cycle or misses a class.
-fn dag_cost(
-    eg: &EG,
-    root: Id,
-    sel: &HashMap<Id, usize>,
-    own: &HashMap<Id, Vec<f64>>,
-) -> Option<(f64, Vec<Id>)> {
-    // 0 = unseen, 1 = on the stack, 2 = done.
-    let mut state: HashMap<Id, u8> = HashMap::new();
-    let mut order = Vec::new();
-    let mut total = 0.0;
-    let mut stack: Vec<(Id, bool)> = vec![(root, false)];
-    while let Some((c, done)) = stack.pop() {
-        if done {
-            state.insert(c, 2);
-            order.push(c);
-            continue;
+/// Improves a selection by exact DAG cost (the sum of the own costs of the classes reachable
+/// from the root). A move switches one reachable class to another of its nodes, together with
+/// every class that can then read its value from a tuple the DAG computes anyway (`get.N` of a
+/// selected node: the sum output of a fused skip norm, say); it is kept when the DAG's cost
+/// drops. The per-child cost split of the first pass cannot see that a value many nodes share
+/// costs the same whichever of them is fused; this pass can.
+///
+/// Reference counts make a move cost what it changes, not the size of the graph: switching a
+/// node releases the classes only it kept alive and brings in those the new node needs.
+/// Cycles are ruled out with the post-order positions of the current DAG (a class can only be
+/// reached from classes after it), falling back to a search through the classes a move adds.
+struct Refine {
+    /// Own cost of each node, by class index.
+    own: Vec<Vec<f64>>,
+    /// Child class indices of each node, by class index.
+    kids: Vec<Vec<Vec<usize>>>,
+    /// For classes holding `get.N` nodes: (node index, tuple class index).
+    gets: Vec<(usize, usize, usize)>,
+    sel: Vec<usize>,
+    refc: Vec<u32>,
+    pos: Vec<usize>,
+    total: f64,
+    root: usize,
+    ids: Vec<Id>,
+    trail: Vec<Change>,
+}
+
+#[derive(Clone, Copy)]
+enum Change {
+    Add(usize),
+    Remove(usize),
+    Select(usize, usize),
+}
+
+const NONE: usize = usize::MAX;
+
+impl Refine {
+    fn new(eg: &EG, root: Id, cost: &dyn CostModel, sel: &HashMap<Id, usize>) -> Refine {
+        let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
+        ids.sort();
+        let ix: HashMap<Id, usize> = ids.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+        let mut own = Vec::with_capacity(ids.len());
+        let mut kids = Vec::with_capacity(ids.len());
+        let mut gets = Vec::new();
+        for (ci, &c) in ids.iter().enumerate() {
+            own.push(eg[c].nodes.iter().map(|n| cost.cost(eg, c, n)).collect());
+            kids.push(
+                eg[c]
+                    .nodes
+                    .iter()
+                    .map(|n| n.children().iter().map(|&k| ix[&eg.find(k)]).collect())
+                    .collect(),
+            );
+            for (ni, n) in eg[c].nodes.iter().enumerate() {
+                if let TNode::Get(_, [t]) = n {
+                    gets.push((ci, ni, ix[&eg.find(*t)]));
+                }
+            }
         }
-        match state.get(&c) {
-            Some(2) => continue,
-            Some(1) => return None,
-            _ => {}
+        let n = ids.len();
+        let mut r = Refine {
+            own,
+            kids,
+            gets,
+            sel: ids
+                .iter()
+                .map(|c| sel.get(c).copied().unwrap_or(NONE))
+                .collect(),
+            refc: vec![0; n],
+            pos: vec![NONE; n],
+            total: 0.0,
+            root: ix[&root],
+            ids,
+            trail: Vec::new(),
+        };
+        r.add(r.root);
+        r.trail.clear();
+        r.number();
+        r
+    }
+
+    fn run(mut self, sel: &mut HashMap<Id, usize>) {
+        if self.total.is_finite() {
+            for _sweep in 0..4 {
+                if !self.sweep() {
+                    break;
+                }
+            }
         }
-        state.insert(c, 1);
-        let i = *sel.get(&c)?;
-        total += own.get(&c)?[i];
-        stack.push((c, true));
-        for &ch in eg[c].nodes[i].children() {
-            let ch = eg.find(ch);
-            match state.get(&ch) {
-                Some(2) => {}
-                Some(1) => return None,
-                _ => stack.push((ch, false)),
+        if self.has_cycle() {
+            // The position-based pruning of `reaches` assumes the numbered DAG; should a
+            // combination of moves have closed a cycle anyway, keep the first pass's choice.
+            return;
+        }
+        sel.clear();
+        for (i, &c) in self.ids.iter().enumerate() {
+            if self.sel[i] != NONE {
+                sel.insert(c, self.sel[i]);
             }
         }
     }
-    Some((total, order))
-}
 
-/// Improves a selection by exact DAG cost: for each reachable class with alternatives, try each
-/// other node, together with switching every class that can read the same value from a tuple
-/// the selection already computes (`get.N` of a selected node: the sum output of a fused skip
-/// norm, say), and keep the change when the sum of own costs of the reachable DAG drops. The
-/// per-child cost split of the first pass cannot see that a value many nodes share costs the
-/// same whichever of them is fused; this pass can.
-fn refine(eg: &EG, root: Id, cost: &dyn CostModel, sel: &mut HashMap<Id, usize>) {
-    let mut own: HashMap<Id, Vec<f64>> = HashMap::new();
-    for c in eg.classes() {
-        own.insert(
-            c.id,
-            c.nodes.iter().map(|n| cost.cost(eg, c.id, n)).collect(),
-        );
-    }
-    let Some((mut current, mut reach)) = dag_cost(eg, root, sel, &own) else {
-        return;
-    };
-    for _sweep in 0..4 {
+    /// One pass over the live classes with alternatives; whether anything improved.
+    fn sweep(&mut self) -> bool {
         let mut improved = false;
-        let mut candidates: Vec<Id> = reach
-            .iter()
-            .copied()
-            .filter(|&c| eg[c].nodes.len() > 1)
+        let candidates: Vec<usize> = (0..self.ids.len())
+            .filter(|&c| self.refc[c] > 0 && self.kids[c].len() > 1)
             .collect();
-        candidates.sort();
         for c in candidates {
-            for i in 0..eg[c].nodes.len() {
-                if sel.get(&c) == Some(&i) || !own[&c][i].is_finite() {
+            for j in 0..self.kids[c].len() {
+                if self.refc[c] == 0 || j == self.sel[c] || !self.own[c][j].is_finite() {
                     continue;
                 }
-                let mut trial = sel.clone();
-                trial.insert(c, i);
-                let Some((_, r)) = dag_cost(eg, root, &trial, &own) else {
+                let before = self.total;
+                self.trail.clear();
+                if !self.switch(c, j) {
+                    self.undo();
                     continue;
-                };
-                reuse_tuples(eg, &r, &mut trial);
-                let result = dag_cost(eg, root, &trial, &own).or_else(|| {
-                    // Reuse closed a cycle: judge the move alone.
-                    trial = sel.clone();
-                    trial.insert(c, i);
-                    dag_cost(eg, root, &trial, &own)
-                });
-                if let Some((t, r)) = result
-                    && t < current - 1e-9
-                {
-                    *sel = trial;
-                    current = t;
-                    reach = r;
+                }
+                self.reuse_tuples();
+                if self.total < before - 1e-9 {
                     improved = true;
+                    self.number();
+                } else {
+                    self.undo();
                 }
             }
         }
-        if !improved {
-            break;
+        improved
+    }
+
+    /// Selects node `j` for live class `c`; false (nothing changed) when that closes a cycle or
+    /// reaches a class without a selection.
+    fn switch(&mut self, c: usize, j: usize) -> bool {
+        if self.reaches(&self.kids[c][j].clone(), c) {
+            return false;
+        }
+        let old = self.sel[c];
+        for k in self.kids[c][j].clone() {
+            if !self.add(k) {
+                return false;
+            }
+        }
+        self.trail.push(Change::Select(c, old));
+        self.total += self.own[c][j] - self.own[c][old];
+        self.sel[c] = j;
+        for k in self.kids[c][old].clone() {
+            self.remove(k);
+        }
+        true
+    }
+
+    fn reuse_tuples(&mut self) {
+        for g in 0..self.gets.len() {
+            let (c, j, t) = self.gets[g];
+            if self.refc[c] > 0 && self.refc[t] > 0 && self.sel[c] != j {
+                let mark = self.trail.len();
+                let before = self.total;
+                if !self.switch(c, j) || self.total > before + 1e-9 {
+                    self.undo_to(mark);
+                }
+            }
         }
     }
-}
 
-/// Switches every class in `reach` that holds `get.N` of a node selected in `reach` to that
-/// `get.N` (reading a result the DAG computes anyway).
-fn reuse_tuples(eg: &EG, reach: &[Id], sel: &mut HashMap<Id, usize>) {
-    let live: std::collections::HashSet<Id> = reach.iter().copied().collect();
-    for &c in reach {
-        for (i, n) in eg[c].nodes.iter().enumerate() {
-            if let TNode::Get(_, [t]) = n
-                && live.contains(&eg.find(*t))
-                && sel.get(&c) != Some(&i)
-            {
-                sel.insert(c, i);
-                break;
+    /// Whether `target` is reachable from `from` through selected nodes.
+    fn reaches(&self, from: &[usize], target: usize) -> bool {
+        let limit = self.pos[target];
+        let mut seen = std::collections::HashSet::new();
+        let mut stack: Vec<usize> = from.to_vec();
+        while let Some(k) = stack.pop() {
+            if k == target {
+                return true;
+            }
+            // A numbered class before `target` in post-order cannot reach it.
+            if limit != NONE && self.pos[k] != NONE && self.pos[k] < limit {
+                continue;
+            }
+            if !seen.insert(k) || self.sel[k] == NONE {
+                continue;
+            }
+            stack.extend(self.kids[k][self.sel[k]].iter().copied());
+        }
+        false
+    }
+
+    /// Adds a use of class `c`, bringing in its selected subtree when it was dead.
+    fn add(&mut self, c: usize) -> bool {
+        let mut stack = vec![c];
+        while let Some(k) = stack.pop() {
+            self.refc[k] += 1;
+            self.trail.push(Change::Add(k));
+            if self.refc[k] == 1 {
+                let s = self.sel[k];
+                if s == NONE {
+                    return false;
+                }
+                self.total += self.own[k][s];
+                stack.extend(self.kids[k][s].iter().copied());
+            }
+        }
+        true
+    }
+
+    /// Drops a use of class `c`, releasing its subtree when it was the last.
+    fn remove(&mut self, c: usize) {
+        let mut stack = vec![c];
+        while let Some(k) = stack.pop() {
+            self.refc[k] -= 1;
+            self.trail.push(Change::Remove(k));
+            if self.refc[k] == 0 {
+                let s = self.sel[k];
+                self.total -= self.own[k][s];
+                stack.extend(self.kids[k][s].iter().copied());
+            }
+        }
+    }
+
+    fn undo(&mut self) {
+        self.undo_to(0);
+    }
+
+    fn undo_to(&mut self, mark: usize) {
+        while self.trail.len() > mark {
+            match self.trail.pop() {
+                Some(Change::Add(k)) => {
+                    if self.refc[k] == 1 && self.sel[k] != NONE {
+                        self.total -= self.own[k][self.sel[k]];
+                    }
+                    self.refc[k] -= 1;
+                }
+                Some(Change::Remove(k)) => {
+                    if self.refc[k] == 0 {
+                        self.total += self.own[k][self.sel[k]];
+                    }
+                    self.refc[k] += 1;
+                }
+                Some(Change::Select(c, old)) => {
+                    self.total += self.own[c][old] - self.own[c][self.sel[c]];
+                    self.sel[c] = old;
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Whether the selection reachable from the root has a cycle.
+    fn has_cycle(&self) -> bool {
+        // 0 = unseen, 1 = on the path, 2 = done.
+        let mut state = vec![0u8; self.ids.len()];
+        let mut stack = vec![(self.root, false)];
+        while let Some((c, done)) = stack.pop() {
+            if done {
+                state[c] = 2;
+                continue;
+            }
+            match state[c] {
+                1 => return true,
+                2 => continue,
+                _ => {}
+            }
+            state[c] = 1;
+            stack.push((c, true));
+            if self.sel[c] != NONE {
+                for &k in &self.kids[c][self.sel[c]] {
+                    match state[k] {
+                        1 => return true,
+                        0 => stack.push((k, false)),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Post-order positions of the live DAG.
+    fn number(&mut self) {
+        self.pos.iter_mut().for_each(|p| *p = NONE);
+        let mut next = 0;
+        let mut stack = vec![(self.root, false)];
+        let mut seen = vec![false; self.ids.len()];
+        while let Some((c, done)) = stack.pop() {
+            if done {
+                self.pos[c] = next;
+                next += 1;
+                continue;
+            }
+            if seen[c] {
+                continue;
+            }
+            seen[c] = true;
+            stack.push((c, true));
+            if self.sel[c] != NONE {
+                for &k in &self.kids[c][self.sel[c]] {
+                    if !seen[k] {
+                        stack.push((k, false));
+                    }
+                }
             }
         }
     }
