@@ -112,6 +112,27 @@ fn reshaped_from(eg: &EG, x: Id, t: &Type) -> Option<Id> {
     })
 }
 
+/// The `[B, T, width]` tensor that the 4-D `[B, N, T, H]` value `x` was split from, when the
+/// graph computes `x` as `Transpose(Reshape(x3, [B, T, N, H]), [0, 2, 1, 3])`.
+fn merged_heads(eg: &EG, x: Id, dtype: DType, width: i64) -> Option<Id> {
+    let dims = eg[eg.find(x)].data.ty.as_ref()?.shape()?.to_vec();
+    let [b, _, t, _] = <[Dim; 4]>::try_from(dims).ok()?;
+    let split = eg[eg.find(x)].nodes.iter().find_map(|n| match n {
+        TNode::Op { kind, args, .. } if kind.as_str() == "Transpose" && args.len() == 2 => {
+            match attrs_op(eg, args[1]) {
+                Some(Op::Transpose { perm: Some(p) }) if p == &[0, 2, 1, 3] => Some(args[0]),
+                _ => None,
+            }
+        }
+        _ => None,
+    })?;
+    reshaped_from(
+        eg,
+        split,
+        &Type::tensor(dtype, vec![b, t, Dim::known(width)]),
+    )
+}
+
 /// Every dim of `t` known (as a constant or a named expression) and its dtype known.
 fn fully_known(t: &Type) -> bool {
     t.dtype().is_some()
@@ -238,7 +259,7 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool) -> Option<Id> {
             q3
         }
     };
-    let k = transpose_of(
+    let mut k = transpose_of(
         eg,
         at(s, "?kt"),
         &[0, 1, 3, 2],
@@ -252,7 +273,17 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool) -> Option<Id> {
             ("scale".into(), Attr::Float(scale as f32)),
         ],
     });
-    let v = at(s, "?v");
+    let mut v = at(s, "?v");
+    // Where the graph split K and V into heads itself (self-attention without a cache), give
+    // ONNX Runtime the unsplit [B, T, N*H] tensors: it splits them inside the kernel, and the
+    // graph's Reshape and Transpose of K and V go away.
+    if let (Some(k3), Some(v3)) = (
+        merged_heads(eg, k, a.dtype, a.heads * a.head),
+        merged_heads(eg, v, a.dtype, a.heads * a.value_head),
+    ) {
+        k = k3;
+        v = v3;
+    }
     let mut inputs = vec![Some(q3), Some(k), Some(v)];
     if bias {
         inputs.extend([None, None, Some(at(s, "?bias"))]);
