@@ -10,6 +10,7 @@ pub mod dce;
 pub mod egraph;
 pub mod manager;
 pub mod pass;
+pub mod quant;
 mod rules;
 
 pub use canonicalize::Canonicalize;

@@ -1,0 +1,2 @@
+//! Quantization: calibration through the reference interpreter, schemes (INT8 static and
+//! dynamic, INT4 weight-only, FP8), precision maps, and the accuracy report.
