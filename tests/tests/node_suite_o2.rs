@@ -1,0 +1,134 @@
+//! The ONNX node test suite through the whole `-O2` pipeline for ONNX Runtime: import →
+//! `pipeline(Target::Ort, OptLevel::O2)` (canonicalize, const-fold, DCE, every rule set) →
+//! export → ONNX Runtime against the suite's expected outputs. A case that round-trips without
+//! optimization (`tests/node-suite-expectations.txt` does not list it) must also pass after
+//! `-O2`, unless `tests/node-suite-o2-expectations.txt` lists it with its reason; the list is
+//! checked exactly, so it can only shrink.
+
+#![allow(clippy::print_stderr, reason = "the test reports its pass count")]
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::path::Path;
+
+use mmq_passes::{OptLevel, PassOptions, Target, pipeline};
+use mmq_tests::{oracle, read_expectations, repo_root, scratch_dir};
+use rayon::prelude::*;
+
+const ROUND_TRIP_EXPECTATIONS: &str = "tests/node-suite-expectations.txt";
+const EXPECTATIONS: &str = "tests/node-suite-o2-expectations.txt";
+
+fn compile(src: &Path, dst: &Path) -> Result<(), String> {
+    let mut m = mmq_onnx::load_files(&[src], &mmq_onnx::LoadOptions::default())
+        .map_err(|e| format!("import: {e}"))?;
+    let mut pm = pipeline(Target::Ort, OptLevel::O2);
+    pm.verify = true;
+    let opts = PassOptions {
+        target: Target::Ort,
+        explain: false,
+    };
+    pm.run(&mut m, &opts).map_err(|e| format!("-O2: {e}"))?;
+    let graph = m.entries[0].graph;
+    std::fs::create_dir_all(dst.parent().expect("case directory")).map_err(|e| e.to_string())?;
+    mmq_backend_ort::write_model(&m, graph, dst, &Default::default())
+        .map(|_| ())
+        .map_err(|e| format!("export: {e}"))
+}
+
+#[test]
+fn node_suite_o2() {
+    let cases = scratch_dir("node-suite-o2/cases");
+    let compiled = scratch_dir("node-suite-o2/compiled");
+    let out = oracle(&[OsStr::new("node-dump"), cases.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "node-dump failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names = std::fs::read_to_string(cases.join("cases.txt")).expect("cases.txt");
+    let names: Vec<&str> = names.lines().filter(|l| !l.is_empty()).collect();
+    assert!(
+        names.len() > 1500,
+        "the node suite has {} cases",
+        names.len()
+    );
+
+    let ours: BTreeMap<String, String> = names
+        .par_iter()
+        .filter_map(|name| {
+            let src = cases.join(name).join("model.onnx");
+            let dst = compiled.join(name).join("model.onnx");
+            compile(&src, &dst).err().map(|e| ((*name).to_owned(), e))
+        })
+        .collect();
+
+    let result = compiled.join("result.json");
+    let out = oracle(&[
+        OsStr::new("node-eval"),
+        cases.as_os_str(),
+        OsStr::new("--converted"),
+        compiled.as_os_str(),
+        OsStr::new("-o"),
+        result.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "node-eval failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&result).expect("result.json"))
+            .expect("json");
+
+    let round_trip_fails = read_expectations(ROUND_TRIP_EXPECTATIONS);
+    let mut failing: BTreeMap<String, String> = BTreeMap::new();
+    let mut passing = 0usize;
+    for name in &names {
+        if round_trip_fails.contains_key(*name) {
+            continue;
+        }
+        let r = &json[*name];
+        let conv = r["converted"].as_str().unwrap_or("missing");
+        let reason = match ours.get(*name) {
+            Some(e) => Some(format!("mmq {e}")),
+            None if conv != "pass" => Some(format!("onnxruntime on the -O2 model: {conv}")),
+            None => None,
+        };
+        match reason {
+            Some(r) => {
+                let r: String = r.replace('\n', " ").chars().take(160).collect();
+                failing.insert((*name).to_owned(), r);
+            }
+            None => passing += 1,
+        }
+    }
+    let expected = read_expectations(EXPECTATIONS);
+    let newly_failing: Vec<_> = failing
+        .keys()
+        .filter(|k| !expected.contains_key(*k))
+        .collect();
+    let newly_passing: Vec<_> = expected
+        .keys()
+        .filter(|k| !failing.contains_key(*k))
+        .collect();
+    let actual: String = failing.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
+    let actual_path = repo_root().join("target/node-suite-o2-actual.txt");
+    let _ = std::fs::write(&actual_path, &actual);
+    eprintln!(
+        "node suite at -O2: {passing} of the {} cases that round-trip also pass after the -O2 \
+         pipeline; actual list in {}",
+        names.len() - round_trip_fails.len(),
+        actual_path.display()
+    );
+    assert!(
+        newly_failing.is_empty() && newly_passing.is_empty(),
+        "expectations out of date ({EXPECTATIONS}).\nnewly failing ({}): {:#?}\nnewly passing ({}): {:?}",
+        newly_failing.len(),
+        newly_failing
+            .iter()
+            .map(|k| format!("{k}: {}", failing[*k]))
+            .collect::<Vec<_>>(),
+        newly_passing.len(),
+        newly_passing,
+    );
+}
