@@ -32,6 +32,20 @@ pub struct CompileArgs {
     pub dump_after: Option<String>,
     /// Print a table of pass times and counters to stderr.
     pub time_passes: bool,
+    /// Write the accuracy report (compiled vs imported module) here as JSON and print its table.
+    pub report: Option<PathBuf>,
+    /// `--quant SCHEME`, run after the pipeline.
+    pub quant: Option<String>,
+    /// Calibration samples and observer for static schemes.
+    pub calib: crate::int8::CalibArgs,
+    /// `--precision-map MAP.toml` for `--quant mixed` (implies it).
+    pub precision_map: Option<PathBuf>,
+    /// `--modality INPUT=KIND` overrides.
+    pub modality: Vec<(String, mmq_ir::modality::Modality)>,
+    /// `--block`: INT4 block size.
+    pub block: usize,
+    /// `--asym`: asymmetric INT4 blocks.
+    pub asym: bool,
 }
 
 /// Runs `compile`; returns what to print on stderr.
@@ -71,6 +85,7 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     if module.entries.is_empty() {
         return Err(Failure::user("error: the module has no graph\n".to_owned()));
     }
+    let original = args.report.as_ref().map(|_| module.clone());
     let opts = PassOptions {
         target,
         explain: false,
@@ -90,6 +105,52 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     }
     if args.time_passes {
         stderr.push_str(&counter_table(&report, true));
+    }
+    let quant = match (args.quant.as_deref(), &args.precision_map) {
+        (None, Some(_)) => Some("mixed"),
+        (Some(q), Some(_)) if q != "mixed" => {
+            return Err(Failure {
+                rendered: format!("error: --precision-map needs --quant mixed, not --quant {q}\n"),
+                code: 2,
+            });
+        }
+        (q, _) => q,
+    };
+    match quant {
+        None => {}
+        Some("mixed") => {
+            stderr.push_str(&crate::precision::run_mixed(
+                &mut module,
+                args.precision_map.as_deref(),
+                &args.modality,
+                &args.calib,
+                &opts,
+            )?);
+        }
+        Some(scheme @ ("int8" | "int8-dynamic")) => {
+            stderr.push_str(&crate::int8::run(&mut module, scheme, &args.calib, &opts)?);
+        }
+        Some(scheme @ ("int4" | "fp8")) => {
+            stderr.push_str(&crate::weight_only::run(
+                &mut module,
+                scheme,
+                args.block,
+                args.asym,
+                &args.calib,
+                &opts,
+            )?);
+        }
+        Some(other) => {
+            return Err(Failure {
+                rendered: format!(
+                    "error: --quant {other}: unknown scheme (expected int8, int8-dynamic, int4, fp8, mixed)\n"
+                ),
+                code: 2,
+            });
+        }
+    }
+    if let (Some(path), Some(original)) = (&args.report, &original) {
+        stderr.push_str(&accuracy_report(original, &module, &args.calib, path)?);
     }
 
     if module.entries.len() == 1 {
@@ -113,6 +174,40 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
         }
     }
     Ok(stderr)
+}
+
+/// Random samples for the accuracy report when no calibration samples are given.
+const REPORT_SAMPLES: usize = 8;
+
+/// Runs both modules on the calibration samples (`--calib DIR`, else `--calib-random N`, else
+/// [`REPORT_SAMPLES`] random ones; the random ones with the seed calibration uses), the last
+/// quarter held back for the end-to-end figures; writes the JSON report to `path`, returns the
+/// table.
+fn accuracy_report(
+    original: &Module,
+    compiled: &Module,
+    calib: &crate::int8::CalibArgs,
+    path: &Path,
+) -> Result<String, Failure> {
+    use mmq_passes::quant::{calibrate, report};
+    let fail = |e: &dyn std::fmt::Display| Failure::user(format!("error: --report: {e}\n"));
+    let graph = original.entries[0].graph;
+    let samples: Vec<report::Sample> = match &calib.dir {
+        Some(dir) => calibrate::dir_samples(dir)
+            .map_err(|e| fail(&e))?
+            .collect::<Result<_, _>>(),
+        None => {
+            let n = calib.random.unwrap_or(REPORT_SAMPLES);
+            calibrate::random_samples(original, graph, n, 0)
+                .map_err(|e| fail(&e))?
+                .collect::<Result<_, _>>()
+        }
+    }
+    .map_err(|e| fail(&e))?;
+    let r = report::accuracy(original, compiled, &samples).map_err(|e| fail(&e))?;
+    std::fs::write(path, r.to_json() + "\n")
+        .map_err(|e| fail(&format!("cannot write {}: {e}", path.display())))?;
+    Ok(r.table())
 }
 
 /// Writes the first entry graph of `m` as ONNX (atomically; large weights external).
@@ -173,4 +268,32 @@ pub fn counter_table(report: &PipelineReport, times: bool) -> String {
         }
     }
     s
+}
+
+/// Runs `passes` on `module` and lists each pass's counters (`name: k=v ...`, passes that
+/// counted nothing left out) and notes.
+pub fn run_passes(
+    module: &mut mmq_ir::Module,
+    passes: Vec<Box<dyn mmq_passes::Pass>>,
+    opts: &mmq_passes::PassOptions,
+) -> Result<String, Failure> {
+    let report = mmq_passes::PassManager::new(passes)
+        .run(module, opts)
+        .map_err(|e| Failure::user(format!("error: {e}\n")))?;
+    let mut out = String::new();
+    for p in &report.passes {
+        let counters: Vec<String> = p
+            .report
+            .counters
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        if !counters.is_empty() {
+            let _ = writeln!(out, "{}: {}", p.name, counters.join(" "));
+        }
+        for note in &p.report.notes {
+            let _ = writeln!(out, "{}: {note}", p.name);
+        }
+    }
+    Ok(out)
 }

@@ -16,6 +16,14 @@ impl Failure {
     pub fn user(rendered: String) -> Failure {
         Failure { rendered, code: 1 }
     }
+
+    /// A usage error (exit 2): `error: MESSAGE`.
+    pub fn usage(message: String) -> Failure {
+        Failure {
+            rendered: format!("error: {message}\n"),
+            code: 2,
+        }
+    }
 }
 
 /// Renders one codespan diagnostic.

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::PathBuf;
 
+use mmq_ir::modality::Modality;
 use mmq_ir::text::type_text;
 use mmq_ir::{Dim, GraphId, Module, Value, ValueDef};
 use serde_json::{Value as Json, json};
@@ -11,27 +12,52 @@ use serde_json::{Value as Json, json};
 use crate::Format;
 use crate::diagnostics::Failure;
 use crate::load;
+use crate::precision;
+
+/// What `inspect` prints besides the module.
+pub struct InspectOptions {
+    /// Node counts per op, weight bytes per dtype and per modality.
+    pub stats: bool,
+    /// Source node names as `loc("...")`.
+    pub loc: bool,
+    /// Each node's modality label as a trailing comment.
+    pub labels: bool,
+    /// `--modality INPUT=KIND` overrides.
+    pub modality: Vec<(String, Modality)>,
+}
 
 /// Runs `inspect` and returns what to print.
-pub fn run(inputs: &[PathBuf], format: Format, stats: bool, loc: bool) -> Result<String, Failure> {
+pub fn run(inputs: &[PathBuf], format: Format, o: &InspectOptions) -> Result<String, Failure> {
     let loaded = load::load(inputs)?;
     let m = &loaded.module;
+    let labels = if o.stats || o.labels || !o.modality.is_empty() {
+        precision::analyze_all(m, &o.modality)?
+    } else {
+        Vec::new()
+    };
     Ok(match format {
         Format::Text => {
             let opts = mmq_ir::text::PrintOptions {
-                loc,
+                loc: o.loc,
+                node_notes: if o.labels {
+                    precision::node_notes(&labels)
+                } else {
+                    Default::default()
+                },
                 ..Default::default()
             };
             let mut out = mmq_ir::text::print_with(m, &opts);
-            if stats {
+            if o.stats {
                 out.push_str(&stats_text(m));
+                out.push_str(&precision::stats_text(m, &labels, human_bytes));
             }
             out
         }
         Format::Json => {
             let mut j = summary_json(m);
-            if stats {
+            if o.stats {
                 j["weight_bytes_by_dtype"] = json!(weight_bytes_by_dtype(m));
+                j["modality"] = precision::stats_json(m, &labels);
             }
             let mut s = serde_json::to_string_pretty(&j).unwrap_or_default();
             s.push('\n');

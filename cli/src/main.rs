@@ -6,9 +6,12 @@
 mod compile;
 mod diagnostics;
 mod inspect;
+mod int8;
 mod load;
 mod opt;
+mod precision;
 mod run;
+mod weight_only;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -45,6 +48,14 @@ enum Command {
         /// Print source node names as `loc("...")` in the text format.
         #[arg(long)]
         loc: bool,
+        /// Print each node's modality label (vision, text, audio, fusion, shared) as a trailing
+        /// comment in the text format.
+        #[arg(long)]
+        labels: bool,
+        /// Set an input's modality instead of guessing it from its name, dtype and shape
+        /// (repeatable).
+        #[arg(long, value_name = "INPUT=KIND", value_parser = precision::parse_modality_arg)]
+        modality: Vec<(String, mmq_ir::modality::Modality)>,
     },
     /// Import an ONNX model, verify it, and export it again without optimization.
     Convert {
@@ -126,6 +137,37 @@ enum Command {
         /// Print the time and counters of each pass to stderr.
         #[arg(long)]
         time_passes: bool,
+        /// Compare the compiled model with the original in the interpreter (per-layer SQNR and
+        /// cosine, end-to-end cosine and top-1 agreement); write JSON here, print a table.
+        #[arg(long, value_name = "OUT.json")]
+        report: Option<PathBuf>,
+        /// Quantize after the pipeline: int8 (static W8A8, calibrated), int8-dynamic, int4
+        /// (weight-only, MatMulNBits), fp8 (E4M3 weights; activations too with --calib).
+        #[arg(long, value_name = "SCHEME")]
+        quant: Option<String>,
+        /// Calibration samples: a folder of .npz files, one sample each, keyed by input name.
+        #[arg(long, value_name = "DIR")]
+        calib: Option<PathBuf>,
+        /// Calibrate on N random samples (the default, with 16, when --calib is not given).
+        #[arg(long, value_name = "N")]
+        calib_random: Option<usize>,
+        /// INT4 block size along K (--quant int4): 32, 64 or 128.
+        #[arg(long, value_name = "32|64|128", default_value_t = 32)]
+        block: usize,
+        /// Asymmetric INT4 blocks (with zero points) instead of symmetric ones.
+        #[arg(long)]
+        asym: bool,
+        /// How activation ranges are chosen: minmax, ema[:MOMENTUM], percentile[:P], entropy, mse.
+        #[arg(long, value_name = "OBSERVER", default_value = "minmax")]
+        observer: String,
+        /// Per-node schemes for --quant mixed: ordered rules on node-name globs, op kinds and
+        /// modality (see docs/quantization.md). Implies --quant mixed.
+        #[arg(long, value_name = "MAP.toml")]
+        precision_map: Option<PathBuf>,
+        /// Set an input's modality instead of guessing it from its name, dtype and shape
+        /// (repeatable; precision-map rules match on modality).
+        #[arg(long, value_name = "INPUT=KIND", value_parser = precision::parse_modality_arg)]
+        modality: Vec<(String, mmq_ir::modality::Modality)>,
     },
 }
 
@@ -162,7 +204,19 @@ fn main() -> ExitCode {
             format,
             stats,
             loc,
-        } => inspect::run(&inputs, format, stats, loc).and_then(|text| emit(&text)),
+            labels,
+            modality,
+        } => inspect::run(
+            &inputs,
+            format,
+            &inspect::InspectOptions {
+                stats,
+                loc,
+                labels,
+                modality,
+            },
+        )
+        .and_then(|text| emit(&text)),
         Command::Convert {
             input,
             output,
@@ -211,6 +265,15 @@ fn main() -> ExitCode {
             output,
             dump_after,
             time_passes,
+            report,
+            quant,
+            calib,
+            calib_random,
+            block,
+            asym,
+            observer,
+            precision_map,
+            modality,
         } => compile::run(&compile::CompileArgs {
             inputs,
             target,
@@ -218,6 +281,17 @@ fn main() -> ExitCode {
             output,
             dump_after,
             time_passes,
+            report,
+            quant,
+            calib: int8::CalibArgs {
+                dir: calib,
+                random: calib_random,
+                observer,
+            },
+            precision_map,
+            modality,
+            block,
+            asym,
         })
         .map(|err| {
             let _ = std::io::stderr().write_all(err.as_bytes());

@@ -30,6 +30,7 @@ pub mod diag;
 pub mod dim;
 pub mod dtype;
 pub mod infer;
+pub mod modality;
 pub mod module;
 pub mod op;
 pub mod text;

@@ -138,12 +138,7 @@ pub fn decode(dtype: DType, code: u8) -> f32 {
 
 /// Rounds half to even.
 pub fn round_half_even(x: f64) -> f64 {
-    let r = x.round();
-    if (x - x.trunc()).abs() == 0.5 {
-        2.0 * (x / 2.0).round()
-    } else {
-        r
-    }
+    x.round_ties_even()
 }
 
 /// The code of `x` in a small float type, rounding to nearest even. With `saturate`, values out of

@@ -54,6 +54,9 @@ pub struct PrintOptions {
     /// `bytes<"...">`); larger ones print only their content hash. String constants always
     /// print inline.
     pub inline_limit: usize,
+    /// A note printed as a trailing `// ...` comment after a node (for example its modality
+    /// label); comments are ignored when the text is parsed back.
+    pub node_notes: std::collections::BTreeMap<crate::Node, String>,
 }
 
 impl Default for PrintOptions {
@@ -61,6 +64,7 @@ impl Default for PrintOptions {
         PrintOptions {
             loc: true,
             inline_limit: 16,
+            node_notes: std::collections::BTreeMap::new(),
         }
     }
 }

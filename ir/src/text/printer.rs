@@ -450,6 +450,9 @@ impl Printer<'_> {
         {
             let _ = write!(self.out, " loc({})", quote(name.as_bytes()));
         }
+        if let Some(note) = self.opts.node_notes.get(&n) {
+            let _ = write!(self.out, " // {}", note.replace('\n', " "));
+        }
         self.out.push('\n');
     }
 

@@ -10,6 +10,7 @@ use crate::tensor::RtValue;
 mod activation;
 mod attention;
 mod conv;
+mod matmul_nbits;
 mod norm;
 
 /// The contrib op family.
@@ -23,6 +24,12 @@ pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> Option<OpResul
         return None;
     }
     type Family = fn(&OpCtx<'_>, &CustomOp, &[Option<RtValue>]) -> Option<OpResult>;
-    const FAMILIES: [Family; 4] = [norm::eval, activation::eval, conv::eval, attention::eval];
+    const FAMILIES: [Family; 5] = [
+        norm::eval,
+        activation::eval,
+        conv::eval,
+        attention::eval,
+        matmul_nbits::eval,
+    ];
     FAMILIES.iter().find_map(|f| f(cx, op, inputs))
 }

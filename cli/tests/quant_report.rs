@@ -1,0 +1,110 @@
+//! `mmq compile --report OUT.json`: the accuracy report of the compiled model against the
+//! imported one (JSON and table), with and without quantization, and its error cases.
+
+mod common;
+
+use common::{repo, run_in, scratch};
+
+fn fixture(name: &str) -> String {
+    repo()
+        .join(format!("tests/fixtures/{name}/model.onnx"))
+        .display()
+        .to_string()
+}
+
+/// Compiles `name` with `extra` flags and `--report`; returns the parsed report and stderr.
+fn report(name: &str, tag: &str, extra: &[&str]) -> (serde_json::Value, String) {
+    let dir = scratch(&format!("report-{name}-{tag}"));
+    let fx = fixture(name);
+    let mut args = vec![
+        "compile", &fx, "--target", "ort", "-o", "out.onnx", "--report", "r.json",
+    ];
+    args.extend_from_slice(extra);
+    let (code, _, err) = run_in(&dir, &args);
+    assert_eq!(code, 0, "{name} {extra:?}: {err}");
+    let text = std::fs::read_to_string(dir.join("r.json")).expect("report written");
+    (serde_json::from_str(&text).expect("report is JSON"), err)
+}
+
+fn f(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// The -O2 rewrites (fusions, folding) without quantization keep every shared layer and the
+/// main output at FP32 rounding distance.
+#[test]
+fn optimization_alone_keeps_every_layer_exact_to_rounding() {
+    for name in ["vit", "gpt2_kv"] {
+        let (r, err) = report(name, "fp32", &[]);
+        let layers = r["layers"].as_array().expect("layers");
+        assert!(layers.len() >= 10, "{name}: {} layers", layers.len());
+        for l in layers {
+            assert!(f(&l["cosine"]) > 0.99999, "{name}: {l}");
+            if let Some(s) = l["sqnr_db"].as_f64() {
+                assert!(s > 80.0, "{name}: {l}");
+            }
+        }
+        let e = &r["end_to_end"];
+        assert!(f(&e["cosine_mean"]) > 0.99999, "{name}: {e}");
+        assert_eq!(f(&e["top1_agreement"]), 1.0, "{name}: {e}");
+        assert_eq!(r["held_back_samples"], 2);
+        assert_eq!(r["layer_samples"], 6);
+        assert!(err.contains("end to end ("), "{err}");
+        assert!(err.contains("SQNR dB"), "{err}");
+    }
+}
+
+/// INT8 shows measurable noise per layer (finite SQNR) while the end-to-end cosine holds a
+/// floor per fixture; the report uses the calibration sample count given.
+#[test]
+fn int8_report_shows_noise_and_holds_a_cosine_floor() {
+    for (name, floor) in [("vit", 0.999), ("gpt2_kv", 0.999), ("qat_cnn", 0.9999)] {
+        let (r, _) = report(name, "int8", &["--quant", "int8", "--calib-random", "8"]);
+        let layers = r["layers"].as_array().expect("layers");
+        let noisy = layers.iter().filter(|l| l["sqnr_db"].is_f64()).count();
+        assert!(noisy > 0, "{name}: no layer shows quantization noise");
+        let worst = layers
+            .iter()
+            .filter_map(|l| l["sqnr_db"].as_f64())
+            .fold(f64::INFINITY, f64::min);
+        assert!(
+            worst < 60.0,
+            "{name}: worst SQNR {worst} dB is not INT8 noise"
+        );
+        let e = &r["end_to_end"];
+        assert!(f(&e["cosine_mean"]) >= floor, "{name}: {e}");
+        assert!(f(&e["cosine_mean"]) < 1.0, "{name}: {e}");
+        assert_eq!(r["layer_samples"], 6);
+    }
+}
+
+#[test]
+fn report_errors_are_user_errors() {
+    let dir = scratch("report-errors");
+    let fx = fixture("vit");
+    let (code, _, err) = run_in(
+        &dir,
+        &[
+            "compile",
+            &fx,
+            "--target",
+            "ort",
+            "-o",
+            "out.onnx",
+            "--report",
+            "missing/r.json",
+        ],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.starts_with("error: --report: cannot write missing/r.json:"),
+        "{err}"
+    );
+    let (code, _, err) = run_in(
+        &dir,
+        &[
+            "compile", &fx, "--target", "ort", "-o", "o.onnx", "--report",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+}

@@ -1,0 +1,830 @@
+//! INT8 quantization for ONNX Runtime's CPU provider: static W8A8 (Q/DQ) and dynamic.
+//!
+//! Q/DQ go only where ONNX Runtime's CPU provider fuses them into an integer kernel, so the
+//! output never pays for a Q/DQ pair that stays a float round trip:
+//!
+//! - **Static, `MatMul` with a constant 2-d weight** `[K, N]`: `Q(a) → DQ → MatMul ← DQ(Wq)`.
+//!   With no Q on the result, ONNX Runtime's QDQ selectors turn the unit into
+//!   `com.microsoft.MatMulIntegerToFloat` (u8/i8 activations × i8 weights, float out), which keeps
+//!   the float consumers (`Add`, `Softmax`, norms) as they are: no `DQ → Q` churn between layers.
+//! - **`Gemm` with a constant weight** (alpha 1, beta 1, A not transposed) is first rewritten to
+//!   `MatMul` (the weight transposed ahead when `transB`) plus `Add` for the bias, then quantized
+//!   as a `MatMul`: ONNX Runtime's integer Gemm path (`QGemm`) needs an int32 bias and per-tensor
+//!   activation units around every Gemm, while `MatMulIntegerToFloat` takes the float bias.
+//! - **Static, `Conv` with a constant weight**: `DQ(Q(x))`, `DQ(Wq)`, `DQ(int32 bias)` and `Q → DQ`
+//!   on the result, the unit ONNX Runtime fuses into `QLinearConv`. The bias is quantized with
+//!   scale `x_scale * w_scale[c]`, as the fused kernel requires.
+//! - **Dynamic, `MatMul` with a constant 2-d weight**: `DynamicQuantizeLinear(a)`,
+//!   `MatMulInteger(a_q, Wq, a_zp)`, `Cast`, `Mul(·, a_scale * w_scale)`, the pattern ONNX Runtime
+//!   fuses into `com.microsoft.DynamicQuantizeMatMul`.
+//!
+//! Weights are quantized per output channel, symmetric, to i8 in `[-63, 63]` by default
+//! ([`Int8Pass::reduce_range`]; `[-127, 127]` without it) (the MatMul
+//! column, axis 1 of `[K, N]`; the Conv output channel, axis 0). Activations are per tensor:
+//! asymmetric u8 by default, symmetric i8 on request, from calibrated [`Ranges`]. One
+//! activation feeding several quantized nodes (Q, K and V projections of one norm output) gets
+//! one `QuantizeLinear` and one `DequantizeLinear` per consumer (ONNX Runtime wants a DQ per
+//! node unit), so every consumer shares its scale. Data-movement ops (`Reshape`, `Transpose`,
+//! ...) keep the range of their input, so a value seen through them is calibrated once at its
+//! source. Rounding and saturation are the interpreter's ([`mmq_kernels::quant`]).
+//!
+//! Only top-level graphs are quantized; nodes already fed by a `DequantizeLinear` (QAT models)
+//! are left as they are.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use mmq_ir::{ConstData, DType, GraphId, Module, Node, Op, Storage, Type, Value, ValueDef};
+use mmq_kernels::Tensor;
+use mmq_kernels::quant::quantize_value;
+
+use crate::pass::{Pass, PassError, PassOptions, PassReport};
+use crate::quant::calibrate::{Range, Ranges};
+
+/// Chooses the nodes a pass may quantize (a precision map's plan).
+pub type NodeFilter = Box<dyn Fn(&Module, Node) -> bool + Send + Sync>;
+
+/// The INT8 scheme.
+#[derive(Clone, Debug)]
+pub enum Int8Scheme {
+    /// Static W8A8 with calibrated activation ranges.
+    Static {
+        /// Ranges of the activations [`Int8Pass::activations`] lists.
+        ranges: Ranges,
+        /// Symmetric i8 activations (zero point 0) instead of asymmetric u8.
+        symmetric: bool,
+    },
+    /// Dynamic: activation scales computed at run time, weights quantized ahead.
+    Dynamic,
+}
+
+/// Quantizes the `MatMul` and `Conv` nodes with constant weights to INT8 (see the module doc).
+pub struct Int8Pass {
+    /// The scheme.
+    pub scheme: Int8Scheme,
+    /// When set, only nodes it accepts are quantized.
+    pub filter: Option<NodeFilter>,
+    /// Weights in 7 bits (`[-63, 63]`, on by default). ONNX Runtime's u8 × i8 kernels on x86
+    /// CPUs without VNNI sum pairs of products in saturating 16-bit lanes (`vpmaddubsw`), so
+    /// 8-bit weights give results that differ from the model's (on the 64-wide CLIP fixture,
+    /// cosine 0.80 instead of 0.9997); 7-bit weights keep every pair sum in range.
+    pub reduce_range: bool,
+}
+
+impl Int8Pass {
+    /// A pass quantizing every eligible node.
+    pub fn new(scheme: Int8Scheme) -> Self {
+        Int8Pass {
+            scheme,
+            filter: None,
+            reduce_range: true,
+        }
+    }
+
+    /// Restricts the pass to the nodes `filter` accepts.
+    pub fn with_filter(mut self, filter: NodeFilter) -> Self {
+        self.filter = Some(filter);
+        self
+    }
+
+    /// The values static quantization needs ranges for, per top-level graph: the activation
+    /// input of each eligible node and, for `Conv`, its result.
+    pub fn activations(m: &Module, filter: Option<&NodeFilter>) -> Vec<(GraphId, Vec<Value>)> {
+        let mut out = Vec::new();
+        for e in &m.entries {
+            let mut vals = Vec::new();
+            for &n in &m.graphs[e.graph].nodes {
+                if filter.is_some_and(|f| !f(m, n)) {
+                    continue;
+                }
+                if let Some(site) = site(m, n) {
+                    vals.push(range_source(m, site.act));
+                    if site.kind == Kind::Conv
+                        && let Some(Some(y)) = m.nodes[n].outputs.first()
+                    {
+                        vals.push(*y);
+                    }
+                }
+            }
+            vals.dedup();
+            out.push((e.graph, vals));
+        }
+        out
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    MatMul,
+    /// A `Gemm` that is a matrix product plus bias (alpha 1, beta 1, A not transposed); it is
+    /// rewritten to `MatMul` (+ `Add`) before quantization.
+    Gemm,
+    Conv,
+}
+
+/// An eligible node: its activation operand and constant weight.
+struct Site {
+    kind: Kind,
+    act: Value,
+    weight: Value,
+}
+
+/// The value whose range `v` has: `v` seen back through data-movement ops (`Reshape`,
+/// `Transpose`, `Squeeze`, `Unsqueeze`, `Flatten`, `Identity`), which neither add nor change
+/// elements, so they share one calibrated range and one scale.
+pub fn range_source(m: &Module, v: Value) -> Value {
+    let mut v = v;
+    while let ValueDef::Output { node, index: 0 } = m.values[v].def {
+        let n = &m.nodes[node];
+        let moves = matches!(
+            n.op,
+            Op::Reshape { .. }
+                | Op::Transpose { .. }
+                | Op::Squeeze { .. }
+                | Op::Unsqueeze { .. }
+                | Op::Flatten { .. }
+                | Op::Identity { .. }
+        );
+        match n.inputs.first() {
+            Some(Some(src)) if moves && !matches!(m.values[*src].def, ValueDef::Const(_)) => {
+                v = *src
+            }
+            _ => break,
+        }
+    }
+    v
+}
+
+fn site(m: &Module, n: Node) -> Option<Site> {
+    let node = &m.nodes[n];
+    let kind = match node.op {
+        Op::MatMul {} => Kind::MatMul,
+        Op::Conv { .. } => Kind::Conv,
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            ..
+        } if alpha.is_none_or(|a| a == 1.0)
+            && beta.is_none_or(|b| b == 1.0)
+            && trans_a.is_none_or(|t| t == 0) =>
+        {
+            Kind::Gemm
+        }
+        _ => return None,
+    };
+    let act = (*node.inputs.first()?)?;
+    let weight = (*node.inputs.get(1)?)?;
+    let ValueDef::Const(c) = m.values[weight].def else {
+        return None;
+    };
+    let wc = &m.consts[c];
+    if wc.dtype != DType::F32 {
+        return None;
+    }
+    match kind {
+        Kind::MatMul | Kind::Gemm if wc.shape.len() != 2 => return None,
+        Kind::Conv if wc.shape.len() < 3 => return None,
+        _ => {}
+    }
+    if m.value_type(act).dtype() != Some(DType::F32) {
+        return None;
+    }
+    if let ValueDef::Output { node: p, .. } = m.values[act].def
+        && matches!(m.nodes[p].op, Op::DequantizeLinear { .. })
+    {
+        return None;
+    }
+    Some(Site { kind, act, weight })
+}
+
+/// Symmetric per-channel i8 quantization of `w` (row-major, `shape`) along `axis` to codes in
+/// `[-qmax, qmax]`: codes and one scale per channel (1 where a channel is all zeros).
+pub fn quantize_weight_per_channel(
+    w: &[f32],
+    shape: &[usize],
+    axis: usize,
+    qmax: i32,
+) -> (Vec<i8>, Vec<f32>) {
+    use rayon::prelude::*;
+    let len = shape[axis].max(1);
+    let inner: usize = shape[axis + 1..].iter().product::<usize>().max(1);
+    // Row-major: runs of `inner` elements share a channel, which cycles with period `len`.
+    let mut amax = vec![0f32; len];
+    for (run, xs) in w.chunks(inner).enumerate() {
+        let a = &mut amax[run % len];
+        for &x in xs {
+            if x.is_finite() {
+                *a = a.max(x.abs());
+            }
+        }
+    }
+    let scales: Vec<f32> = amax
+        .iter()
+        .map(|&a| if a > 0.0 { a / qmax as f32 } else { 1.0 })
+        .collect();
+    let mut codes = vec![0i8; w.len()];
+    codes
+        .par_chunks_mut(inner)
+        .zip(w.par_chunks(inner))
+        .enumerate()
+        .for_each(|(run, (out, xs))| {
+            let s = scales[run % len];
+            for (o, &x) in out.iter_mut().zip(xs) {
+                *o = quantize_value(x, s, 0, (-qmax, qmax)) as i8;
+            }
+        });
+    (codes, scales)
+}
+
+/// Per-tensor activation parameters for `r`: `(scale, zero point, dtype)`; u8 asymmetric with the
+/// range widened to include 0, or i8 symmetric.
+pub fn activation_qparams(r: Range, symmetric: bool) -> (f32, i32, DType) {
+    if symmetric {
+        let a = r.abs_max();
+        let s = if a > 0.0 { a / 127.0 } else { 1.0 };
+        (s, 0, DType::I8)
+    } else {
+        let lo = r.min.min(0.0);
+        let hi = r.max.max(0.0);
+        let s = if hi > lo { (hi - lo) / 255.0 } else { 1.0 };
+        let zp = quantize_value(-lo, s, 0, (0, 255));
+        (s, zp, DType::U8)
+    }
+}
+
+fn const_value(
+    m: &mut Module,
+    name: String,
+    dtype: DType,
+    shape: Vec<i64>,
+    bytes: Vec<u8>,
+) -> Value {
+    m.add_const(ConstData::new(
+        Some(name),
+        dtype,
+        shape,
+        Storage::Inline(Bytes::from(bytes)),
+    ))
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn q() -> Op {
+    Op::QuantizeLinear {
+        axis: None,
+        block_size: None,
+        output_dtype: None,
+        precision: None,
+        saturate: None,
+    }
+}
+
+fn dq(axis: Option<i64>) -> Op {
+    Op::DequantizeLinear {
+        axis,
+        block_size: None,
+        output_dtype: None,
+    }
+}
+
+fn retyped(m: &Module, v: Value, dtype: DType) -> Type {
+    match m.value_type(v).shape() {
+        Some(s) => Type::tensor(dtype, s.to_vec()),
+        None => Type::Unknown,
+    }
+}
+
+fn fail(message: String) -> PassError {
+    PassError::Failed {
+        pass: "int8".into(),
+        message,
+    }
+}
+
+/// Builds per graph: the nodes to insert before each original node, and a counter of names.
+struct Builder {
+    graph: GraphId,
+    before: HashMap<Node, Vec<Node>>,
+    after: HashMap<Node, Vec<Node>>,
+    /// Activation → (quantized value, scale, zero point) of its shared `QuantizeLinear`.
+    shared: HashMap<Value, (Value, Value, Value)>,
+    next: usize,
+    /// Largest weight code.
+    qmax: i32,
+}
+
+impl Builder {
+    /// Appends `n` with the nodes placed before and after it (recursively) to `order`.
+    fn emit(&mut self, n: Node, order: &mut Vec<Node>) {
+        for x in self.before.remove(&n).unwrap_or_default() {
+            self.emit(x, order);
+        }
+        order.push(n);
+        for x in self.after.remove(&n).unwrap_or_default() {
+            self.emit(x, order);
+        }
+    }
+
+    fn name(&mut self, m: &Module, v: Value, what: &str) -> String {
+        self.next += 1;
+        let base = m.values[v].name.clone().unwrap_or_else(|| "v".into());
+        format!("{base}_{what}_{}", self.next)
+    }
+
+    fn node(
+        &mut self,
+        m: &mut Module,
+        at: Node,
+        after: bool,
+        op: Op,
+        inputs: Vec<Value>,
+        outs: Vec<(String, Type)>,
+    ) -> Vec<Value> {
+        let n = m.add_node(
+            self.graph,
+            op,
+            inputs.into_iter().map(Some).collect(),
+            outs.into_iter()
+                .map(|(name, ty)| Some((Some(name), ty)))
+                .collect(),
+            None,
+        );
+        m.graphs[self.graph].nodes.pop();
+        if after {
+            self.after.entry(at).or_default().push(n);
+        } else {
+            self.before.entry(at).or_default().push(n);
+        }
+        m.nodes[n].outputs.iter().flatten().copied().collect()
+    }
+
+    /// `DQ(Q(act))` with the activation's shared `QuantizeLinear`, placed before `at`.
+    fn fake_quant_act(
+        &mut self,
+        m: &mut Module,
+        at: Node,
+        act: Value,
+        r: Range,
+        symmetric: bool,
+    ) -> (Value, f32) {
+        let (scale, zp, dtype) = activation_qparams(r, symmetric);
+        let (qv, sv, zv) = match self.shared.get(&act) {
+            Some(&t) => t,
+            None => {
+                let sname = self.name(m, act, "scale");
+                let sv = const_value(m, sname, DType::F32, vec![], f32_bytes(&[scale]));
+                let zname = self.name(m, act, "zero_point");
+                let zv = const_value(m, zname, dtype, vec![], vec![zp as i8 as u8]);
+                let qname = self.name(m, act, "quantized");
+                let ty = retyped(m, act, dtype);
+                let qv = self.node(m, at, false, q(), vec![act, sv, zv], vec![(qname, ty)])[0];
+                self.shared.insert(act, (qv, sv, zv));
+                (qv, sv, zv)
+            }
+        };
+        let dname = self.name(m, act, "dequantized");
+        let ty = retyped(m, act, DType::F32);
+        let d = self.node(m, at, false, dq(None), vec![qv, sv, zv], vec![(dname, ty)])[0];
+        (d, scale)
+    }
+}
+
+impl Pass for Int8Pass {
+    fn name(&self) -> &str {
+        match self.scheme {
+            Int8Scheme::Static { .. } => "int8",
+            Int8Scheme::Dynamic => "int8-dynamic",
+        }
+    }
+
+    fn run(&self, m: &mut Module, _opts: &PassOptions) -> Result<PassReport, PassError> {
+        let mut report = PassReport::default();
+        let graphs: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
+        for graph in graphs {
+            if m.onnx_opset(graph).unwrap_or(0) < 13 {
+                report.notes.push(format!(
+                    "graph '{}': opset below 13, not quantized",
+                    m.graphs[graph].name
+                ));
+                continue;
+            }
+            let mut b = Builder {
+                graph,
+                before: HashMap::new(),
+                after: HashMap::new(),
+                shared: HashMap::new(),
+                next: 0,
+                qmax: if self.reduce_range { 63 } else { 127 },
+            };
+            let nodes = m.graphs[graph].nodes.clone();
+            for &n in &nodes {
+                if self.filter.as_ref().is_some_and(|f| !f(m, n)) {
+                    continue;
+                }
+                let Some(mut s) = site(m, n) else { continue };
+                let mut n = n;
+                if s.kind == Kind::Gemm {
+                    n = gemm_to_matmul(m, &mut b, n, &s)?;
+                    let Some(again) = site(m, n) else { continue };
+                    s = again;
+                    report.count("gemm-as-matmul", 1);
+                }
+                match (&self.scheme, s.kind) {
+                    (Int8Scheme::Static { ranges, symmetric }, Kind::MatMul) => {
+                        let Some(r) = ranges.get(range_source(m, s.act)) else {
+                            report.count("skipped-no-range", 1);
+                            continue;
+                        };
+                        let (a, _) = b.fake_quant_act(m, n, s.act, r, *symmetric);
+                        let w = dq_weight(m, &mut b, n, s.weight, 1)?;
+                        m.nodes[n].inputs[0] = Some(a);
+                        m.nodes[n].inputs[1] = Some(w.0);
+                        report.count("quantized-matmul", 1);
+                    }
+                    (Int8Scheme::Static { ranges, symmetric }, Kind::Conv) => {
+                        let y = m.nodes[n].outputs.first().copied().flatten();
+                        let (Some(r), Some(y), Some(ry)) = (
+                            ranges.get(range_source(m, s.act)),
+                            y,
+                            y.and_then(|y| ranges.get(y)),
+                        ) else {
+                            report.count("skipped-no-range", 1);
+                            continue;
+                        };
+                        conv_static(m, &mut b, n, &s, y, r, ry, *symmetric)?;
+                        report.count("quantized-conv", 1);
+                    }
+                    (Int8Scheme::Dynamic, Kind::MatMul) => {
+                        matmul_dynamic(m, &mut b, n, &s)?;
+                        report.count("quantized-matmul", 1);
+                    }
+                    (Int8Scheme::Dynamic, Kind::Conv) | (_, Kind::Gemm) => {}
+                }
+            }
+            let mut order = Vec::with_capacity(nodes.len());
+            for n in nodes {
+                b.emit(n, &mut order);
+            }
+            m.graphs[graph].nodes = order;
+        }
+        Ok(report)
+    }
+}
+
+/// Rewrites a `Gemm` site as `MatMul(a, B)` (B transposed ahead when `transB`), followed by
+/// `Add(·, C)` when it has a bias; returns the `MatMul` node.
+fn gemm_to_matmul(m: &mut Module, b: &mut Builder, n: Node, s: &Site) -> Result<Node, PassError> {
+    let ValueDef::Const(c) = m.values[s.weight].def else {
+        return Err(fail("weight is not a constant".into()));
+    };
+    let trans_b = matches!(m.nodes[n].op, Op::Gemm { trans_b: Some(t), .. } if t != 0);
+    let weight = if trans_b {
+        let data = &m.consts[c];
+        let (rows, cols) = (data.shape[0] as usize, data.shape[1] as usize);
+        let t = Tensor::from_const(data).map_err(|e| fail(format!("weight: {e}")))?;
+        let xs = t.to_f32().map_err(|e| fail(format!("weight: {e}")))?;
+        let mut tr = vec![0f32; xs.len()];
+        for r in 0..rows {
+            for k in 0..cols {
+                tr[k * rows + r] = xs[r * cols + k];
+            }
+        }
+        let name = b.name(m, s.weight, "transposed");
+        const_value(
+            m,
+            name,
+            DType::F32,
+            vec![cols as i64, rows as i64],
+            f32_bytes(&tr),
+        )
+    } else {
+        s.weight
+    };
+    let bias = m.nodes[n].inputs.get(2).copied().flatten();
+    let Some(bias) = bias else {
+        let node = &mut m.nodes[n];
+        node.op = Op::MatMul {};
+        node.inputs = vec![Some(s.act), Some(weight)];
+        return Ok(n);
+    };
+    let Some(y) = m.nodes[n].outputs.first().copied().flatten() else {
+        return Err(fail("Gemm without a result".into()));
+    };
+    let name = b.name(m, y, "matmul");
+    let ty = retyped(m, y, DType::F32);
+    let out = b.node(
+        m,
+        n,
+        false,
+        Op::MatMul {},
+        vec![s.act, weight],
+        vec![(name, ty)],
+    )[0];
+    let ValueDef::Output { node: mm, .. } = m.values[out].def else {
+        return Err(fail("MatMul result has no node".into()));
+    };
+    let node = &mut m.nodes[n];
+    node.op = Op::Add {};
+    node.inputs = vec![Some(out), Some(bias)];
+    Ok(mm)
+}
+
+/// Quantizes constant weight `w` per channel along `axis` and returns `(DQ output, scales)`.
+fn dq_weight(
+    m: &mut Module,
+    b: &mut Builder,
+    at: Node,
+    w: Value,
+    axis: usize,
+) -> Result<(Value, Vec<f32>), PassError> {
+    let ValueDef::Const(c) = m.values[w].def else {
+        return Err(fail("weight is not a constant".into()));
+    };
+    let data = &m.consts[c];
+    let shape: Vec<usize> = data.shape.iter().map(|&d| d as usize).collect();
+    let ishape = data.shape.clone();
+    let t = Tensor::from_const(data).map_err(|e| fail(format!("weight: {e}")))?;
+    let xs = t.to_f32().map_err(|e| fail(format!("weight: {e}")))?;
+    let (codes, scales) = quantize_weight_per_channel(&xs, &shape, axis, b.qmax);
+    let wname = b.name(m, w, "quantized");
+    let wq = const_value(
+        m,
+        wname,
+        DType::I8,
+        ishape,
+        codes.iter().map(|&x| x as u8).collect(),
+    );
+    let sname = b.name(m, w, "scale");
+    let sv = const_value(
+        m,
+        sname,
+        DType::F32,
+        vec![scales.len() as i64],
+        f32_bytes(&scales),
+    );
+    let zname = b.name(m, w, "zero_point");
+    let zv = const_value(
+        m,
+        zname,
+        DType::I8,
+        vec![scales.len() as i64],
+        vec![0; scales.len()],
+    );
+    let dname = b.name(m, w, "dequantized");
+    let ty = retyped(m, w, DType::F32);
+    let out = b.node(
+        m,
+        at,
+        false,
+        dq(Some(axis as i64)),
+        vec![wq, sv, zv],
+        vec![(dname, ty)],
+    );
+    Ok((out[0], scales))
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site; the pieces of one Conv unit"
+)]
+fn conv_static(
+    m: &mut Module,
+    b: &mut Builder,
+    n: Node,
+    s: &Site,
+    y: Value,
+    rx: Range,
+    ry: Range,
+    symmetric: bool,
+) -> Result<(), PassError> {
+    let (a, x_scale) = b.fake_quant_act(m, n, s.act, rx, symmetric);
+    let (w, w_scales) = dq_weight(m, b, n, s.weight, 0)?;
+    m.nodes[n].inputs[0] = Some(a);
+    m.nodes[n].inputs[1] = Some(w);
+    if let Some(Some(bias)) = m.nodes[n].inputs.get(2).copied()
+        && let ValueDef::Const(c) = m.values[bias].def
+        && m.consts[c].num_elements() == w_scales.len()
+    {
+        let t = Tensor::from_const(&m.consts[c]).map_err(|e| fail(format!("bias: {e}")))?;
+        let xs = t.to_f32().map_err(|e| fail(format!("bias: {e}")))?;
+        let scales: Vec<f32> = w_scales.iter().map(|&ws| ws * x_scale).collect();
+        let codes: Vec<i32> = xs
+            .iter()
+            .zip(&scales)
+            .map(|(&x, &sc)| quantize_value(x, sc, 0, (i32::MIN + 1, i32::MAX)))
+            .collect();
+        let len = codes.len() as i64;
+        let bname = b.name(m, bias, "quantized");
+        let bq = const_value(
+            m,
+            bname,
+            DType::I32,
+            vec![len],
+            codes.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        );
+        let sname = b.name(m, bias, "scale");
+        let sv = const_value(m, sname, DType::F32, vec![len], f32_bytes(&scales));
+        let zname = b.name(m, bias, "zero_point");
+        let zv = const_value(m, zname, DType::I32, vec![len], vec![0; codes.len() * 4]);
+        let dname = b.name(m, bias, "dequantized");
+        let ty = retyped(m, bias, DType::F32);
+        let d = b.node(
+            m,
+            n,
+            false,
+            dq(Some(0)),
+            vec![bq, sv, zv],
+            vec![(dname, ty)],
+        )[0];
+        m.nodes[n].inputs[2] = Some(d);
+    }
+    // Q → DQ on the result: the new float value takes over the consumers of `y`.
+    let (scale, zp, dtype) = activation_qparams(ry, symmetric);
+    let sname = b.name(m, y, "scale");
+    let sv = const_value(m, sname, DType::F32, vec![], f32_bytes(&[scale]));
+    let zname = b.name(m, y, "zero_point");
+    let zv = const_value(m, zname, dtype, vec![], vec![zp as i8 as u8]);
+    let qname = b.name(m, y, "quantized");
+    let ty = retyped(m, y, dtype);
+    let qv = b.node(m, n, true, q(), vec![y, sv, zv], vec![(qname, ty)])[0];
+    let dname = b.name(m, y, "dequantized");
+    let ty = retyped(m, y, DType::F32);
+    let d = b.node(m, n, true, dq(None), vec![qv, sv, zv], vec![(dname, ty)])[0];
+    replace_uses(m, b.graph, y, d, &[qv]);
+    // The dequantized value takes the source name, so graph outputs and later references keep it.
+    let yname = m.values[y].name.take();
+    m.values[y].name = m.values[d].name.take();
+    m.values[d].name = yname;
+    Ok(())
+}
+
+/// Replaces every use of `old` in `graph` (and its subgraphs, and its outputs) by `new`, except
+/// in the nodes producing `skip`.
+fn replace_uses(m: &mut Module, graph: GraphId, old: Value, new: Value, skip: &[Value]) {
+    let skip_nodes: Vec<Node> = skip
+        .iter()
+        .filter_map(|&v| match m.values[v].def {
+            ValueDef::Output { node, .. } => Some(node),
+            _ => None,
+        })
+        .collect();
+    let mut nodes = Vec::new();
+    for g in m.graph_tree(graph) {
+        nodes.extend(m.graphs[g].nodes.iter().copied());
+        for o in m.graphs[g].outputs.iter_mut() {
+            if *o == old {
+                *o = new;
+            }
+        }
+    }
+    // Nodes created by the pass are not in the graph's list yet; the Q node is the only one
+    // reading `old` and it is skipped.
+    for n in nodes {
+        if skip_nodes.contains(&n) {
+            continue;
+        }
+        for i in m.nodes[n].inputs.iter_mut() {
+            if *i == Some(old) {
+                *i = Some(new);
+            }
+        }
+    }
+}
+
+fn matmul_dynamic(m: &mut Module, b: &mut Builder, n: Node, s: &Site) -> Result<(), PassError> {
+    let ValueDef::Const(c) = m.values[s.weight].def else {
+        return Err(fail("weight is not a constant".into()));
+    };
+    let data = &m.consts[c];
+    let shape: Vec<usize> = data.shape.iter().map(|&d| d as usize).collect();
+    let ishape = data.shape.clone();
+    let t = Tensor::from_const(data).map_err(|e| fail(format!("weight: {e}")))?;
+    let xs = t.to_f32().map_err(|e| fail(format!("weight: {e}")))?;
+    let (codes, scales) = quantize_weight_per_channel(&xs, &shape, 1, b.qmax);
+    let act = s.act;
+    let wname = b.name(m, s.weight, "quantized");
+    let wq = const_value(
+        m,
+        wname,
+        DType::I8,
+        ishape,
+        codes.iter().map(|&x| x as u8).collect(),
+    );
+    let sname = b.name(m, s.weight, "scale");
+    let wsv = const_value(
+        m,
+        sname,
+        DType::F32,
+        vec![scales.len() as i64],
+        f32_bytes(&scales),
+    );
+    let (qn, sn, zn) = (
+        b.name(m, act, "quantized"),
+        b.name(m, act, "scale"),
+        b.name(m, act, "zero_point"),
+    );
+    let scalar = |d| Type::tensor(d, vec![]);
+    let qa = retyped(m, act, DType::U8);
+    let dql = b.node(
+        m,
+        n,
+        false,
+        Op::DynamicQuantizeLinear {},
+        vec![act],
+        vec![(qn, qa), (sn, scalar(DType::F32)), (zn, scalar(DType::U8))],
+    );
+    let Some(y) = m.nodes[n].outputs.first().copied().flatten() else {
+        return Err(fail("MatMul without a result".into()));
+    };
+    let (iname, cname, pname) = (
+        b.name(m, y, "int32"),
+        b.name(m, y, "float"),
+        b.name(m, y, "scale"),
+    );
+    let i32_ty = retyped(m, y, DType::I32);
+    let f_ty = retyped(m, y, DType::F32);
+    let mmi = b.node(
+        m,
+        n,
+        false,
+        Op::MatMulInteger {},
+        vec![dql[0], wq, dql[2]],
+        vec![(iname, i32_ty)],
+    )[0];
+    let cast = b.node(
+        m,
+        n,
+        false,
+        Op::Cast {
+            round_mode: None,
+            saturate: None,
+            to: Some(i64::from(DType::F32.onnx_code())),
+        },
+        vec![mmi],
+        vec![(cname, f_ty)],
+    )[0];
+    let prod = b.node(
+        m,
+        n,
+        false,
+        Op::Mul {},
+        vec![dql[1], wsv],
+        vec![(
+            pname,
+            Type::tensor(DType::F32, vec![mmq_ir::Dim::known(scales.len() as i64)]),
+        )],
+    )[0];
+    // The original MatMul becomes the final Mul, keeping its result value and name.
+    let node = &mut m.nodes[n];
+    node.op = Op::Mul {};
+    node.inputs = vec![Some(cast), Some(prod)];
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_round_half_even_per_channel() {
+        // Column 0 max 1.27 → scale 0.01; 0.005 / 0.01 = 0.5 rounds to 0, 0.015 → 2.
+        // Column 1 all zero → scale 1.
+        let w = [1.27, 0.0, 0.005, 0.0, 0.015, 0.0, -1.27, 0.0];
+        let (codes, scales) = quantize_weight_per_channel(&w, &[4, 2], 1, 127);
+        assert_eq!(scales, vec![1.27 / 127.0, 1.0]);
+        assert_eq!(codes, vec![127, 0, 0, 0, 2, 0, -127, 0]);
+    }
+
+    #[test]
+    fn activation_params_include_zero() {
+        let (s, zp, d) = activation_qparams(
+            Range {
+                min: 1.0,
+                max: 2.55,
+            },
+            false,
+        );
+        assert_eq!((d, zp), (DType::U8, 0));
+        assert!((s - 0.01).abs() < 1e-7);
+        let (s, zp, d) = activation_qparams(
+            Range {
+                min: -1.0,
+                max: 0.5,
+            },
+            true,
+        );
+        assert_eq!((d, zp), (DType::I8, 0));
+        assert!((s - 1.0 / 127.0).abs() < 1e-9);
+        let (s, zp, _) = activation_qparams(
+            Range {
+                min: -64.0,
+                max: 191.0,
+            },
+            false,
+        );
+        assert_eq!((s, zp), (1.0, 64));
+    }
+}

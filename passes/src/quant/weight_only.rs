@@ -1,0 +1,1342 @@
+//! Weight-only quantization: INT4 blockwise for ONNX Runtime's `com.microsoft.MatMulNBits`, and
+//! FP8 (E4M3) Q/DQ.
+//!
+//! # What is quantized
+//! Every `MatMul` whose right operand is a 2-D f32 constant `[K, N]`, and every `Gemm` (`transA`
+//! 0) whose `B` is one (`[K, N]`, or `[N, K]` with `transB = 1`), wherever the constant sits:
+//! an initializer, a `Constant` node, or either of those read from inside an `If`/`Loop`/`Scan`
+//! body (every graph of the module is visited). An optional node filter (a precision map's plan)
+//! chooses the nodes. A weight shared by several nodes is quantized once.
+//!
+//! # INT4 (`WeightScheme::Int4`)
+//! The node becomes `com.microsoft.MatMulNBits` (bits 4, `block_size` 16..=256, attributes `K`,
+//! `N`) in ONNX Runtime's exact layout: `B` u8 `[N, k_blocks, block_size / 2]` with codes
+//! packed low nibble first along K (the last block zero-padded), `scales` f32 `[N, k_blocks]`,
+//! and for asymmetric quantization `zero_points` u8 `[N, ceil(k_blocks / 2)]` packed the same way.
+//! Symmetric blocks use the signed value of largest magnitude `m`: `scale = m / -8`, implicit
+//! zero point 8, so the whole code range 0..=15 is used (ONNX Runtime's blockwise quantizer
+//! does the same). Asymmetric blocks widen `[min, max]` to include 0: `scale = (max - min) /
+//! 15`, `zero_point = round(-min / scale)`. Codes are `QuantizeLinear`'s
+//! ([`mmq_kernels::quant::quantize_value`]: round half to even, saturate). A `Gemm`'s `alpha`
+//! is folded into the scales and `beta * C` (C of `N` elements) becomes the `bias` input.
+//!
+//! # FP8 (`WeightScheme::Fp8`)
+//! The weight becomes an `f8e4m3fn` constant with one f32 scale per output channel
+//! (`absmax / 448`) and a `DequantizeLinear` (axis = the N axis) feeds the node (opset 19 or
+//! later). With activation ranges (from calibration), the node's float input also gets a
+//! per-tensor E4M3 `QuantizeLinear` → `DequantizeLinear` pair.
+//!
+//! # Large models
+//! Weights are read streaming, a few MiB at a time, with positional reads of the original
+//! (memory-mapped) data file, so the source pages never become part of the process's resident
+//! memory; tensors are quantized in parallel (rayon). Only the quantized output is held in
+//! memory, and the ONNX writer stores it as external data.
+//!
+//! Counters: `int4-matmul`, `int4-gemm`, `fp8-weights`, `fp8-activations`,
+//! `skipped-<reason>`.
+
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+
+use bytes::Bytes;
+use mmq_ir::{
+    Attr, Const, ConstData, CustomOp, DType, Dim, GraphId, Module, Node, Op, Storage, Type, Value,
+    ValueDef,
+};
+use mmq_kernels::quant::{quantize_float, quantize_value, round_saturate};
+use rayon::prelude::*;
+
+use crate::dce::Dce;
+use crate::pass::{Pass, PassError, PassOptions, PassReport};
+
+/// The weight-only schemes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightScheme {
+    /// 4-bit blockwise integers for `com.microsoft.MatMulNBits`.
+    Int4,
+    /// FP8 E4M3 (`f8e4m3fn`) per output channel, as `DequantizeLinear` of the weight.
+    Fp8,
+}
+
+/// How to quantize.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightOnlyConfig {
+    /// The scheme.
+    pub scheme: WeightScheme,
+    /// INT4 block size along K: a power of two from 16 to 256 (32, 64 and 128 are usual).
+    pub block_size: usize,
+    /// INT4: symmetric blocks (no zero points) when set, asymmetric otherwise.
+    pub symmetric: bool,
+    /// INT4: the `accuracy_level` attribute of `MatMulNBits` (ONNX Runtime's compute type of
+    /// A: 0 unset, 1 f32, 2 f16, 3 bf16, 4 int8); `None` leaves it out.
+    pub accuracy_level: Option<i64>,
+    /// INT4: search each block's range for the least squared error (shrinking it by up to
+    /// 30%) instead of taking its min/max as is (ONNX Runtime's quantizer).
+    pub search: bool,
+}
+
+impl Default for WeightOnlyConfig {
+    fn default() -> Self {
+        WeightOnlyConfig {
+            scheme: WeightScheme::Int4,
+            block_size: 32,
+            symmetric: true,
+            accuracy_level: None,
+            search: true,
+        }
+    }
+}
+
+/// Chooses the nodes to quantize (for example from a precision map's plan).
+pub type NodeFilter = Box<dyn Fn(&Module, Node) -> bool + Send + Sync>;
+
+/// The weight-only quantization pass (see the module documentation).
+pub struct WeightOnlyPass {
+    config: WeightOnlyConfig,
+    filter: Option<NodeFilter>,
+    activation_ranges: HashMap<Value, (f32, f32)>,
+}
+
+impl std::fmt::Debug for WeightOnlyPass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightOnlyPass")
+            .field("config", &self.config)
+            .field("filter", &self.filter.is_some())
+            .field("activation_ranges", &self.activation_ranges.len())
+            .finish()
+    }
+}
+
+impl WeightOnlyPass {
+    /// A pass quantizing every eligible node.
+    pub fn new(config: WeightOnlyConfig) -> Self {
+        WeightOnlyPass {
+            config,
+            filter: None,
+            activation_ranges: HashMap::new(),
+        }
+    }
+
+    /// Quantizes only the nodes `filter` accepts.
+    pub fn with_filter(mut self, filter: NodeFilter) -> Self {
+        self.filter = Some(filter);
+        self
+    }
+
+    /// FP8: per-tensor ranges `(min, max)` of activations (calibration results); a quantized
+    /// node whose float input has a range also gets its activation quantized.
+    pub fn with_activation_ranges(mut self, ranges: HashMap<Value, (f32, f32)>) -> Self {
+        self.activation_ranges = ranges;
+        self
+    }
+
+    /// The float inputs of the nodes this pass would quantize in top-level graph `graph`
+    /// (what FP8 activation quantization needs calibrated ranges for), without duplicates.
+    pub fn activation_inputs(&self, m: &Module, graph: GraphId) -> Vec<Value> {
+        let mut out = Vec::new();
+        for &node in &m.graphs[graph].nodes {
+            if self.filter.as_ref().is_some_and(|f| !f(m, node)) {
+                continue;
+            }
+            if let Some(Ok(_)) = self.plan(m, graph, node)
+                && let Some(Some(a)) = m.nodes[node].inputs.first()
+                && !out.contains(a)
+            {
+                out.push(*a);
+            }
+        }
+        out
+    }
+
+    fn fail(&self, message: impl Into<String>) -> PassError {
+        PassError::Failed {
+            pass: self.name().to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+/// One node to rewrite.
+struct Job {
+    graph: GraphId,
+    node: Node,
+    weight: Const,
+    /// The weight is `[N, K]` (Gemm `transB = 1`).
+    trans: bool,
+    alpha: f32,
+    k: usize,
+    n: usize,
+    /// INT4 Gemm: the bias operand (`beta * C`) as an existing value or new data.
+    bias: Option<Bias>,
+}
+
+enum Bias {
+    Value(Value),
+    Data(Vec<f32>),
+}
+
+/// The quantized form of one weight.
+enum Quantized {
+    Int4 {
+        packed: Vec<u8>,
+        scales: Vec<f32>,
+        zero_points: Option<Vec<u8>>,
+    },
+    Fp8 {
+        codes: Vec<u8>,
+        scales: Vec<f32>,
+    },
+}
+
+/// The constant a value holds: an initializer, or the tensor of a `Constant` node.
+fn const_source(m: &Module, v: Value) -> Option<Const> {
+    match m.values.get(v)?.def {
+        ValueDef::Const(c) => Some(c),
+        ValueDef::Output { node, .. } => match &m.nodes[node].op {
+            Op::Constant { value: Some(c), .. } => Some(*c),
+            _ => None,
+        },
+        ValueDef::Input { .. } => None,
+    }
+}
+
+fn f32_values(c: &ConstData) -> Option<Vec<f32>> {
+    if c.dtype != DType::F32 {
+        return None;
+    }
+    let bytes = match &c.storage {
+        Storage::Inline(b) => b.to_vec(),
+        Storage::External { file, offset, len } => {
+            let mut buf = vec![0u8; usize::try_from(*len).ok()?];
+            file.file().read_exact_at(&mut buf, *offset).ok()?;
+            buf
+        }
+        _ => return None,
+    };
+    Some(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    )
+}
+
+/// Static dims of a value, when all known.
+fn static_shape(m: &Module, v: Value) -> Option<Vec<usize>> {
+    m.value_type(v)
+        .shape()?
+        .iter()
+        .map(|d| d.as_known().and_then(|k| usize::try_from(k).ok()))
+        .collect()
+}
+
+impl WeightOnlyPass {
+    /// The job for `node`, or the reason it is skipped (`None`: not a candidate at all).
+    fn plan(&self, m: &Module, graph: GraphId, node: Node) -> Option<Result<Job, &'static str>> {
+        let nd = &m.nodes[node];
+        let (b_index, trans, alpha) = match &nd.op {
+            Op::MatMul {} => (1, false, 1.0),
+            Op::Gemm {
+                alpha,
+                trans_a,
+                trans_b,
+                ..
+            } => {
+                if trans_a.unwrap_or(0) != 0 {
+                    return Some(Err("gemm-trans-a"));
+                }
+                (1, trans_b.unwrap_or(0) != 0, alpha.unwrap_or(1.0))
+            }
+            _ => return None,
+        };
+        let a = nd.inputs.first().copied().flatten()?;
+        let b = nd.inputs.get(b_index).copied().flatten()?;
+        let c = const_source(m, b)?;
+        let cd = &m.consts[c];
+        if cd.dtype != DType::F32 || m.value_type(a).dtype() != Some(DType::F32) {
+            return Some(Err("dtype"));
+        }
+        if cd.shape.len() != 2 || cd.shape.iter().any(|&d| d <= 0) {
+            return Some(Err("weight-shape"));
+        }
+        if m.value_type(a).shape().is_some_and(|s| s.len() < 2) {
+            return Some(Err("input-rank"));
+        }
+        let (r, cols) = (cd.shape[0] as usize, cd.shape[1] as usize);
+        let (k, n) = if trans { (cols, r) } else { (r, cols) };
+        let mut bias = None;
+        if self.config.scheme == WeightScheme::Int4
+            && let Op::Gemm { beta, .. } = &nd.op
+            && let Some(cv) = nd.inputs.get(2).copied().flatten()
+        {
+            let beta = beta.unwrap_or(1.0);
+            if let Some(cc) = const_source(m, cv) {
+                let cdata = &m.consts[cc];
+                if cdata.num_elements() != n || cdata.shape.iter().filter(|&&d| d != 1).count() > 1
+                {
+                    return Some(Err("gemm-bias-shape"));
+                }
+                let Some(vals) = f32_values(cdata) else {
+                    return Some(Err("gemm-bias-dtype"));
+                };
+                bias = Some(Bias::Data(vals.iter().map(|x| x * beta).collect()));
+            } else if beta == 1.0
+                && static_shape(m, cv).is_some_and(|s| s == [n])
+                && m.value_type(cv).dtype() == Some(DType::F32)
+            {
+                bias = Some(Bias::Value(cv));
+            } else {
+                return Some(Err("gemm-bias-shape"));
+            }
+        }
+        // FP8 keeps the node, and with it Gemm's alpha.
+        let alpha = match self.config.scheme {
+            WeightScheme::Int4 => alpha,
+            WeightScheme::Fp8 => 1.0,
+        };
+        Some(Ok(Job {
+            graph,
+            node,
+            weight: c,
+            trans,
+            alpha,
+            k,
+            n,
+            bias,
+        }))
+    }
+}
+
+impl Pass for WeightOnlyPass {
+    fn name(&self) -> &str {
+        match self.config.scheme {
+            WeightScheme::Int4 => "quant-int4",
+            WeightScheme::Fp8 => "quant-fp8",
+        }
+    }
+
+    fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
+        let bs = self.config.block_size;
+        if self.config.scheme == WeightScheme::Int4 && !(16..=256).contains(&bs)
+            || !bs.is_power_of_two()
+        {
+            return Err(self.fail(format!(
+                "block size {bs} must be a power of two from 16 to 256"
+            )));
+        }
+        let mut report = PassReport::default();
+        let mut jobs = Vec::new();
+        let roots: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
+        for root in roots {
+            for g in m.graph_tree(root) {
+                if self.config.scheme == WeightScheme::Fp8 {
+                    let opset = m.onnx_opset(g).unwrap_or(0);
+                    if opset < 19 {
+                        return Err(self.fail(format!(
+                            "fp8 needs DequantizeLinear of opset 19 or later; graph '{}' imports opset {opset}",
+                            m.graphs[g].name
+                        )));
+                    }
+                }
+                for &node in &m.graphs[g].nodes {
+                    if self.filter.as_ref().is_some_and(|f| !f(m, node)) {
+                        continue;
+                    }
+                    match self.plan(m, g, node) {
+                        Some(Ok(job)) => jobs.push(job),
+                        Some(Err(reason)) => report.count(&format!("skipped-{reason}"), 1),
+                        None => {}
+                    }
+                }
+            }
+        }
+        // One quantization per distinct (weight, layout, alpha).
+        let mut keys: Vec<(Const, bool, u32, usize, usize)> = Vec::new();
+        let mut key_of: HashMap<(Const, bool, u32), usize> = HashMap::new();
+        for j in &jobs {
+            key_of
+                .entry((j.weight, j.trans, j.alpha.to_bits()))
+                .or_insert_with(|| {
+                    keys.push((j.weight, j.trans, j.alpha.to_bits(), j.k, j.n));
+                    keys.len() - 1
+                });
+        }
+        let results: Vec<Result<Quantized, String>> = keys
+            .par_iter()
+            .map(|&(c, trans, alpha, k, n)| {
+                let cd = &m.consts[c];
+                let src = Source::of(cd)?;
+                let alpha = f32::from_bits(alpha);
+                match self.config.scheme {
+                    WeightScheme::Int4 => quantize_int4(&src, k, n, trans, alpha, &self.config),
+                    WeightScheme::Fp8 => quantize_fp8(&src, k, n, trans),
+                }
+                .map_err(|e| format!("weight '{}': {e}", cd.name.as_deref().unwrap_or("?")))
+            })
+            .collect();
+        let mut quantized = Vec::with_capacity(results.len());
+        for r in results {
+            quantized.push(Some(r.map_err(|e| self.fail(e))?));
+        }
+        // Constants of each distinct quantized weight, created on first use.
+        let mut made: HashMap<usize, Vec<Value>> = HashMap::new();
+        for job in jobs {
+            let idx = key_of[&(job.weight, job.trans, job.alpha.to_bits())];
+            let base = m.consts[job.weight]
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("w{idx}"));
+            let consts = match (made.get(&idx), quantized[idx].take()) {
+                (Some(v), _) => v.clone(),
+                (None, Some(q)) => {
+                    let v = add_consts(m, q, &job, &base, bs);
+                    made.insert(idx, v.clone());
+                    v
+                }
+                (None, None) => continue,
+            };
+            match self.config.scheme {
+                WeightScheme::Int4 => self.rewrite_int4(m, &job, &consts, &mut report),
+                WeightScheme::Fp8 => self.rewrite_fp8(m, &job, &consts, &mut report),
+            }
+        }
+        if report.changed {
+            let dce = Dce.run(m, opts)?;
+            for (k, v) in dce.counters {
+                report.count(&k, v);
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// New constants for one quantized weight: INT4 `[B, scales, zero_points?]`, FP8 `[codes,
+/// scales]`.
+fn add_consts(m: &mut Module, q: Quantized, job: &Job, base: &str, bs: usize) -> Vec<Value> {
+    let (k, n) = (job.k as i64, job.n as i64);
+    let k_blocks = job.k.div_ceil(bs) as i64;
+    let f32_bytes =
+        |v: &[f32]| Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+    let mut add = |name: String, dtype, shape, bytes| {
+        m.add_const(ConstData::new(
+            Some(name),
+            dtype,
+            shape,
+            Storage::Inline(bytes),
+        ))
+    };
+    match q {
+        Quantized::Int4 {
+            packed,
+            scales,
+            zero_points,
+        } => {
+            let mut out = vec![
+                add(
+                    format!("{base}_q4"),
+                    DType::U8,
+                    vec![n, k_blocks, (bs / 2) as i64],
+                    Bytes::from(packed),
+                ),
+                add(
+                    format!("{base}_scales"),
+                    DType::F32,
+                    vec![n, k_blocks],
+                    f32_bytes(&scales),
+                ),
+            ];
+            if let Some(zp) = zero_points {
+                out.push(add(
+                    format!("{base}_zero_points"),
+                    DType::U8,
+                    vec![n, (k_blocks + 1) / 2],
+                    Bytes::from(zp),
+                ));
+            }
+            out
+        }
+        Quantized::Fp8 { codes, scales } => {
+            let shape = if job.trans { vec![n, k] } else { vec![k, n] };
+            vec![
+                add(
+                    format!("{base}_f8"),
+                    DType::F8E4M3FN,
+                    shape,
+                    Bytes::from(codes),
+                ),
+                add(
+                    format!("{base}_scale"),
+                    DType::F32,
+                    vec![n],
+                    f32_bytes(&scales),
+                ),
+            ]
+        }
+    }
+}
+
+/// Appends a node to `graph` and moves it right before `before`.
+fn insert_before(
+    m: &mut Module,
+    graph: GraphId,
+    before: Node,
+    op: Op,
+    inputs: Vec<Option<Value>>,
+    out: (Option<String>, Type),
+) -> Value {
+    let node = m.add_node(graph, op, inputs, vec![Some(out)], None);
+    let list = &mut m.graphs[graph].nodes;
+    list.pop();
+    let pos = list.iter().position(|&x| x == before).unwrap_or(list.len());
+    list.insert(pos, node);
+    m.nodes[node].outputs[0].unwrap_or_else(|| unreachable!("one declared output"))
+}
+
+impl WeightOnlyPass {
+    fn rewrite_int4(&self, m: &mut Module, job: &Job, consts: &[Value], report: &mut PassReport) {
+        let is_gemm = matches!(m.nodes[job.node].op, Op::Gemm { .. });
+        let a = m.nodes[job.node].inputs[0];
+        let mut inputs = vec![a, Some(consts[0]), Some(consts[1]), consts.get(2).copied()];
+        if let Some(bias) = &job.bias {
+            let bv = match bias {
+                Bias::Value(v) => *v,
+                Bias::Data(d) => m.add_const(ConstData::new(
+                    Some(format!(
+                        "{}_bias",
+                        m.nodes[job.node].name.as_deref().unwrap_or("gemm")
+                    )),
+                    DType::F32,
+                    vec![job.n as i64],
+                    Storage::Inline(Bytes::from(
+                        d.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+                    )),
+                )),
+            };
+            inputs.push(None);
+            inputs.push(Some(bv));
+        }
+        while inputs.last().is_some_and(Option::is_none) {
+            inputs.pop();
+        }
+        let mut attrs = vec![
+            ("K".to_owned(), Attr::Int(job.k as i64)),
+            ("N".to_owned(), Attr::Int(job.n as i64)),
+            ("bits".to_owned(), Attr::Int(4)),
+            (
+                "block_size".to_owned(),
+                Attr::Int(self.config.block_size as i64),
+            ),
+        ];
+        if let Some(level) = self.config.accuracy_level {
+            attrs.push(("accuracy_level".to_owned(), Attr::Int(level)));
+        }
+        let nd = &mut m.nodes[job.node];
+        nd.op = Op::Custom(CustomOp {
+            domain: "com.microsoft".to_owned(),
+            op_type: "MatMulNBits".to_owned(),
+            attrs,
+        });
+        nd.inputs = inputs;
+        report.count(if is_gemm { "int4-gemm" } else { "int4-matmul" }, 1);
+    }
+
+    fn rewrite_fp8(&self, m: &mut Module, job: &Job, consts: &[Value], report: &mut PassReport) {
+        let (k, n) = (job.k as i64, job.n as i64);
+        let shape = if job.trans { [n, k] } else { [k, n] };
+        let dq = Op::DequantizeLinear {
+            axis: Some(if job.trans { 0 } else { 1 }),
+            block_size: None,
+            output_dtype: None,
+        };
+        let w_ty = Type::tensor(DType::F32, shape.iter().map(|&d| Dim::known(d)).collect());
+        let w = insert_before(
+            m,
+            job.graph,
+            job.node,
+            dq,
+            vec![Some(consts[0]), Some(consts[1])],
+            (None, w_ty),
+        );
+        m.nodes[job.node].inputs[1] = Some(w);
+        report.count("fp8-weights", 1);
+        let Some(a) = m.nodes[job.node].inputs[0] else {
+            return;
+        };
+        let Some(&(lo, hi)) = self.activation_ranges.get(&a) else {
+            return;
+        };
+        let amax = lo.abs().max(hi.abs());
+        if !amax.is_finite() || amax == 0.0 {
+            return;
+        }
+        let scale = m.add_const(ConstData::new(
+            None,
+            DType::F32,
+            vec![],
+            Storage::Inline(Bytes::from((amax / E4M3_MAX).to_le_bytes().to_vec())),
+        ));
+        let zp = m.add_const(ConstData::new(
+            None,
+            DType::F8E4M3FN,
+            vec![],
+            Storage::Inline(Bytes::from(vec![0u8])),
+        ));
+        let a_ty = m.value_type(a).clone();
+        let q_ty = match &a_ty {
+            Type::Tensor(t) => Type::Tensor(mmq_ir::TensorType {
+                dtype: Some(DType::F8E4M3FN),
+                shape: t.shape.clone(),
+            }),
+            other => other.clone(),
+        };
+        let q = insert_before(
+            m,
+            job.graph,
+            job.node,
+            Op::QuantizeLinear {
+                axis: None,
+                block_size: None,
+                output_dtype: None,
+                precision: None,
+                saturate: None,
+            },
+            vec![Some(a), Some(scale), Some(zp)],
+            (None, q_ty),
+        );
+        let d = insert_before(
+            m,
+            job.graph,
+            job.node,
+            Op::DequantizeLinear {
+                axis: None,
+                block_size: None,
+                output_dtype: None,
+            },
+            vec![Some(q), Some(scale), Some(zp)],
+            (None, a_ty),
+        );
+        m.nodes[job.node].inputs[0] = Some(d);
+        report.count("fp8-activations", 1);
+    }
+}
+
+/// The largest finite E4M3FN value.
+const E4M3_MAX: f32 = 448.0;
+
+/// Bytes read per chunk when streaming a weight.
+const CHUNK_BYTES: usize = 4 << 20;
+
+/// Where a weight's f32 elements are read from.
+enum Source<'a> {
+    Mem(&'a [u8]),
+    File(&'a mmq_ir::ExternalFile, u64),
+}
+
+impl<'a> Source<'a> {
+    fn of(cd: &'a ConstData) -> Result<Source<'a>, String> {
+        let want = cd.num_elements() as u64 * 4;
+        let src = match &cd.storage {
+            Storage::Inline(b) => Source::Mem(b),
+            Storage::External { file, offset, len } => {
+                if offset.checked_add(*len).is_none_or(|end| end > file.len()) {
+                    return Err(format!(
+                        "external range {offset}+{len} lies outside {}",
+                        file.path.display()
+                    ));
+                }
+                Source::File(file, *offset)
+            }
+            _ => return Err("the weight has no data".to_owned()),
+        };
+        let have = match &src {
+            Source::Mem(b) => b.len() as u64,
+            Source::File(..) => match &cd.storage {
+                Storage::External { len, .. } => *len,
+                _ => 0,
+            },
+        };
+        if have != want {
+            return Err(format!("holds {have} bytes, expected {want}"));
+        }
+        Ok(src)
+    }
+
+    /// Reads elements `start..start + out.len()` into `out`; non-finite values are an error.
+    fn read(&self, start: usize, out: &mut [f32], bytes: &mut Vec<u8>) -> Result<(), String> {
+        bytes.resize(out.len() * 4, 0);
+        match self {
+            Source::Mem(b) => bytes.copy_from_slice(&b[start * 4..(start + out.len()) * 4]),
+            Source::File(f, off) => f
+                .file()
+                .read_exact_at(bytes, off + start as u64 * 4)
+                .map_err(|e| format!("cannot read {}: {e}", f.path.display()))?,
+        }
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            if !o.is_finite() {
+                return Err(format!("non-finite value {o} near element {start}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls `f(first_row, rows)` over the `rows x cols` matrix in chunks of whole rows (at
+    /// least `align` rows, a multiple of it, except the last).
+    fn for_rows(
+        &self,
+        rows: usize,
+        cols: usize,
+        align: usize,
+        mut f: impl FnMut(usize, &[f32]) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let per = (CHUNK_BYTES / (4 * cols * align).max(1)).max(1) * align;
+        let mut buf = Vec::new();
+        let mut bytes = Vec::new();
+        let mut r = 0;
+        while r < rows {
+            let take = per.min(rows - r);
+            buf.resize(take * cols, 0.0);
+            self.read(r * cols, &mut buf, &mut bytes)?;
+            f(r, &buf)?;
+            r += take;
+        }
+        Ok(())
+    }
+}
+
+/// Shrink factors of the block range tried by the scale search (1 first: the plain min/max
+/// choice, so the search never does worse than it).
+const SHRINK: [f32; 7] = [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7];
+
+/// What a block's scale is chosen from: the signed value of largest magnitude (symmetric) or
+/// the range widened to include 0 (asymmetric).
+#[derive(Clone, Copy)]
+enum BlockStats {
+    Symmetric(f32),
+    Asymmetric(f32, f32),
+}
+
+impl BlockStats {
+    fn of(vals: &[f32], symmetric: bool) -> BlockStats {
+        if symmetric {
+            let (lo, hi) = vals
+                .iter()
+                .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            // The signed value of largest magnitude (the negative one on a tie, like
+            // ONNX Runtime's blockwise quantizer).
+            BlockStats::Symmetric(if hi > -lo { hi } else { lo })
+        } else {
+            let (lo, hi) = vals
+                .iter()
+                .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            BlockStats::Asymmetric(lo, hi)
+        }
+    }
+
+    /// The scale and zero point with the range scaled by `shrink` (values outside the shrunk
+    /// range saturate).
+    fn params(self, shrink: f32) -> (f32, u8) {
+        match self {
+            BlockStats::Symmetric(m) => (m * shrink / -8.0, 8),
+            BlockStats::Asymmetric(lo, hi) => {
+                let (lo, hi) = (lo * shrink, hi * shrink);
+                let scale = (hi - lo) / 15.0;
+                if scale == 0.0 {
+                    return (0.0, 0);
+                }
+                let zp = round_saturate(f64::from(-lo / scale), 0, (0, 15));
+                (scale, zp as u8)
+            }
+        }
+    }
+}
+
+/// The code of `v` (`QuantizeLinear` to u4); a zero scale gives the zero point.
+fn code(v: f32, scale: f32, zp: u8) -> u8 {
+    if scale == 0.0 {
+        zp
+    } else {
+        quantize_value(v, scale, i32::from(zp), (0, 15)) as u8
+    }
+}
+
+/// The code of `v` as an f32, the way the scale search computes it: the f32 quotient clamped
+/// to ±16 (beyond which codes saturate anyway), rounded half to even by adding and removing
+/// 1.5 · 2^23, shifted and saturated. For finite values and a nonzero scale this is exactly
+/// [`quantize_value`] (see the test); unlike `round_ties_even` it needs no SSE4.1 and
+/// vectorizes.
+#[inline(always)]
+fn search_code(v: f32, scale: f32, z: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    let q = (v / scale).clamp(-16.0, 16.0);
+    ((q + MAGIC) - MAGIC + z).clamp(0.0, 15.0)
+}
+
+/// Squared error of a block quantized with `scale` and `zp` (eight partial sums, so the loop
+/// vectorizes).
+fn block_error(vals: &[f32], scale: f32, zp: u8) -> f32 {
+    if scale == 0.0 {
+        return vals.iter().map(|v| v * v).sum();
+    }
+    let z = f32::from(zp);
+    let mut acc = [0f32; 8];
+    let chunks = vals.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            let d = (search_code(v, scale, z) - z) * scale - v;
+            *a += d * d;
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(rest) {
+        let d = (search_code(v, scale, z) - z) * scale - v;
+        *a += d * d;
+    }
+    acc.iter().sum()
+}
+
+/// One block's scale, zero point and codes (`codes.len()` = block size; values beyond
+/// `vals.len()` are padding zeros).
+///
+/// Symmetric blocks map the value of largest magnitude `m` to code 0 (`scale = m / -8`, zero
+/// point 8); asymmetric ones spread `[min(lo, 0), max(hi, 0)]` over 0..=15. With `search`, the
+/// range is also tried shrunk by each factor of [`SHRINK`] and the choice with the least
+/// squared error of the block is kept.
+fn quantize_block(vals: &[f32], symmetric: bool, search: bool, codes: &mut [u8]) -> (f32, u8) {
+    let stats = BlockStats::of(vals, symmetric);
+    let (mut scale, mut zp) = stats.params(1.0);
+    if search && scale != 0.0 {
+        let mut best = block_error(vals, scale, zp);
+        for &f in &SHRINK[1..] {
+            let (s, z) = stats.params(f);
+            let e = block_error(vals, s, z);
+            if e < best {
+                (best, scale, zp) = (e, s, z);
+            }
+        }
+    }
+    for (i, c) in codes.iter_mut().enumerate() {
+        *c = code(vals.get(i).copied().unwrap_or(0.0), scale, zp);
+    }
+    (scale, zp)
+}
+
+/// Blockwise INT4 of a `[K, N]` (or, `trans`, `[N, K]`) weight times `alpha`, in
+/// `MatMulNBits` layout.
+fn quantize_int4(
+    src: &Source<'_>,
+    k: usize,
+    n: usize,
+    trans: bool,
+    alpha: f32,
+    config: &WeightOnlyConfig,
+) -> Result<Quantized, String> {
+    let (bs, symmetric, search) = (config.block_size, config.symmetric, config.search);
+    let kb = k.div_ceil(bs);
+    let blob = bs / 2;
+    let zp_row = kb.div_ceil(2);
+    let mut packed = vec![0u8; n * kb * blob];
+    let mut scales = vec![0f32; n * kb];
+    let mut zps = vec![0u8; n * zp_row];
+    let mut col = Vec::with_capacity(bs);
+    let mut cols = Vec::new();
+    let mut codes = vec![0u8; bs];
+    let mut store = |row: usize, b: usize, col: &[f32], codes: &mut [u8]| {
+        let (scale, zp) = quantize_block(col, symmetric, search, codes);
+        let q = row * kb + b;
+        scales[q] = scale;
+        for (i, pair) in codes.chunks_exact(2).enumerate() {
+            packed[q * blob + i] = pair[0] | (pair[1] << 4);
+        }
+        zps[row * zp_row + b / 2] |= zp << (4 * (b % 2));
+    };
+    if trans {
+        // Rows of N, each K contiguous values.
+        src.for_rows(n, k, 1, |r0, chunk| {
+            for (i, row) in chunk.chunks_exact(k).enumerate() {
+                for (b, block) in row.chunks(bs).enumerate() {
+                    col.clear();
+                    col.extend(block.iter().map(|v| v * alpha));
+                    store(r0 + i, b, &col, &mut codes);
+                }
+            }
+            Ok(())
+        })?;
+    } else {
+        // Rows of K: a chunk holds whole blocks of K for every column.
+        src.for_rows(k, n, bs, |r0, chunk| {
+            let rows = chunk.len() / n;
+            for local in (0..rows).step_by(bs) {
+                let b = (r0 + local) / bs;
+                let len = (local + bs).min(rows) - local;
+                // Transpose the block rows so each column's block is contiguous.
+                cols.resize(n * len, 0.0);
+                for i in 0..len {
+                    let row = &chunk[(local + i) * n..(local + i + 1) * n];
+                    for (c, &v) in row.iter().enumerate() {
+                        cols[c * len + i] = v * alpha;
+                    }
+                }
+                for (c, col) in cols.chunks_exact(len).enumerate() {
+                    store(c, b, col, &mut codes);
+                }
+            }
+            Ok(())
+        })?;
+    }
+    Ok(Quantized::Int4 {
+        packed,
+        scales,
+        zero_points: (!symmetric).then_some(zps),
+    })
+}
+
+/// FP8 E4M3 of a `[K, N]` (or, `trans`, `[N, K]`) weight with one scale per N.
+fn quantize_fp8(src: &Source<'_>, k: usize, n: usize, trans: bool) -> Result<Quantized, String> {
+    let (rows, cols) = if trans { (n, k) } else { (k, n) };
+    let mut amax = vec![0f32; n];
+    src.for_rows(rows, cols, 1, |r0, chunk| {
+        for (i, row) in chunk.chunks_exact(cols).enumerate() {
+            for (j, v) in row.iter().enumerate() {
+                let ch = if trans { r0 + i } else { j };
+                amax[ch] = amax[ch].max(v.abs());
+            }
+        }
+        Ok(())
+    })?;
+    let scales: Vec<f32> = amax
+        .iter()
+        .map(|&a| if a == 0.0 { 1.0 } else { a / E4M3_MAX })
+        .collect();
+    let mut codes = vec![0u8; k * n];
+    src.for_rows(rows, cols, 1, |r0, chunk| {
+        for (i, row) in chunk.chunks_exact(cols).enumerate() {
+            for (j, v) in row.iter().enumerate() {
+                let ch = if trans { r0 + i } else { j };
+                codes[(r0 + i) * cols + j] = quantize_float(*v, scales[ch], DType::F8E4M3FN, true);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(Quantized::Fp8 { codes, scales })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use mmq_ir::{Entry, ModelInfo};
+    use mmq_kernels::{Interpreter, RtValue, Tensor};
+
+    use super::*;
+
+    fn f32_const(m: &mut Module, name: &str, shape: Vec<i64>, v: &[f32]) -> Value {
+        m.add_const(ConstData::new(
+            Some(name.to_owned()),
+            DType::F32,
+            shape,
+            Storage::Inline(Bytes::from(
+                v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+            )),
+        ))
+    }
+
+    fn f32_ty(shape: &[i64]) -> Type {
+        Type::tensor(DType::F32, shape.iter().map(|&d| Dim::known(d)).collect())
+    }
+
+    /// Deterministic pseudo-random weights with a few outliers.
+    fn weights(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                let x = ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32
+                    / (1u32 << 24) as f32;
+                let v = x - 0.5;
+                if i % 37 == 0 { v * 6.0 } else { v }
+            })
+            .collect()
+    }
+
+    fn module(opset: i64) -> (Module, GraphId) {
+        let mut m = Module::new();
+        let g = m.add_graph("g", None);
+        m.entries.push(Entry {
+            graph: g,
+            model: ModelInfo {
+                opsets: vec![(String::new(), opset)],
+                ..ModelInfo::default()
+            },
+        });
+        (m, g)
+    }
+
+    fn run(m: &Module, g: GraphId, x: &[f32], shape: &[usize]) -> Vec<f32> {
+        let mut feeds = HashMap::new();
+        feeds.insert(
+            "x".to_owned(),
+            RtValue::from(Tensor::from_f32(shape.to_vec(), x.to_vec()).expect("tensor")),
+        );
+        let out = Interpreter::new(m).run(g, &feeds).expect("runs");
+        out[0].1.as_tensor().expect("tensor").to_f32().expect("f32")
+    }
+
+    fn cosine(a: &[f32], b: &[f32]) -> f64 {
+        let dot: f64 = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| f64::from(*x) * f64::from(*y))
+            .sum();
+        let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        dot / (na * nb)
+    }
+
+    fn ops(m: &Module, g: GraphId) -> Vec<String> {
+        m.graphs[g]
+            .nodes
+            .iter()
+            .map(|&n| m.nodes[n].op.op_type().to_owned())
+            .collect()
+    }
+
+    /// `x [3, K] · W [K, N]` with K = 40 (the last block padded) and N = 5.
+    fn matmul_model(k: i64, n: i64) -> (Module, GraphId, Vec<f32>) {
+        let (mut m, g) = module(21);
+        let x = m.add_input(g, Some("x".into()), f32_ty(&[3, k]));
+        let wv = weights((k * n) as usize, 7);
+        let w = f32_const(&mut m, "w", vec![k, n], &wv);
+        let node = m.add_node(
+            g,
+            Op::MatMul {},
+            vec![Some(x), Some(w)],
+            vec![Some((Some("y".into()), f32_ty(&[3, n])))],
+            Some("mm".into()),
+        );
+        m.graphs[g].outputs = vec![m.nodes[node].outputs[0].expect("output")];
+        (m, g, wv)
+    }
+
+    fn int4(block_size: usize, symmetric: bool) -> WeightOnlyPass {
+        WeightOnlyPass::new(WeightOnlyConfig {
+            scheme: WeightScheme::Int4,
+            block_size,
+            symmetric,
+            accuracy_level: None,
+            search: false,
+        })
+    }
+
+    /// The interpreter's `QuantizeLinear` to u4 of `vals` with `scale` and `zp`.
+    fn interp_quantize_u4(vals: &[f32], scale: f32, zp: u8) -> Vec<u8> {
+        let (mut m, g) = module(21);
+        let x = m.add_input(g, Some("x".into()), f32_ty(&[vals.len() as i64]));
+        let s = f32_const(&mut m, "s", vec![], &[scale]);
+        let z = m.add_const(ConstData::new(
+            None,
+            DType::U4,
+            vec![],
+            Storage::Inline(Bytes::from(vec![zp])),
+        ));
+        let q_ty = Type::tensor(DType::U4, vec![Dim::known(vals.len() as i64)]);
+        let node = m.add_node(
+            g,
+            Op::QuantizeLinear {
+                axis: None,
+                block_size: None,
+                output_dtype: None,
+                precision: None,
+                saturate: None,
+            },
+            vec![Some(x), Some(s), Some(z)],
+            vec![Some((Some("q".into()), q_ty))],
+            None,
+        );
+        m.graphs[g].outputs = vec![m.nodes[node].outputs[0].expect("output")];
+        run(&m, g, vals, &[vals.len()])
+            .into_iter()
+            .map(|c| c as u8)
+            .collect()
+    }
+
+    #[test]
+    fn block_codes_match_the_interpreters_quantize_linear() {
+        // Values on exact half steps exercise round half to even; the last is padding.
+        let vals = [0.25f32, -1.0, 0.125, 0.375, 0.0625, -0.9375, 0.5, 0.8125];
+        for symmetric in [true, false] {
+            let mut codes = [0u8; 10];
+            let (scale, zp) = quantize_block(&vals, symmetric, false, &mut codes);
+            let want = interp_quantize_u4(&vals, scale, zp);
+            assert_eq!(&codes[..8], &want[..], "symmetric {symmetric}");
+            // Padding quantizes 0 to the zero point.
+            assert_eq!(codes[8..], [zp, zp]);
+        }
+        // Symmetric: the largest magnitude (-1.0) maps to code 0 exactly and scale = 1/8.
+        let mut codes = [0u8; 8];
+        let (scale, zp) = quantize_block(&vals, true, false, &mut codes);
+        assert_eq!((scale, zp, codes[1]), (0.125, 8, 0));
+        // 0.0625 / 0.125 = 0.5 rounds to even 0 → code 8; 0.375 / 0.125 = 3 → 11.
+        assert_eq!((codes[4], codes[3]), (8, 11));
+        // Asymmetric: [-1, 0.8125] over 15 steps, zero point round(1 / (1.8125 / 15)) = 8.
+        let (scale, zp) = quantize_block(&vals, false, false, &mut codes);
+        assert_eq!(zp, 8);
+        assert!((scale - 1.8125 / 15.0).abs() < 1e-7);
+        // An all-zero block quantizes without dividing by zero.
+        assert_eq!(
+            quantize_block(&[0.0; 4], true, true, &mut codes[..4]),
+            (-0.0, 8)
+        );
+        assert_eq!(codes[..4], [8; 4]);
+    }
+
+    #[test]
+    fn fast_search_codes_equal_quantize_value() {
+        // Quotients on and near half steps, saturating ones, and both signs of scale.
+        let vals: Vec<f32> = (-400..400)
+            .map(|i| i as f32 * 0.0625 + 0.001 * (i % 3) as f32)
+            .collect();
+        for scale in [0.125f32, -0.125, 0.3, -1.7, 2.5] {
+            for zp in [0u8, 8, 15] {
+                for &v in &vals {
+                    let fast = search_code(v, scale, f32::from(zp));
+                    assert_eq!(fast as u8, code(v, scale, zp), "{v} / {scale} + {zp}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scale_search_never_increases_block_error() {
+        let err = |vals: &[f32], symmetric, search| {
+            let mut codes = vec![0u8; vals.len()];
+            let (s, z) = quantize_block(vals, symmetric, search, &mut codes);
+            vals.iter()
+                .zip(&codes)
+                .map(|(v, &c)| f64::from((f32::from(c) - f32::from(z)) * s - v).powi(2))
+                .sum::<f64>()
+        };
+        let w = weights(32 * 64, 11);
+        let mut better = 0;
+        for block in w.chunks(32) {
+            for symmetric in [true, false] {
+                let (plain, searched) = (err(block, symmetric, false), err(block, symmetric, true));
+                assert!(searched <= plain, "{searched} > {plain}");
+                better += usize::from(searched < plain);
+            }
+        }
+        // Blocks with an outlier gain from clipping it.
+        assert!(better > 10, "{better}");
+    }
+
+    #[test]
+    fn int4_matmul_becomes_matmul_nbits_in_ort_layout() {
+        let (k, n) = (40i64, 5i64);
+        for (bs, symmetric) in [(16, true), (32, false), (64, true)] {
+            let (mut m, g, wv) = matmul_model(k, n);
+            let x = weights(3 * k as usize, 99);
+            let want = run(&m, g, &x, &[3, k as usize]);
+            let report = int4(bs, symmetric)
+                .run(&mut m, &PassOptions::default())
+                .expect("pass");
+            assert_eq!(report.counters.get("int4-matmul"), Some(&1));
+            assert_eq!(ops(&m, g), ["MatMulNBits"]);
+            let node = m.graphs[g].nodes[0];
+            let nd = &m.nodes[node];
+            let kb = (k as usize).div_ceil(bs) as i64;
+            let shapes: Vec<Vec<i64>> = nd
+                .inputs
+                .iter()
+                .skip(1)
+                .map(|v| {
+                    m.consts[const_source(&m, v.expect("operand")).expect("const")]
+                        .shape
+                        .clone()
+                })
+                .collect();
+            let mut expect = vec![vec![n, kb, bs as i64 / 2], vec![n, kb]];
+            if !symmetric {
+                expect.push(vec![n, (kb + 1) / 2]);
+            }
+            assert_eq!(shapes, expect);
+            // The kernel's dequantization of the packed weight equals the block math.
+            let got = run(&m, g, &x, &[3, k as usize]);
+            let mut deq = vec![0f32; (k * n) as usize];
+            for c in 0..n as usize {
+                for b in 0..kb as usize {
+                    let r0 = b * bs;
+                    let r1 = (r0 + bs).min(k as usize);
+                    let vals: Vec<f32> = (r0..r1).map(|r| wv[r * n as usize + c]).collect();
+                    let mut codes = vec![0u8; bs];
+                    let (s, z) = quantize_block(&vals, symmetric, false, &mut codes);
+                    for r in r0..r1 {
+                        deq[r * n as usize + c] = (f32::from(codes[r - r0]) - f32::from(z)) * s;
+                    }
+                }
+            }
+            let mut reference = vec![0f32; 3 * n as usize];
+            for i in 0..3 {
+                for c in 0..n as usize {
+                    reference[i * n as usize + c] = (0..k as usize)
+                        .map(|r| x[i * k as usize + r] * deq[r * n as usize + c])
+                        .sum();
+                }
+            }
+            for (a, b) in got.iter().zip(&reference) {
+                assert!((a - b).abs() < 1e-4, "{got:?} vs {reference:?}");
+            }
+            assert!(cosine(&got, &want) > 0.98, "bs {bs}: {got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn int4_gemm_folds_alpha_and_bias_and_reads_constant_nodes_in_bodies() {
+        // If(cond) { Gemm(x, W [N, K] from a Constant node, C) transB = 1 } else { x·1 }.
+        let (k, n) = (64i64, 4i64);
+        let (mut m, g) = module(21);
+        let x = m.add_input(g, Some("x".into()), f32_ty(&[2, k]));
+        let cond = m.add_const(ConstData::new(
+            None,
+            DType::Bool,
+            vec![],
+            Storage::Inline(Bytes::from(vec![1u8])),
+        ));
+        let then_g = m.add_graph("then", None);
+        let else_g = m.add_graph("else", None);
+        let wv = weights((k * n) as usize, 3);
+        let wc = m.add_attr_const(ConstData::new(
+            Some("w".into()),
+            DType::F32,
+            vec![n, k],
+            Storage::Inline(Bytes::from(
+                wv.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+            )),
+        ));
+        let cn = m.add_node(
+            then_g,
+            Op::Constant {
+                value: Some(wc),
+                value_float: None,
+                value_floats: None,
+                value_int: None,
+                value_ints: None,
+                value_string: None,
+                value_strings: None,
+            },
+            vec![],
+            vec![Some((Some("wconst".into()), f32_ty(&[n, k])))],
+            None,
+        );
+        let w = m.nodes[cn].outputs[0];
+        let bias = f32_const(&mut m, "c", vec![n], &[0.5, -1.0, 2.0, 0.0]);
+        let gemm = m.add_node(
+            then_g,
+            Op::Gemm {
+                alpha: Some(0.5),
+                beta: Some(2.0),
+                trans_a: None,
+                trans_b: Some(1),
+            },
+            vec![Some(x), w, Some(bias)],
+            vec![Some((Some("t".into()), f32_ty(&[2, n])))],
+            Some("gemm".into()),
+        );
+        m.graphs[then_g].outputs = vec![m.nodes[gemm].outputs[0].expect("out")];
+        let zero = f32_const(&mut m, "z", vec![2, n], &[0.0; 8]);
+        let id = m.add_node(
+            else_g,
+            Op::Identity {},
+            vec![Some(zero)],
+            vec![Some((Some("e".into()), f32_ty(&[2, n])))],
+            None,
+        );
+        m.graphs[else_g].outputs = vec![m.nodes[id].outputs[0].expect("out")];
+        let if_node = m.add_node(
+            g,
+            Op::If {
+                then_branch: Some(then_g),
+                else_branch: Some(else_g),
+            },
+            vec![Some(cond)],
+            vec![Some((Some("y".into()), f32_ty(&[2, n])))],
+            None,
+        );
+        m.graphs[then_g].parent = Some(if_node);
+        m.graphs[else_g].parent = Some(if_node);
+        m.graphs[g].outputs = vec![m.nodes[if_node].outputs[0].expect("out")];
+        let xv = weights(2 * k as usize, 5);
+        let want = run(&m, g, &xv, &[2, k as usize]);
+        let report = int4(32, true)
+            .run(&mut m, &PassOptions::default())
+            .expect("pass");
+        assert_eq!(report.counters.get("int4-gemm"), Some(&1));
+        // The Constant node is dead and removed.
+        assert_eq!(ops(&m, then_g), ["MatMulNBits"]);
+        let nd = &m.nodes[m.graphs[then_g].nodes[0]];
+        assert_eq!(nd.inputs.len(), 6, "bias is input 5");
+        let got = run(&m, g, &xv, &[2, k as usize]);
+        assert!(cosine(&got, &want) > 0.99, "{got:?} vs {want:?}");
+        // beta * C lands in the bias exactly: with a zero input only the bias remains.
+        let got0 = run(&m, g, &[0.0; 128], &[2, k as usize]);
+        assert_eq!(got0[..4], [1.0, -2.0, 4.0, 0.0]);
+    }
+
+    #[test]
+    fn fp8_weights_get_dequantize_linear_and_activations_with_ranges() {
+        let (k, n) = (40i64, 5i64);
+        let (mut m, g, _) = matmul_model(k, n);
+        let x = weights(3 * k as usize, 99);
+        let want = run(&m, g, &x, &[3, k as usize]);
+        let xv = m.graphs[g].inputs[0];
+        let mut ranges = HashMap::new();
+        ranges.insert(xv, (-3.0f32, 3.0f32));
+        let pass = WeightOnlyPass::new(WeightOnlyConfig {
+            scheme: WeightScheme::Fp8,
+            ..WeightOnlyConfig::default()
+        })
+        .with_activation_ranges(ranges);
+        let report = pass.run(&mut m, &PassOptions::default()).expect("pass");
+        assert_eq!(report.counters.get("fp8-weights"), Some(&1));
+        assert_eq!(report.counters.get("fp8-activations"), Some(&1));
+        assert_eq!(
+            ops(&m, g),
+            [
+                "DequantizeLinear",
+                "QuantizeLinear",
+                "DequantizeLinear",
+                "MatMul"
+            ]
+        );
+        let got = run(&m, g, &x, &[3, k as usize]);
+        assert!(cosine(&got, &want) > 0.999, "{got:?} vs {want:?}");
+        mmq_ir::verify::verify(&m).expect("valid module");
+    }
+
+    #[test]
+    fn bad_configurations_are_errors_and_filters_choose_nodes() {
+        let (mut m, _, _) = matmul_model(40, 5);
+        let err = int4(48, true)
+            .run(&mut m, &PassOptions::default())
+            .expect_err("block 48");
+        assert!(err.to_string().contains("block size 48"), "{err}");
+        let (mut m17, g17, _) = {
+            let (mut mm, g, w) = matmul_model(40, 5);
+            mm.entries[0].model.opsets = vec![(String::new(), 17)];
+            (mm, g, w)
+        };
+        let err = WeightOnlyPass::new(WeightOnlyConfig {
+            scheme: WeightScheme::Fp8,
+            ..WeightOnlyConfig::default()
+        })
+        .run(&mut m17, &PassOptions::default())
+        .expect_err("opset 17");
+        assert!(err.to_string().contains("opset 17"), "{err}");
+        assert_eq!(ops(&m17, g17), ["MatMul"]);
+        // A filter that rejects every node leaves the model alone.
+        let (mut m, g, _) = matmul_model(40, 5);
+        let report = int4(32, true)
+            .with_filter(Box::new(|_, _| false))
+            .run(&mut m, &PassOptions::default())
+            .expect("pass");
+        assert!(!report.changed);
+        assert_eq!(ops(&m, g), ["MatMul"]);
+    }
+}
