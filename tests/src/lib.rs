@@ -57,6 +57,39 @@ pub fn read_expectations(path: &str) -> std::collections::BTreeMap<String, Strin
         .collect()
 }
 
+/// Checks failing cases (name → reason) against an expectations file exactly: writes the
+/// actual list to `actual` (relative to the repository root) and returns a message naming the
+/// cases that newly fail and the listed cases that now pass, or `Ok` when the list is exact.
+pub fn check_expectations(
+    expectations: &str,
+    failing: &std::collections::BTreeMap<String, String>,
+    actual: &str,
+) -> Result<(), String> {
+    let actual_path = repo_root().join(actual);
+    let text: String = failing.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
+    let _ = std::fs::write(&actual_path, text);
+    let expected = read_expectations(expectations);
+    let newly_failing: Vec<String> = failing
+        .iter()
+        .filter(|(k, _)| !expected.contains_key(*k))
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    let newly_passing: Vec<&String> = expected
+        .keys()
+        .filter(|k| !failing.contains_key(*k))
+        .collect();
+    if newly_failing.is_empty() && newly_passing.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "expectations out of date ({expectations}).\nnewly failing ({}): {newly_failing:#?}\n\
+         newly passing ({}): {newly_passing:?}\n(the full actual list is in {})",
+        newly_failing.len(),
+        newly_passing.len(),
+        actual_path.display()
+    ))
+}
+
 /// A committed fixture: a directory with one or more `.onnx` files, `inputs.npz`, `outputs.npz`.
 #[derive(Debug, Clone)]
 pub struct Fixture {
