@@ -158,9 +158,17 @@ fn check_not_input(
 }
 
 fn temp_in(dir: &Path, name: &str) -> Result<NamedTempFile, ExportError> {
-    tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp");
+    // Temporary files are created private (0600); the output is an ordinary file, so ask for
+    // 0666 and let the process umask decide, as any other program writing a file would.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    builder
         .tempfile_in(dir)
         .map_err(|e| ExportError::io("cannot create a temporary file in", dir, e))
 }

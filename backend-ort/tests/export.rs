@@ -622,6 +622,16 @@ fn external_data_layout() {
     );
     assert!(report.to_string().contains("model.onnx.data"), "{report}");
     assert_eq!(dir_entries(dir.path()), ["model.onnx", "model.onnx.data"]);
+    // Outputs are ordinary files: readable by others unless the umask says otherwise, not the
+    // private mode of a temporary file.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for f in [&out, &data_path] {
+            let mode = std::fs::metadata(f).expect("written").permissions().mode();
+            assert_eq!(mode & 0o044, 0o044, "{} has mode {mode:o}", f.display());
+        }
+    }
 
     let model = read_model(&out);
     let gp = graph(&model);
