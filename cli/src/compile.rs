@@ -240,12 +240,7 @@ pub fn counter_table(report: &PipelineReport, times: bool) -> String {
         let _ = writeln!(s, "{:<width$}  counters", "pass");
     }
     for p in &report.passes {
-        let counters: Vec<String> = p
-            .report
-            .counters
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
+        let counters = counter_list(&p.report);
         let counters = if counters.is_empty() {
             "-".to_owned()
         } else {
@@ -282,12 +277,7 @@ pub fn run_passes(
         .map_err(|e| Failure::user(format!("error: {e}\n")))?;
     let mut out = String::new();
     for p in &report.passes {
-        let counters: Vec<String> = p
-            .report
-            .counters
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
+        let counters = counter_list(&p.report);
         if !counters.is_empty() {
             let _ = writeln!(out, "{}: {}", p.name, counters.join(" "));
         }
@@ -296,4 +286,13 @@ pub fn run_passes(
         }
     }
     Ok(out)
+}
+
+/// A pass's counters as `name=count` items.
+fn counter_list(report: &mmq_passes::PassReport) -> Vec<String> {
+    report
+        .counters
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect()
 }

@@ -57,6 +57,49 @@ pub fn read_expectations(path: &str) -> std::collections::BTreeMap<String, Strin
         .collect()
 }
 
+/// Builds every case of the ONNX node test suite into `dir` (`DIR/<case>/model.onnx`) with the
+/// oracle and returns the case names.
+pub fn node_suite_cases(dir: &Path) -> Vec<String> {
+    let out = oracle(&[std::ffi::OsStr::new("node-dump"), dir.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "node-dump failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: Vec<String> = std::fs::read_to_string(dir.join("cases.txt"))
+        .expect("cases.txt")
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        names.len() > 1500,
+        "the node suite has {} cases, expected ~1900",
+        names.len()
+    );
+    names
+}
+
+/// Runs the oracle's `node-eval` on the cases in `cases` and the models converted from them in
+/// `converted`; returns the path of the JSON result it wrote (in `converted`).
+pub fn node_suite_eval(cases: &Path, converted: &Path) -> PathBuf {
+    let result = converted.join("result.json");
+    let out = oracle(&[
+        std::ffi::OsStr::new("node-eval"),
+        cases.as_os_str(),
+        std::ffi::OsStr::new("--converted"),
+        converted.as_os_str(),
+        std::ffi::OsStr::new("-o"),
+        result.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "node-eval failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    result
+}
+
 /// Checks failing cases (name → reason) against an expectations file exactly: writes the
 /// actual list to `actual` (relative to the repository root) and returns a message naming the
 /// cases that newly fail and the listed cases that now pass, or `Ok` when the list is exact.

@@ -6,10 +6,9 @@
 #![allow(clippy::print_stderr, reason = "the test reports its pass count")]
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
 use std::path::Path;
 
-use mmq_tests::{check_expectations, oracle, scratch_dir};
+use mmq_tests::{check_expectations, node_suite_cases, node_suite_eval, scratch_dir};
 
 const EXPECTATIONS: &str = "tests/node-suite-expectations.txt";
 
@@ -47,19 +46,8 @@ fn convert(src: &Path, dst: &Path) -> Result<(), String> {
 fn node_suite_round_trip() {
     let cases = scratch_dir("node-suite/cases");
     let converted = scratch_dir("node-suite/converted");
-    let out = oracle(&[OsStr::new("node-dump"), cases.as_os_str()]);
-    assert!(
-        out.status.success(),
-        "node-dump failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let names = std::fs::read_to_string(cases.join("cases.txt")).expect("cases.txt");
-    let names: Vec<&str> = names.lines().filter(|l| !l.is_empty()).collect();
-    assert!(
-        names.len() > 1500,
-        "the node suite has {} cases, expected ~1900",
-        names.len()
-    );
+    let owned = node_suite_cases(&cases);
+    let names: Vec<&str> = owned.iter().map(String::as_str).collect();
 
     let mut ours: BTreeMap<String, String> = BTreeMap::new();
     for name in &names {
@@ -70,20 +58,7 @@ fn node_suite_round_trip() {
         }
     }
 
-    let result = converted.join("result.json");
-    let out = oracle(&[
-        OsStr::new("node-eval"),
-        cases.as_os_str(),
-        OsStr::new("--converted"),
-        converted.as_os_str(),
-        OsStr::new("-o"),
-        result.as_os_str(),
-    ]);
-    assert!(
-        out.status.success(),
-        "node-eval failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let result = node_suite_eval(&cases, &converted);
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&result).expect("result.json"))
             .expect("json");

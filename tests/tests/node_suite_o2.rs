@@ -8,11 +8,12 @@
 #![allow(clippy::print_stderr, reason = "the test reports its pass count")]
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
 use std::path::Path;
 
 use mmq_passes::{OptLevel, PassOptions, Target, pipeline};
-use mmq_tests::{check_expectations, oracle, read_expectations, scratch_dir};
+use mmq_tests::{
+    check_expectations, node_suite_cases, node_suite_eval, read_expectations, scratch_dir,
+};
 use rayon::prelude::*;
 
 const ROUND_TRIP_EXPECTATIONS: &str = "tests/node-suite-expectations.txt";
@@ -39,19 +40,8 @@ fn compile(src: &Path, dst: &Path) -> Result<(), String> {
 fn node_suite_o2() {
     let cases = scratch_dir("node-suite-o2/cases");
     let compiled = scratch_dir("node-suite-o2/compiled");
-    let out = oracle(&[OsStr::new("node-dump"), cases.as_os_str()]);
-    assert!(
-        out.status.success(),
-        "node-dump failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let names = std::fs::read_to_string(cases.join("cases.txt")).expect("cases.txt");
-    let names: Vec<&str> = names.lines().filter(|l| !l.is_empty()).collect();
-    assert!(
-        names.len() > 1500,
-        "the node suite has {} cases",
-        names.len()
-    );
+    let owned = node_suite_cases(&cases);
+    let names: Vec<&str> = owned.iter().map(String::as_str).collect();
 
     let ours: BTreeMap<String, String> = names
         .par_iter()
@@ -62,20 +52,7 @@ fn node_suite_o2() {
         })
         .collect();
 
-    let result = compiled.join("result.json");
-    let out = oracle(&[
-        OsStr::new("node-eval"),
-        cases.as_os_str(),
-        OsStr::new("--converted"),
-        compiled.as_os_str(),
-        OsStr::new("-o"),
-        result.as_os_str(),
-    ]);
-    assert!(
-        out.status.success(),
-        "node-eval failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let result = node_suite_eval(&cases, &compiled);
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&result).expect("result.json"))
             .expect("json");
