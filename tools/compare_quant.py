@@ -2,12 +2,15 @@
 """Compares `mmq compile --quant ...` with `onnxruntime.quantization` on the same samples.
 
     .venv-fixtures/bin/python tools/compare_quant.py --mmq target/release/mmq [--json OUT.json]
-        [--only vit,clip] [--model NAME=MODEL.onnx[,INPUTS.npz] ...] [--schemes int8,int8-dynamic,int4]
-        [--calib 16] [--held 8] [--rounds 30] [--warmup 3] [--threads 0] [--keep DIR]
+        [--only vit,clip] [--model NAME=MODEL.onnx[,INPUTS.npz|,SAMPLES_DIR] ...]
+        [--schemes int8,int8-dynamic,int4] [--calib 16] [--held 8] [--repeat 3] [--rounds 30]
+        [--warmup 3] [--threads 0] [--keep DIR]
         [--mmq-cmd TEMPLATE] [--mmq-cmd-for SCHEME=TEMPLATE ...]
 
 (`.venv/bin/python` works too, except that ONNX Runtime's MatMulNBitsQuantizer imports
-`onnx_ir`, which only `.venv-fixtures` has; without it that column reads "error: ...".)
+`onnx_ir`, which only `.venv-fixtures` and `.venv-compare` (tools/requirements-compare.txt) have;
+without it that column reads "error: ...". tools/real_models.py prepares real-weight models
+shipped in PyPI packages with realistic samples and prints their --model arguments.)
 
 For every subject (each fixture under tests/fixtures, each --model) it
 
@@ -15,11 +18,14 @@ For every subject (each fixture under tests/fixtures, each --model) it
      keyed by input name, drawn from the subject's stored inputs (same shapes; float inputs
      normal with the stored mean and spread; integer inputs that index an embedding table
      uniform over its rows; masks, positions and other integers kept as stored); both tools
-     read the same calibration folder;
-  2. quantizes with each tool, in a child process, timing only the tool:
+     read the same calibration folder. A --model whose second part is a folder with `calib/`
+     and `held/` subfolders of such `.npz` files uses those samples as they are;
+  2. quantizes with each tool, in a child process, --repeat times (the median is reported),
+     timing only the tool:
         int8          mmq --quant int8         vs quantize_static (QDQ, per channel, MinMax)
         int8-dynamic  mmq --quant int8-dynamic vs quantize_dynamic (QInt8)
-        int4          mmq --quant int4         vs MatMulNBitsQuantizer (4 bits, block 32, symmetric)
+        int4          mmq --quant int4         vs MatMulNBitsQuantizer (4 bits, block 32, symmetric);
+                      only for models with a MatMul or Gemm, "n/a" otherwise
         fp8           mmq --quant fp8          (no ONNX Runtime counterpart)
      The mmq command is a template (--mmq-cmd for every scheme, --mmq-cmd-for SCHEME=... for
      one) with the fields {mmq} {model} {out} {calib} {scheme} {block} {report}; the default is
@@ -41,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import statistics
@@ -54,7 +59,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
-ERROR_MAX = 160
+ERROR_MAX = 400
 
 DEFAULT_MMQ_CMD = ("{mmq} compile {model} --target ort -o {out} --quant {scheme} "
                    "--calib {calib} --report {report}")
@@ -216,6 +221,12 @@ def write_samples(model_path: Path, inputs_npz: Path | None, workdir: Path, n_ca
                   n_held: int, seed: int) -> tuple[Path, Path]:
     import numpy as np
 
+    if inputs_npz is not None and inputs_npz.is_dir():
+        calib, held = inputs_npz / "calib", inputs_npz / "held"
+        for d in (calib, held):
+            if not any(d.glob("*.npz")):
+                raise ValueError(f"{d} holds no .npz samples")
+        return calib, held
     template = template_inputs(model_path, inputs_npz)
     vocab = embedding_vocab(model_path)
     rng = np.random.default_rng(seed)
@@ -453,6 +464,69 @@ def subjects(args) -> list[tuple[str, Path, Path | None]]:
     return out
 
 
+def has_matmul(model_path: Path) -> bool:
+    """Whether the model (main graph or a subgraph) has a MatMul or Gemm, which int4 quantizes."""
+    import onnx
+
+    def walk(g) -> bool:
+        for n in g.node:
+            if n.op_type in ("MatMul", "Gemm"):
+                return True
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH and walk(a.g):
+                    return True
+                if a.type == onnx.AttributeProto.GRAPHS and any(walk(x) for x in a.graphs):
+                    return True
+        return False
+
+    return walk(onnx.load(str(model_path), load_external_data=False).graph)
+
+
+QUANT_OPS = {"QuantizeLinear": "Q", "DequantizeLinear": "DQ", "DynamicQuantizeLinear": "DynQ",
+             "MatMulInteger": "MatMulInt", "ConvInteger": "ConvInt", "QLinearConv": "QLinearConv",
+             "QLinearMatMul": "QLinearMatMul", "MatMulNBits": "MatMulNBits",
+             "DynamicQuantizeMatMul": "DynQMatMul", "QGemm": "QGemm", "QAttention": "QAttention"}
+
+
+def quant_summary(path: Path) -> dict[str, Any]:
+    """File size and the quantization ops of a model (main graph and subgraphs)."""
+    import collections
+
+    import onnx
+
+    counts: collections.Counter = collections.Counter()
+
+    def walk(g) -> None:
+        for n in g.node:
+            if n.op_type in QUANT_OPS:
+                counts[QUANT_OPS[n.op_type]] += 1
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g)
+                for sub in a.graphs:
+                    walk(sub)
+
+    try:
+        walk(onnx.load(str(path), load_external_data=False).graph)
+    except Exception as e:  # noqa: BLE001 - the measurement reports unloadable models
+        return {"size_mib": path.stat().st_size / 2**20, "quant_ops": err(f"unreadable: {e}")}
+    return {"size_mib": path.stat().st_size / 2**20,
+            "quant_ops": ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"}
+
+
+def repeated(run, n: int) -> dict[str, Any]:
+    """Runs a tool n times; the last run's record with the median time and every time."""
+    times, rec = [], {}
+    for _ in range(max(1, n)):
+        rec = run()
+        if "error" in rec:
+            return rec
+        times.append(rec["seconds"])
+    rec["seconds"] = statistics.median(times)
+    rec["runs_s"] = times
+    return rec
+
+
 def compare_one(name: str, model: Path, inputs: Path | None, workdir: Path, args) -> dict[str, Any]:
     rec: dict[str, Any] = {"model": str(model), "rows": {}}
     try:
@@ -461,13 +535,22 @@ def compare_one(name: str, model: Path, inputs: Path | None, workdir: Path, args
         rec["error"] = err(f"cannot write samples: {e}")
         return rec
     produced: dict[str, Path] = {"fp32": model}
+    try:
+        matmul = has_matmul(model)
+    except Exception:  # noqa: BLE001 - an unreadable model fails in the tools, with their message
+        matmul = True
     for scheme in args.schemes:
+        if scheme == "int4" and not matmul:
+            rec["rows"]["mmq int4"] = {"skipped": "n/a: no MatMul/Gemm"}
+            continue
         out = workdir / f"mmq-{scheme}.onnx"
         log(f"[{name}] mmq {scheme}")
-        r = run_mmq(scheme, model, out, calib, workdir / f"mmq-{scheme}.report.json", args)
+        report = workdir / f"mmq-{scheme}.report.json"
+        r = repeated(lambda: run_mmq(scheme, model, out, calib, report, args), args.repeat)
         rec["rows"][f"mmq {scheme}"] = r
         if "error" not in r:
             produced[f"mmq {scheme}"] = out
+            r.update(quant_summary(out))
         tool = ORT_TOOL.get(scheme)
         if tool:
             label = f"ort {tool}"
@@ -475,10 +558,11 @@ def compare_one(name: str, model: Path, inputs: Path | None, workdir: Path, args
                 continue
             out = workdir / f"ort-{tool}.onnx"
             log(f"[{name}] {tool}")
-            r = run_ort_tool(tool, model, out, calib, args)
+            r = repeated(lambda: run_ort_tool(tool, model, out, calib, args), args.repeat)
             rec["rows"][label] = r
             if "error" not in r:
                 produced[label] = out
+                r.update(quant_summary(out))
     log(f"[{name}] measuring {len(produced)} models")
     measured = measure(produced, held, workdir, args)
     rec["fp32"] = measured.get("fp32", {})
@@ -489,10 +573,43 @@ def compare_one(name: str, model: Path, inputs: Path | None, workdir: Path, args
     return rec
 
 
+def render_summary(results: dict[str, Any], args) -> str:
+    """One row per subject and scheme, mmq next to its ONNX Runtime counterpart."""
+    headers = ["model", "scheme", "cosine mmq", "cosine ORT", "x FP32 mmq", "x FP32 ORT",
+               "tool s mmq", "tool s ORT", "tool s mmq/ORT"]
+    rows = []
+
+    def cell(r: dict[str, Any] | None, key: str) -> Any:
+        if r is None:
+            return None
+        if "skipped" in r:
+            return r["skipped"]
+        if "error" in r:
+            return "error" if key != "cosine_mean" else r["error"]
+        return r.get(key)
+
+    for name, rec in results.items():
+        if "error" in rec:
+            rows.append([name, rec["error"]] + [None] * 7)
+            continue
+        for scheme in args.schemes:
+            m = rec["rows"].get(f"mmq {scheme}")
+            tool = ORT_TOOL.get(scheme)
+            o = rec["rows"].get(f"ort {tool}") if tool else None
+            if m is None and o is None:
+                continue
+            ms, os_ = cell(m, "seconds"), cell(o, "seconds")
+            ratio = ms / os_ if isinstance(ms, float) and isinstance(os_, float) and os_ else None
+            rows.append([name, scheme, cell(m, "cosine_mean"), cell(o, "cosine_mean"),
+                         cell(m, "x_fp32"), cell(o, "x_fp32"), ms, os_,
+                         None if ratio is None else f"{ratio:.2f}"])
+    return markdown(headers, rows) + "\n"
+
+
 def render(results: dict[str, Any], args) -> str:
-    out = []
+    out = ["## Summary\n", render_summary(results, args), "## Per model\n"]
     headers = ["tool", "tool s", "cosine mean", "cosine min", "top-1", "latency ms", "x FP32",
-               "mmq report cosine"]
+               "MiB", "quantization ops", "mmq report cosine"]
     for name, rec in results.items():
         out.append(f"### {name} (main output: {rec.get('main_output') or '-'})\n")
         if "error" in rec:
@@ -500,16 +617,22 @@ def render(results: dict[str, Any], args) -> str:
             continue
         fp = rec.get("fp32", {})
         rows = [["fp32 (original)", None, None, None, None, fp.get("latency_ms", fp.get("error")),
-                 1.0 if "latency_ms" in fp else None, None]]
+                 1.0 if "latency_ms" in fp else None, Path(rec["model"]).stat().st_size / 2**20,
+                 None, None]]
         for label, r in rec["rows"].items():
+            if "skipped" in r:
+                rows.append([label, r["skipped"]] + [None] * 8)
+                continue
             if "error" in r:
-                rows.append([label, r["error"]] + [None] * 6)
+                rows.append([label, r["error"]] + [None] * 8)
                 continue
             cos = r.get("cosine_mean")
             rows.append([label, r.get("seconds"), cos, r.get("cosine_min"), r.get("top1"),
-                         r.get("latency_ms"), r.get("x_fp32"), r.get("report_cosine_mean")])
+                         r.get("latency_ms"), r.get("x_fp32"), r.get("size_mib"),
+                         r.get("quant_ops"), r.get("report_cosine_mean")])
         out.append(markdown(headers, rows) + "\n")
-    out.append(f"calibration samples {args.calib}, held-back {args.held}, latency: median of "
+    out.append(f"calibration samples {args.calib}, held-back {args.held} (or a --model's own), "
+               f"tool s: median of {args.repeat} runs, latency: median of "
                f"{args.rounds} interleaved rounds after {args.warmup} warm-up, threads "
                f"{args.threads or 'default'}; tool s: mmq wall time incl. process start, "
                "ONNX Runtime tools: the call alone\n")
@@ -536,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib", type=int, default=16, help="calibration samples")
     p.add_argument("--held", type=int, default=8, help="held-back samples")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=3, help="runs of each tool (median reported)")
     p.add_argument("--block", type=int, default=32, help="INT4 block size (both tools)")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)

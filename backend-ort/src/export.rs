@@ -346,7 +346,11 @@ impl Exporter<'_, '_> {
             gp.node.push(np);
             for &v in m.nodes[n].outputs.iter().flatten() {
                 let ty = &m.types[m.values[v].ty];
-                if !outputs.contains(&v) && *ty != Type::Unknown {
+                // A tensor whose element type inference could not tell is left to the runtime:
+                // `elem_type` 0 in value_info makes ONNX Runtime reject the model.
+                let untyped = matches!(ty, Type::Unknown)
+                    || matches!(ty, Type::Tensor(t) if t.dtype.is_none());
+                if !outputs.contains(&v) && !untyped {
                     gp.value_info.push(self.value_info(v, ty));
                 }
             }

@@ -884,3 +884,35 @@ fn overwrites_previous_output() {
     assert_eq!(graph(&model).node.len(), 1);
     assert_eq!(dir_entries(dir.path()), ["m.onnx"]);
 }
+
+/// A tensor whose shape is known but whose element type is not (the result of an op without a
+/// typing rule) gets no `value_info`: ONNX Runtime rejects `elem_type` 0 there.
+#[test]
+fn untyped_tensors_get_no_value_info() {
+    let (mut m, g) = module("main");
+    let x = m.add_input(g, Some("x".into()), f32_ty(vec![Dim::known(4)]));
+    let shaped = Type::Tensor(mmq_ir::TensorType {
+        dtype: None,
+        shape: Some(vec![Dim::known(4)]),
+    });
+    let r = unary(&mut m, g, Op::Relu {}, vec![x], Some("r"), shaped);
+    let y = unary(
+        &mut m,
+        g,
+        Op::Neg {},
+        vec![r],
+        Some("y"),
+        f32_ty(vec![Dim::known(4)]),
+    );
+    m.graphs[g].outputs = vec![y];
+    let model = to_model_proto(&m, g, &mut InlineSink).expect("export succeeds");
+    let names: Vec<&str> = graph(&model)
+        .value_info
+        .iter()
+        .map(|v| v.name.as_deref().unwrap_or(""))
+        .collect();
+    assert!(!names.contains(&"r"), "{names:?}");
+    for vi in &graph(&model).value_info {
+        assert_ne!(elem_type(vi).0, Some(0), "{vi:?}");
+    }
+}

@@ -46,6 +46,14 @@ pub struct CompileArgs {
     pub block: usize,
     /// `--asym`: asymmetric INT4 blocks.
     pub asym: bool,
+    /// `--smoothquant ALPHA`: SmoothQuant before INT8.
+    pub smoothquant: Option<f32>,
+    /// `--awq`: AWQ scales before INT4.
+    pub awq: bool,
+    /// `--auto TARGET`: choose a scheme per node for this end-to-end cosine.
+    pub auto: Option<f64>,
+    /// `--auto-map MAP.toml`: where `--auto` writes its choice.
+    pub auto_map: Option<PathBuf>,
 }
 
 /// Runs `compile`; returns what to print on stderr.
@@ -58,7 +66,18 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
             ));
         }
     };
-    let mut pm = mmq_passes::pipeline(target, args.level);
+    crate::int8::check_scale_flags(
+        args.quant.as_deref(),
+        args.precision_map.is_some(),
+        args.smoothquant,
+        args.awq,
+    )?;
+    let quantizing = args.quant.is_some() || args.precision_map.is_some() || args.auto.is_some();
+    let mut pm = if quantizing {
+        mmq_passes::pipeline_before_quant(target, args.level)
+    } else {
+        mmq_passes::pipeline(target, args.level)
+    };
     pm.time = args.time_passes;
     if let Some(d) = &args.dump_after {
         let d = DumpAfter::parse(d);
@@ -116,6 +135,24 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
         }
         (q, _) => q,
     };
+    if let Some(target) = args.auto {
+        let map = args
+            .auto_map
+            .clone()
+            .unwrap_or_else(|| crate::auto::default_map_path(&args.output));
+        stderr.push_str(&crate::auto::run(
+            &mut module,
+            &crate::auto::AutoArgs {
+                target,
+                map,
+                overrides: &args.modality,
+                calib: &args.calib,
+                block: args.block,
+                asym: args.asym,
+            },
+            &opts,
+        )?);
+    }
     match quant {
         None => {}
         Some("mixed") => {
@@ -128,9 +165,33 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
             )?);
         }
         Some(scheme @ ("int8" | "int8-dynamic")) => {
+            if let Some(alpha) = args.smoothquant {
+                stderr.push_str(&crate::int8::smooth(
+                    &mut module,
+                    alpha,
+                    &args.calib,
+                    &opts,
+                )?);
+            }
             stderr.push_str(&crate::int8::run(&mut module, scheme, &args.calib, &opts)?);
         }
+        Some("fp16") => {
+            stderr.push_str(&crate::compile::run_passes(
+                &mut module,
+                vec![Box::new(mmq_passes::quant::fp16::Fp16Pass::new())],
+                &opts,
+            )?);
+        }
         Some(scheme @ ("int4" | "fp8")) => {
+            if args.awq {
+                stderr.push_str(&crate::weight_only::awq(
+                    &mut module,
+                    args.block,
+                    args.asym,
+                    &args.calib,
+                    &opts,
+                )?);
+            }
             stderr.push_str(&crate::weight_only::run(
                 &mut module,
                 scheme,
@@ -143,11 +204,18 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
         Some(other) => {
             return Err(Failure {
                 rendered: format!(
-                    "error: --quant {other}: unknown scheme (expected int8, int8-dynamic, int4, fp8, mixed)\n"
+                    "error: --quant {other}: unknown scheme (expected int8, int8-dynamic, int4, fp8, fp16, mixed)\n"
                 ),
                 code: 2,
             });
         }
+    }
+    if quantizing {
+        stderr.push_str(&run_passes(
+            &mut module,
+            mmq_passes::after_quant(args.level),
+            &opts,
+        )?);
     }
     if let (Some(path), Some(original)) = (&args.report, &original) {
         stderr.push_str(&accuracy_report(original, &module, &args.calib, path)?);

@@ -3,6 +3,7 @@
 //! The only crate that prints. Exit codes: 0 success, 1 user error (bad input, unsupported
 //! construct) with a diagnostic on stderr, 2 usage error.
 
+mod auto;
 mod compile;
 mod diagnostics;
 mod inspect;
@@ -142,7 +143,8 @@ enum Command {
         #[arg(long, value_name = "OUT.json")]
         report: Option<PathBuf>,
         /// Quantize after the pipeline: int8 (static W8A8, calibrated), int8-dynamic, int4
-        /// (weight-only, MatMulNBits), fp8 (E4M3 weights; activations too with --calib).
+        /// (weight-only, MatMulNBits), fp8 (E4M3 weights; activations too with --calib), fp16
+        /// (float16 weights widened by a Cast that ONNX Runtime folds at load).
         #[arg(long, value_name = "SCHEME")]
         quant: Option<String>,
         /// Calibration samples: a folder of .npz files, one sample each, keyed by input name.
@@ -157,9 +159,21 @@ enum Command {
         /// Asymmetric INT4 blocks (with zero points) instead of symmetric ones.
         #[arg(long)]
         asym: bool,
+        /// SmoothQuant before --quant int8|int8-dynamic: migrate activation outlier channels
+        /// into the weights with strength ALPHA in [0, 1] (0.5 is usual).
+        #[arg(long, value_name = "ALPHA")]
+        smoothquant: Option<f32>,
+        /// AWQ before --quant int4: per-input-channel weight scales searched on the
+        /// calibration samples (--calib DIR or --calib-random N, default 16 random).
+        #[arg(long)]
+        awq: bool,
         /// How activation ranges are chosen: minmax, ema[:MOMENTUM], percentile[:P], entropy, mse.
         #[arg(long, value_name = "OBSERVER", default_value = "minmax")]
         observer: String,
+        /// Which INT8 units stay integer: `cost` (the target's cost model keeps a unit only
+        /// where it is estimated faster than float) or `all` (every eligible node).
+        #[arg(long, value_enum, default_value_t = PlacementArg::Cost)]
+        placement: PlacementArg,
         /// Per-node schemes for --quant mixed: ordered rules on node-name globs, op kinds and
         /// modality (see docs/quantization.md). Implies --quant mixed.
         #[arg(long, value_name = "MAP.toml")]
@@ -168,6 +182,16 @@ enum Command {
         /// (repeatable; precision-map rules match on modality).
         #[arg(long, value_name = "INPUT=KIND", value_parser = precision::parse_modality_arg)]
         modality: Vec<(String, mmq_ir::modality::Modality)>,
+        /// Choose a scheme per node (int4, int8 or float for MatMul/Gemm, int8 or float for
+        /// Conv): the most compressed that keeps the end-to-end cosine of the main output at or
+        /// above COSINE on the calibration samples. Writes the choice as a precision map.
+        #[arg(long, value_name = "COSINE", value_parser = auto::parse_target,
+              allow_negative_numbers = true, conflicts_with_all = ["quant", "precision_map"])]
+        auto: Option<f64>,
+        /// Where --auto writes its precision map (default: the output with extension
+        /// .precision.toml).
+        #[arg(long, value_name = "MAP.toml", requires = "auto")]
+        auto_map: Option<PathBuf>,
     },
 }
 
@@ -180,6 +204,12 @@ fn parse_level(s: &str) -> Result<mmq_passes::OptLevel, String> {
 enum OptTarget {
     Ort,
     Generic,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PlacementArg {
+    Cost,
+    All,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -271,9 +301,14 @@ fn main() -> ExitCode {
             calib_random,
             block,
             asym,
+            smoothquant,
+            awq,
             observer,
+            placement,
             precision_map,
             modality,
+            auto,
+            auto_map,
         } => compile::run(&compile::CompileArgs {
             inputs,
             target,
@@ -287,11 +322,19 @@ fn main() -> ExitCode {
                 dir: calib,
                 random: calib_random,
                 observer,
+                placement: match placement {
+                    PlacementArg::Cost => mmq_passes::quant::place::Placement::Cost,
+                    PlacementArg::All => mmq_passes::quant::place::Placement::All,
+                },
             },
             precision_map,
             modality,
             block,
             asym,
+            smoothquant,
+            awq,
+            auto,
+            auto_map,
         })
         .map(|err| {
             let _ = std::io::stderr().write_all(err.as_bytes());

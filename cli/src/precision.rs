@@ -10,6 +10,7 @@ use codespan_reporting::files::SimpleFiles;
 use mmq_ir::modality::{InputSource, Labels, Modality};
 use mmq_ir::{GraphId, Module, Node, Value};
 use mmq_passes::quant::calibrate::{self, CalibError, Observer, Ranges, Sample};
+use mmq_passes::quant::fp16::Fp16Pass;
 use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
 use mmq_passes::quant::precision::{
     Granularity, Level, MapDiagnostic, NodePlan, Plan, PrecisionMap, Scheme,
@@ -197,7 +198,7 @@ pub fn plan_all(
 
 /// Samples for calibrating a mixed plan: `--calib DIR`, else `--calib-random N` (default
 /// [`crate::int8::DEFAULT_RANDOM_SAMPLES`]).
-fn samples<'m>(
+pub fn samples<'m>(
     m: &'m Module,
     graph: GraphId,
     calib: &crate::int8::CalibArgs,
@@ -239,6 +240,22 @@ pub fn run_mixed(
         });
     };
     let (map, mut out) = load_map(map_path)?;
+    out.push_str(&run_map(module, &map, overrides, calib, opts)?);
+    Ok(out)
+}
+
+/// Runs a precision map (read from a file, or built in code as `--auto` does) on the
+/// (optimized) module: labels it, resolves the map, calibrates what the plan needs, then runs
+/// the scheme passes on the nodes the plan gives them, all in one pass manager so that node
+/// handles stay those of the plan. Returns what to print on stderr.
+pub fn run_map(
+    module: &mut Module,
+    map: &PrecisionMap,
+    overrides: &[(String, Modality)],
+    calib: &crate::int8::CalibArgs,
+    opts: &PassOptions,
+) -> Result<String, Failure> {
+    let mut out = String::new();
     if module.entries.len() != 1 {
         return Err(Failure::user(
             "error: --quant mixed quantizes one model at a time; compile the files separately\n"
@@ -246,14 +263,35 @@ pub fn run_mixed(
         ));
     }
     let labels = analyze_all(module, overrides)?;
-    let (mut plans, text) = plan_all(module, &map, &labels);
+    let (mut plans, text) = plan_all(module, map, &labels);
     out.push_str(&text);
     let Some((graph, plan)) = plans.pop() else {
         return Err(Failure::user("error: the module has no graph\n".to_owned()));
     };
     let m: &Module = module;
+    let calibrated = plan
+        .iter()
+        .any(|(_, p)| p.scheme.calibrated() && p.calibration.is_some());
+    let samples = if calibrated {
+        samples(m, graph, calib)?
+    } else {
+        Vec::new()
+    };
+    let ranges = plan_ranges(m, graph, &plan, &samples, &mut out)?;
+    let passes = plan_passes(m, &plan, &ranges, calib);
+    out.push_str(&crate::compile::run_passes(module, passes, opts)?);
+    Ok(out)
+}
 
-    // Activation ranges, one calibration run per observer the plan uses.
+/// Activation ranges for the calibrated nodes of `plan` (top-level graph `graph` of `m`), one
+/// calibration run on `samples` per observer the plan uses; a line per run goes to `out`.
+pub fn plan_ranges(
+    m: &Module,
+    graph: GraphId,
+    plan: &Plan,
+    samples: &[Sample],
+    out: &mut String,
+) -> Result<Ranges, Failure> {
     let calibrated: Vec<(Node, &NodePlan)> =
         plan.iter().filter(|(_, p)| p.scheme.calibrated()).collect();
     let mut observers: Vec<Observer> = Vec::new();
@@ -266,7 +304,6 @@ pub fn run_mixed(
     }
     let mut ranges = Ranges::default();
     if !observers.is_empty() {
-        let samples = samples(m, graph, calib)?;
         for &o in &observers {
             let same = plan.filter_where(|p| p.scheme.calibrated() && p.calibration == Some(o));
             let mut values: Vec<Value> = Int8Pass::activations(m, Some(&same))
@@ -302,7 +339,17 @@ pub fn run_mixed(
             );
         }
     }
+    Ok(ranges)
+}
 
+/// The scheme passes that quantize the nodes of `plan` (made for `m`; run them on `m` or on a
+/// copy of it), static INT8 with `ranges`.
+pub fn plan_passes(
+    m: &Module,
+    plan: &Plan,
+    ranges: &Ranges,
+    calib: &crate::int8::CalibArgs,
+) -> Vec<Box<dyn Pass>> {
     let mut passes: Vec<Box<dyn Pass>> = Vec::new();
     for symmetric in [false, true] {
         let f = plan.filter_where(move |p| p.scheme == Scheme::Int8 && p.symmetric == symmetric);
@@ -311,11 +358,14 @@ pub fn run_mixed(
                 ranges: ranges.clone(),
                 symmetric,
             })
-            .with_filter(f),
+            .with_filter(f)
+            .with_placement(calib.placement),
         ));
     }
     passes.push(Box::new(
-        Int8Pass::new(Int8Scheme::Dynamic).with_filter(plan.filter(Scheme::Int8Dynamic)),
+        Int8Pass::new(Int8Scheme::Dynamic)
+            .with_filter(plan.filter(Scheme::Int8Dynamic))
+            .with_placement(calib.placement),
     ));
     let mut groups: Vec<(usize, bool)> = Vec::new();
     for (_, p) in plan.iter().filter(|(_, p)| p.scheme == Scheme::Int4) {
@@ -352,21 +402,20 @@ pub fn run_mixed(
             ranges.get(v).map(|r| (v, (r.min, r.max)))
         })
         .collect();
-    passes.push(Box::new(
-        WeightOnlyPass::new(WeightOnlyConfig {
-            scheme: WeightScheme::Fp8,
-            ..Default::default()
-        })
-        .with_filter(plan.filter(Scheme::Fp8))
-        .with_activation_ranges(fp8_ranges),
-    ));
-    let fp16 = plan.nodes_with(Scheme::Fp16).len();
-    if fp16 > 0 {
-        let _ = writeln!(
-            out,
-            "mixed: {fp16} nodes planned as fp16 stay in float (no fp16 pass yet)"
-        );
+    // Only when the plan has FP8 nodes: the pass refuses models below opset 19 outright.
+    if !plan.nodes_with(Scheme::Fp8).is_empty() {
+        passes.push(Box::new(
+            WeightOnlyPass::new(WeightOnlyConfig {
+                scheme: WeightScheme::Fp8,
+                ..Default::default()
+            })
+            .with_filter(plan.filter(Scheme::Fp8))
+            .with_activation_ranges(fp8_ranges),
+        ));
     }
-    out.push_str(&crate::compile::run_passes(module, passes, opts)?);
-    Ok(out)
+    // Last: a weight shared with a node of another scheme is that scheme's by now.
+    passes.push(Box::new(
+        Fp16Pass::new().with_filter(plan.filter(Scheme::Fp16)),
+    ));
+    passes
 }

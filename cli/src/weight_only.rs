@@ -88,3 +88,29 @@ fn fp8_ranges(
         .filter_map(|&v| ranges.get(v).map(|r| (v, (r.min, r.max))))
         .collect())
 }
+
+/// `--awq`: activation statistics and row samples on the calibration samples, then the AWQ
+/// pass with the INT4 settings `block` and `asym`; returns what to print.
+pub fn awq(
+    module: &mut Module,
+    block: usize,
+    asym: bool,
+    calib: &CalibArgs,
+    opts: &PassOptions,
+) -> Result<String, Failure> {
+    use mmq_passes::quant::awq::{self, AwqPass, MAX_ROWS};
+    if !matches!(block, 16 | 32 | 64 | 128 | 256) {
+        return Err(Failure::usage(format!(
+            "--block {block}: expected 32, 64 or 128 (16 and 256 also work)"
+        )));
+    }
+    let sites = awq::sites(module);
+    let stats = crate::int8::site_stats(module, &sites, calib, MAX_ROWS, "--awq")?;
+    let config = WeightOnlyConfig {
+        scheme: WeightScheme::Int4,
+        block_size: block,
+        symmetric: !asym,
+        ..WeightOnlyConfig::default()
+    };
+    crate::compile::run_passes(module, vec![Box::new(AwqPass::new(config, stats))], opts)
+}

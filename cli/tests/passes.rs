@@ -6,20 +6,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use common::{repo, run_in, scratch};
-
-fn python() -> PathBuf {
-    let py = repo().join(".venv/bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run tools/setup-venv.sh (onnx and onnxruntime for the oracle)",
-        py.display()
-    );
-    py
-}
+use common::{python, repo, run_in, scratch};
 
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")

@@ -6,14 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{repo, run_in, scratch};
-
-fn fixture(name: &str) -> String {
-    repo()
-        .join(format!("tests/fixtures/{name}/model.onnx"))
-        .display()
-        .to_string()
-}
+use common::{fixture, repo, run_in, scratch};
 
 #[test]
 fn inspect_shows_modality_stats_and_labels() {
@@ -297,6 +290,10 @@ scheme = "int8"
                 "ort",
                 "--precision-map",
                 map,
+                // Every eligible node: the fixtures are too small for integer products to
+                // pay, and the maps' quantized forms are what is checked.
+                "--placement",
+                "all",
                 "-o",
                 &q,
             ],

@@ -3,27 +3,9 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use common::{repo, run_in, scratch};
-
-fn fixture(name: &str) -> String {
-    repo()
-        .join(format!("tests/fixtures/{name}/model.onnx"))
-        .display()
-        .to_string()
-}
-
-fn python() -> PathBuf {
-    let py = repo().join(".venv/bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run tools/setup-venv.sh",
-        py.display()
-    );
-    py
-}
+use common::{fixture, python, repo, run_in, scratch};
 
 /// Cosine of the first output against the FP32 model, and the op types of ONNX Runtime's
 /// optimized graph.
@@ -52,6 +34,11 @@ fn ort_check(name: &str, scheme: &str, floor: f64, fused: &str) {
             scheme,
             "--calib-random",
             "4",
+            // Every eligible node: ONNX Runtime's fusion of each unit is what is checked (by
+            // default these small products stay float, as the cost model estimates them
+            // faster there).
+            "--placement",
+            "all",
             "-o",
             out.to_str().expect("utf-8"),
         ],
@@ -151,4 +138,83 @@ fn calibration_option_errors() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("sample 0"), "{err}");
     assert!(!dir.join("out.onnx").exists());
+}
+
+/// Conv → Relu → Conv at `-O2`: activation fusion waits until after quantization, so both Convs
+/// are quantized (not the first left as a float `FusedConv`), and ONNX Runtime runs both as
+/// `QLinearConv`, close to FP32.
+#[test]
+fn conv_relu_is_quantized_at_o2() {
+    const MAKE: &str = r#"
+import sys, numpy as np, onnx
+from onnx import helper as h, TensorProto as T, numpy_helper as nh
+rng = np.random.default_rng(0)
+w = nh.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2, "w")
+b = nh.from_array(rng.standard_normal(16).astype(np.float32) * 0.1, "b")
+w2 = nh.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.2, "w2")
+nodes = [h.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+         h.make_node("Relu", ["c"], ["r"]),
+         h.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
+g = h.make_graph(nodes, "conv_relu", [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 16, 16])],
+                 [h.make_tensor_value_info("y", T.FLOAT, [1, 16, 16, 16])], [w, b, w2])
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), sys.argv[1])
+np.savez(sys.argv[2], x=rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
+"#;
+    let dir = scratch("quant-conv-relu");
+    let (model, inputs) = (dir.join("m.onnx"), dir.join("x.npz"));
+    let made = Command::new(python())
+        .args(["-c", MAKE])
+        .arg(&model)
+        .arg(&inputs)
+        .output()
+        .expect("python runs");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let out = dir.join("q.onnx");
+    let (code, _, err) = run_in(
+        &dir,
+        &[
+            "compile",
+            model.to_str().expect("utf-8"),
+            "--target",
+            "ort",
+            "-O2",
+            "--quant",
+            "int8",
+            "--calib-random",
+            "4",
+            "--placement",
+            "all",
+            "-o",
+            out.to_str().expect("utf-8"),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("quantized-conv=2"), "{err}");
+    let run = Command::new(python())
+        .args(["-c", CHECK])
+        .arg(&model)
+        .arg(&out)
+        .arg(&inputs)
+        .arg(dir.join("opt.onnx"))
+        .output()
+        .expect("python runs");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let mut lines = stdout.lines();
+    let cos: f64 = lines.next().and_then(|l| l.parse().ok()).expect("cosine");
+    let ops = lines.next().unwrap_or_default();
+    assert!(cos >= 0.99, "cosine {cos}");
+    assert!(ops.split(' ').any(|o| o == "QLinearConv"), "{ops}");
+    assert!(
+        !ops.split(' ').any(|o| o == "FusedConv" || o == "Conv"),
+        "{ops}"
+    );
 }

@@ -3,14 +3,7 @@
 
 mod common;
 
-use common::{repo, run_in, scratch};
-
-fn fixture(name: &str) -> String {
-    repo()
-        .join(format!("tests/fixtures/{name}/model.onnx"))
-        .display()
-        .to_string()
-}
+use common::{fixture, run_in, scratch};
 
 /// Compiles `name` with `extra` flags and `--report`; returns the parsed report and stderr.
 fn report(name: &str, tag: &str, extra: &[&str]) -> (serde_json::Value, String) {
@@ -59,7 +52,15 @@ fn optimization_alone_keeps_every_layer_exact_to_rounding() {
 #[test]
 fn int8_report_shows_noise_and_holds_a_cosine_floor() {
     for (name, floor) in [("vit", 0.999), ("gpt2_kv", 0.999), ("qat_cnn", 0.9999)] {
-        let (r, _) = report(name, "int8", &["--quant", "int8", "--calib-random", "8"]);
+        let args = [
+            "--quant",
+            "int8",
+            "--calib-random",
+            "8",
+            "--placement",
+            "all",
+        ];
+        let (r, _) = report(name, "int8", &args);
         let layers = r["layers"].as_array().expect("layers");
         let noisy = layers.iter().filter(|l| l["sqnr_db"].is_f64()).count();
         assert!(noisy > 0, "{name}: no layer shows quantization noise");
@@ -107,4 +108,57 @@ fn report_errors_are_user_errors() {
         ],
     );
     assert_eq!(code, 2, "{err}");
+}
+
+/// `v` with every float rounded to 4 significant digits (integers kept as they are), so the
+/// snapshot does not depend on the last bits of a machine's float arithmetic.
+fn round_floats(v: &serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Number(n) if n.is_f64() => {
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            if x == 0.0 || !x.is_finite() {
+                return v.clone();
+            }
+            let decimals = (3 - x.abs().log10().floor() as i32).max(0) as usize;
+            let text = format!("{x:.decimals$}");
+            let rounded: f64 = text.parse().unwrap_or(x);
+            serde_json::Number::from_f64(rounded).map_or(v.clone(), serde_json::Value::Number)
+        }
+        serde_json::Value::Array(items) => items.iter().map(round_floats).collect(),
+        serde_json::Value::Object(map) => map
+            .iter()
+            .map(|(k, x)| (k.clone(), round_floats(x)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+        other => other.clone(),
+    }
+}
+
+#[test]
+fn rounding_keeps_four_significant_digits() {
+    let v = serde_json::json!({"a": 0.99998765, "b": 44.60622448, "c": 0.000577777, "n": 12288, "z": 0.0});
+    assert_eq!(
+        round_floats(&v).to_string(),
+        r#"{"a":1.0,"b":44.61,"c":0.0005778,"n":12288,"z":0.0}"#
+    );
+}
+
+/// The INT8 report of the small QAT CNN, deterministic (seeded random samples), floats rounded
+/// to 4 significant digits.
+#[test]
+fn int8_report_snapshot() {
+    let (r, _) = report(
+        "qat_cnn",
+        "snapshot",
+        &[
+            "--quant",
+            "int8",
+            "--calib-random",
+            "8",
+            "--placement",
+            "all",
+        ],
+    );
+    let text = serde_json::to_string_pretty(&round_floats(&r)).expect("JSON");
+    insta::assert_snapshot!("int8_report_qat_cnn", text);
 }

@@ -6,14 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{repo, run_in, scratch};
-
-fn fixture(name: &str) -> String {
-    repo()
-        .join(format!("tests/fixtures/{name}/model.onnx"))
-        .display()
-        .to_string()
-}
+use common::{fixture, repo, run_in, scratch};
 
 /// Op types of the model and the cosine of its first output against the FP32 model, both
 /// run in ONNX Runtime on the fixture's inputs.

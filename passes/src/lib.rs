@@ -18,6 +18,7 @@ pub use const_fold::ConstFold;
 pub use dce::Dce;
 pub use egraph::{RewritePass, rule_sets};
 pub use manager::{
-    DumpAfter, OptLevel, ParseOptLevelError, PassManager, PassRun, PipelineReport, pipeline,
+    DumpAfter, OptLevel, ParseOptLevelError, PassManager, PassRun, PipelineReport, after_quant,
+    pipeline, pipeline_before_quant,
 };
 pub use pass::{Firing, Pass, PassError, PassOptions, PassReport, Target};

@@ -222,6 +222,37 @@ pub fn pipeline(target: Target, level: OptLevel) -> PassManager {
     pm
 }
 
+/// [`pipeline`] for a module that will be quantized: the same passes, except that activation
+/// fusion (`fuse-act`: Conv/Gemm + Relu/... into FusedConv/FusedGemm) waits for
+/// [`after_quant`], so the quantization passes still see the plain `Conv` and `Gemm` nodes they
+/// quantize; the nodes they leave in float are fused afterwards.
+pub fn pipeline_before_quant(target: Target, level: OptLevel) -> PassManager {
+    let mut pm = pipeline(target, level);
+    if level >= OptLevel::O2 {
+        pm.passes = std::mem::take(&mut pm.passes)
+            .into_iter()
+            .map(|p| {
+                if p.name() == "rewrite(fuse-act,fuse-quant)" {
+                    rewrite(&["fuse-quant"])
+                } else {
+                    p
+                }
+            })
+            .collect();
+    }
+    pm
+}
+
+/// The passes that finish a [`pipeline_before_quant`] after quantization: at `-O2`,
+/// `rewrite(fuse-act)` and dce; nothing below.
+pub fn after_quant(level: OptLevel) -> Vec<Box<dyn Pass>> {
+    if level >= OptLevel::O2 {
+        vec![rewrite(&["fuse-act"]), Box::new(Dce)]
+    } else {
+        Vec::new()
+    }
+}
+
 impl PassManager {
     /// A manager running `passes` in order.
     pub fn new(passes: Vec<Box<dyn Pass>>) -> Self {

@@ -15,8 +15,9 @@ use mmq_ir::{Module, Op};
 use mmq_kernels::{Interpreter, RtValue};
 use mmq_passes::quant::calibrate::{self, Observer};
 use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
+use mmq_passes::quant::place::Placement;
 use mmq_passes::{OptLevel, PassManager, PassOptions, Target, pipeline};
-use mmq_tests::repo_root;
+use mmq_tests::{cosine, repo_root};
 
 fn load(name: &str) -> Module {
     let path = repo_root().join(format!("tests/fixtures/{name}/model.onnx"));
@@ -52,14 +53,6 @@ fn main_output(m: &Module, x: &HashMap<String, RtValue>) -> Vec<f64> {
         .expect("float output")
 }
 
-fn cosine(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
-    dot / (na * nb)
-}
-
 fn count(m: &Module, op: &str) -> usize {
     m.entries
         .iter()
@@ -84,7 +77,10 @@ fn quantize(m: &Module, dynamic: bool, observer: Observer) -> Module {
             symmetric: false,
         }
     };
-    let mut pm = PassManager::new(vec![Box::new(Int8Pass::new(scheme))]);
+    // Every eligible node: these fixtures are too small for integer products to pay, and the
+    // accuracy of the quantized form is what is measured here.
+    let pass = Int8Pass::new(scheme).with_placement(Placement::All);
+    let mut pm = PassManager::new(vec![Box::new(pass)]);
     pm.verify = true;
     pm.run(&mut q, &PassOptions::default())
         .expect("int8 pass runs");
@@ -305,4 +301,545 @@ fn placement_shares_quantize_and_has_no_churn() {
         quants < matmuls,
         "{quants} QuantizeLinear for {matmuls} MatMul"
     );
+}
+
+// ---- Weights in `Constant` nodes and in `If`/`Loop` bodies ----
+
+mod sources {
+    use std::collections::HashMap;
+    use std::ffi::OsStr;
+
+    use mmq_ir::{
+        ConstData, DType, Dim, Entry, GraphId, ModelInfo, Module, Op, Storage, Type, Value,
+    };
+    use mmq_kernels::{Data, Interpreter, RtValue, Tensor};
+    use mmq_passes::quant::calibrate::{self, Observer};
+    use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
+    use mmq_passes::quant::place::Placement;
+    use mmq_passes::{PassManager, PassOptions, Target};
+    use mmq_tests::{oracle, scratch_dir};
+
+    pub(super) fn f32_ty(dims: &[i64]) -> Type {
+        Type::tensor(DType::F32, dims.iter().map(|&d| Dim::known(d)).collect())
+    }
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn data(name: &str, dtype: DType, shape: Vec<i64>, bytes: Vec<u8>) -> ConstData {
+        ConstData::new(
+            Some(name.into()),
+            dtype,
+            shape,
+            Storage::Inline(bytes.into()),
+        )
+    }
+
+    pub(super) fn f32_data(name: &str, shape: &[i64], seed: u64) -> ConstData {
+        let n = shape.iter().product::<i64>() as usize;
+        let bytes = values(n, seed)
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        data(name, DType::F32, shape.to_vec(), bytes)
+    }
+
+    pub(super) fn module() -> (Module, GraphId) {
+        let mut m = Module::new();
+        let g = m.add_graph("main", None);
+        m.entries.push(Entry {
+            graph: g,
+            model: ModelInfo {
+                opsets: vec![(String::new(), 17)],
+                ..Default::default()
+            },
+        });
+        (m, g)
+    }
+
+    /// A `Constant` node holding `data` in `graph`; returns its result.
+    fn constant(m: &mut Module, graph: GraphId, data: ConstData, name: &str) -> Value {
+        let shape: Vec<i64> = data.shape.clone();
+        let c = m.add_attr_const(data);
+        let n = m.add_node(
+            graph,
+            Op::Constant {
+                value: Some(c),
+                value_float: None,
+                value_floats: None,
+                value_int: None,
+                value_ints: None,
+                value_string: None,
+                value_strings: None,
+            },
+            vec![],
+            vec![Some((Some(name.into()), f32_ty(&shape)))],
+            None,
+        );
+        m.nodes[n].outputs[0].expect("result")
+    }
+
+    pub(super) fn matmul(
+        m: &mut Module,
+        graph: GraphId,
+        a: Value,
+        w: Value,
+        out: &str,
+        dims: &[i64],
+    ) -> Value {
+        let n = m.add_node(
+            graph,
+            Op::MatMul {},
+            vec![Some(a), Some(w)],
+            vec![Some((Some(out.into()), f32_ty(dims)))],
+            Some(out.into()),
+        );
+        m.nodes[n].outputs[0].expect("result")
+    }
+
+    /// `y = MatMul(x [4, 64], W)` with W [64, 32] from a `Constant` node, and a second MatMul
+    /// whose weight goes through `Gemm` (transB) from a `Constant` node.
+    fn constant_model() -> Module {
+        let (mut m, g) = module();
+        let x = m.add_input(g, Some("x".into()), f32_ty(&[4, 64]));
+        let w = constant(&mut m, g, f32_data("w", &[64, 32], 1), "w_out");
+        let h = matmul(&mut m, g, x, w, "h", &[4, 32]);
+        let w2 = constant(&mut m, g, f32_data("w2", &[16, 32], 2), "w2_out");
+        let n = m.add_node(
+            g,
+            Op::Gemm {
+                alpha: None,
+                beta: None,
+                trans_a: None,
+                trans_b: Some(1),
+            },
+            vec![Some(h), Some(w2)],
+            vec![Some((Some("y".into()), f32_ty(&[4, 16])))],
+            Some("gemm".into()),
+        );
+        m.graphs[g].outputs = vec![m.nodes[n].outputs[0].expect("y")];
+        m
+    }
+
+    /// `If(cond)`: then `MatMul(x, W initializer)`, else `MatMul(x, W' from a Constant node in
+    /// the branch)`.
+    fn if_model() -> Module {
+        let (mut m, g) = module();
+        let x = m.add_input(g, Some("x".into()), f32_ty(&[4, 64]));
+        let cond = m.add_input(g, Some("cond".into()), Type::tensor(DType::Bool, vec![]));
+        let then_g = m.add_graph("then", None);
+        let else_g = m.add_graph("else", None);
+        let w = m.add_const(f32_data("w_then", &[64, 32], 3));
+        let t = matmul(&mut m, then_g, x, w, "t", &[4, 32]);
+        m.graphs[then_g].outputs = vec![t];
+        let w2 = constant(
+            &mut m,
+            else_g,
+            f32_data("w_else", &[64, 32], 4),
+            "w_else_out",
+        );
+        let e = matmul(&mut m, else_g, x, w2, "e", &[4, 32]);
+        m.graphs[else_g].outputs = vec![e];
+        let n = m.add_node(
+            g,
+            Op::If {
+                then_branch: Some(then_g),
+                else_branch: Some(else_g),
+            },
+            vec![Some(cond)],
+            vec![Some((Some("y".into()), f32_ty(&[4, 32])))],
+            None,
+        );
+        m.graphs[then_g].parent = Some(n);
+        m.graphs[else_g].parent = Some(n);
+        m.graphs[g].outputs = vec![m.nodes[n].outputs[0].expect("y")];
+        m
+    }
+
+    /// `Loop` 3 times: `s = Tanh(MatMul(s, W))`, W [64, 64] an initializer.
+    fn loop_model() -> Module {
+        let (mut m, g) = module();
+        let x = m.add_input(g, Some("x".into()), f32_ty(&[4, 64]));
+        let trips = m.add_const(data(
+            "trips",
+            DType::I64,
+            vec![],
+            3i64.to_le_bytes().to_vec(),
+        ));
+        let go = m.add_const(data("go", DType::Bool, vec![], vec![1]));
+        let body = m.add_graph("body", None);
+        let _i = m.add_input(body, Some("i".into()), Type::tensor(DType::I64, vec![]));
+        let c = m.add_input(body, Some("c".into()), Type::tensor(DType::Bool, vec![]));
+        let s = m.add_input(body, Some("s".into()), f32_ty(&[4, 64]));
+        let w = m.add_const(f32_data("w_loop", &[64, 64], 5));
+        let p = matmul(&mut m, body, s, w, "p", &[4, 64]);
+        let tn = m.add_node(
+            body,
+            Op::Tanh {},
+            vec![Some(p)],
+            vec![Some((Some("s_next".into()), f32_ty(&[4, 64])))],
+            None,
+        );
+        let cn = m.add_node(
+            body,
+            Op::Identity {},
+            vec![Some(c)],
+            vec![Some((
+                Some("c_next".into()),
+                Type::tensor(DType::Bool, vec![]),
+            ))],
+            None,
+        );
+        m.graphs[body].outputs = vec![
+            m.nodes[cn].outputs[0].expect("c"),
+            m.nodes[tn].outputs[0].expect("s"),
+        ];
+        let n = m.add_node(
+            g,
+            Op::Loop { body: Some(body) },
+            vec![Some(trips), Some(go), Some(x)],
+            vec![Some((Some("y".into()), f32_ty(&[4, 64])))],
+            None,
+        );
+        m.graphs[body].parent = Some(n);
+        m.graphs[g].outputs = vec![m.nodes[n].outputs[0].expect("y")];
+        m
+    }
+
+    fn count_all(m: &Module, op: &str) -> usize {
+        m.entries
+            .iter()
+            .flat_map(|e| m.graph_tree(e.graph))
+            .flat_map(|g| m.graphs[g].nodes.iter())
+            .filter(|&&n| m.nodes[n].op.op_type() == op)
+            .count()
+    }
+
+    fn quantize(m: &Module, dynamic: bool) -> (Module, mmq_passes::PassReport) {
+        let g = m.entries[0].graph;
+        let scheme = if dynamic {
+            Int8Scheme::Dynamic
+        } else {
+            let acts = Int8Pass::activations(m, None);
+            let samples = calibrate::random_samples(m, g, 4, 3).expect("drawable inputs");
+            let ranges = calibrate::calibrate(m, g, &acts[0].1, samples, Observer::MinMax)
+                .expect("calibration runs");
+            Int8Scheme::Static {
+                ranges,
+                symmetric: false,
+            }
+        };
+        let mut q = m.clone();
+        // Every eligible node, so that the count does not depend on the cost model.
+        let pass = Int8Pass::new(scheme).with_placement(Placement::All);
+        let mut pm = PassManager::new(vec![Box::new(pass)]);
+        pm.verify = true;
+        let opts = PassOptions {
+            target: Target::Ort,
+            explain: false,
+        };
+        let r = pm.run(&mut q, &opts).expect("int8 pass runs");
+        let report = r.passes[0].report.clone();
+        (q, report)
+    }
+
+    fn cosine(a: &[f64], b: &[f64]) -> f64 {
+        assert_eq!(a.len(), b.len());
+        let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+        let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+        dot / (na * nb)
+    }
+
+    /// The first output of `m` in ONNX Runtime on `feeds` (through the exported model).
+    fn ort(m: &Module, feeds: &[(&str, &Tensor)], tag: &str) -> Vec<f64> {
+        let dir = scratch_dir(&format!("quant_int8_sources_{tag}"));
+        let model = dir.join("model.onnx");
+        let g = m.entries[0].graph;
+        mmq_backend_ort::write_model(m, g, &model, &Default::default())
+            .unwrap_or_else(|e| panic!("{tag}: export: {e}"));
+        let inputs = dir.join("inputs.npz");
+        mmq_kernels::io::write_npz(&inputs, feeds).expect("write inputs");
+        let out = dir.join("out.npz");
+        let run = oracle(&[
+            OsStr::new("run"),
+            model.as_os_str(),
+            inputs.as_os_str(),
+            OsStr::new("-o"),
+            out.as_os_str(),
+        ]);
+        assert!(
+            run.status.success(),
+            "{tag}: ONNX Runtime cannot run {}: {}",
+            model.display(),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let outs = mmq_kernels::io::read_npz(&out).expect("outputs");
+        let name = m.values[m.graphs[g].outputs[0]]
+            .name
+            .clone()
+            .expect("named");
+        outs.into_iter()
+            .find(|(k, _)| *k == name)
+            .expect("main output")
+            .1
+            .to_f64()
+            .expect("float")
+    }
+
+    fn interp(m: &Module, feeds: &[(&str, &Tensor)]) -> Vec<f64> {
+        let x: HashMap<String, RtValue> = feeds
+            .iter()
+            .map(|(k, t)| ((*k).to_owned(), RtValue::from((*t).clone())))
+            .collect();
+        let outs = Interpreter::new(m)
+            .run(m.entries[0].graph, &x)
+            .expect("runs");
+        outs[0]
+            .1
+            .as_tensor()
+            .expect("tensor")
+            .to_f64()
+            .expect("float")
+    }
+
+    /// Quantizes `m` both ways; every `MatMul` (and `Gemm`) must be quantized (`want` of them,
+    /// `in_bodies` inside bodies) and ONNX Runtime's output must stay close to FP32.
+    fn check(tag: &str, m: &Module, feeds: &[(&str, &Tensor)], want: usize, in_bodies: usize) {
+        let reference = ort(m, feeds, &format!("{tag}_fp32"));
+        let float = interp(m, feeds);
+        assert!(
+            cosine(&reference, &float) > 0.99999,
+            "{tag}: FP32 disagrees"
+        );
+        for dynamic in [false, true] {
+            let (q, report) = quantize(m, dynamic);
+            let kind = if dynamic { "dynamic" } else { "static" };
+            assert_eq!(
+                report.counters.get("quantized-matmul"),
+                Some(&want),
+                "{tag} {kind}: {report:?}"
+            );
+            assert_eq!(
+                report
+                    .counters
+                    .get("quantized-subgraph")
+                    .copied()
+                    .unwrap_or(0),
+                in_bodies,
+                "{tag} {kind}: {report:?}"
+            );
+            if in_bodies > 0 && !dynamic {
+                assert!(
+                    report
+                        .notes
+                        .iter()
+                        .any(|n| n.contains("quantized dynamically")),
+                    "{tag}: {:?}",
+                    report.notes
+                );
+            }
+            // Static MatMuls read a dequantized weight; dynamic ones are gone.
+            for g in q.graph_tree(q.entries[0].graph) {
+                for &n in &q.graphs[g].nodes {
+                    let node = &q.nodes[n];
+                    assert_ne!(node.op.op_type(), "Gemm", "{tag} {kind}");
+                    if node.op.op_type() == "MatMul" {
+                        assert!(!dynamic, "{tag}: float MatMul left");
+                        let w = node.inputs[1].expect("weight");
+                        let mmq_ir::ValueDef::Output { node: p, .. } = q.values[w].def else {
+                            panic!("{tag} {kind}: MatMul weight not dequantized");
+                        };
+                        assert_eq!(q.nodes[p].op.op_type(), "DequantizeLinear", "{tag} {kind}");
+                    }
+                }
+            }
+            assert_eq!(
+                count_all(&q, "Constant"),
+                0,
+                "{tag} {kind}: dead Constant kept"
+            );
+            let bodies_dynamic = count_all(&q, "MatMulInteger");
+            assert!(bodies_dynamic >= in_bodies, "{tag} {kind}");
+            let got = ort(&q, feeds, &format!("{tag}_{kind}"));
+            let c = cosine(&reference, &got);
+            eprintln!("{tag} {kind}: ONNX Runtime cosine vs FP32 {c:.6}");
+            assert!(c >= 0.99, "{tag} {kind}: cosine {c}");
+            let c = cosine(&float, &interp(&q, feeds));
+            assert!(c >= 0.99, "{tag} {kind}: interpreter cosine {c}");
+        }
+    }
+
+    fn x() -> Tensor {
+        Tensor::from_f32(vec![4, 64], values(256, 9)).expect("tensor")
+    }
+
+    #[test]
+    fn constant_node_weights_are_quantized_static_and_dynamic() {
+        let x = x();
+        check("constant", &constant_model(), &[("x", &x)], 2, 0);
+    }
+
+    #[test]
+    fn if_branch_weights_are_quantized_dynamically() {
+        let x = x();
+        for (cond, tag) in [(true, "if_then"), (false, "if_else")] {
+            let c = Tensor::new(DType::Bool, vec![], Data::Bool(vec![cond])).expect("tensor");
+            check(tag, &if_model(), &[("x", &x), ("cond", &c)], 2, 2);
+        }
+    }
+
+    #[test]
+    fn loop_body_weights_are_quantized_dynamically() {
+        let x = x();
+        check("loop", &loop_model(), &[("x", &x)], 1, 1);
+    }
+}
+
+// ---- Placement by the target's cost model ----
+
+mod placement {
+    use mmq_ir::{Module, Value, ValueDef};
+    use mmq_passes::quant::calibrate::{self, Observer};
+    use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
+    use mmq_passes::quant::place::Placement;
+    use mmq_passes::{PassManager, PassOptions, PassReport, Target};
+
+    use super::sources::{f32_data, f32_ty, matmul, module};
+
+    /// Two independent products on one token: `big = x [1, 768] · W [768, 768]` and
+    /// `small = z [1, 32] · V [32, 32]`.
+    fn two_products() -> Module {
+        let (mut m, g) = module();
+        let x = m.add_input(g, Some("x".into()), f32_ty(&[1, 768]));
+        let z = m.add_input(g, Some("z".into()), f32_ty(&[1, 32]));
+        let w = m.add_const(f32_data("w", &[768, 768], 11));
+        let v = m.add_const(f32_data("v", &[32, 32], 12));
+        let big = matmul(&mut m, g, x, w, "big", &[1, 768]);
+        let small = matmul(&mut m, g, z, v, "small", &[1, 32]);
+        m.graphs[g].outputs = vec![big, small];
+        m
+    }
+
+    fn run(m: &Module, dynamic: bool, placement: Placement) -> (Module, PassReport) {
+        let g = m.entries[0].graph;
+        let scheme = if dynamic {
+            Int8Scheme::Dynamic
+        } else {
+            let acts = Int8Pass::activations(m, None);
+            let samples = calibrate::random_samples(m, g, 4, 1).expect("samples");
+            Int8Scheme::Static {
+                ranges: calibrate::calibrate(m, g, &acts[0].1, samples, Observer::MinMax)
+                    .expect("calibration"),
+                symmetric: false,
+            }
+        };
+        let mut q = m.clone();
+        let mut pm = PassManager::new(vec![Box::new(
+            Int8Pass::new(scheme).with_placement(placement),
+        )]);
+        pm.verify = true;
+        let opts = PassOptions {
+            target: Target::Ort,
+            explain: false,
+        };
+        let r = pm.run(&mut q, &opts).expect("int8 runs");
+        (q, r.passes[0].report.clone())
+    }
+
+    /// The op types of the producers of output `i`'s producer's operands.
+    fn operand_producers(m: &Module, i: usize) -> Vec<String> {
+        let g = m.entries[0].graph;
+        let producer = |v: Value| match m.values[v].def {
+            ValueDef::Output { node, .. } => m.nodes[node].op.op_type().to_owned(),
+            ValueDef::Const(_) => "const".into(),
+            ValueDef::Input { .. } => "input".into(),
+        };
+        let ValueDef::Output { node, .. } = m.values[m.graphs[g].outputs[i]].def else {
+            panic!("output {i} has no producer");
+        };
+        m.nodes[node]
+            .inputs
+            .iter()
+            .flatten()
+            .map(|&v| producer(v))
+            .collect()
+    }
+
+    /// The 768×768 product is worth quantizing on one token (four times less weight to
+    /// stream, integer multiply-accumulates); the 32×32 one is not (the quantization kernel
+    /// costs more than the product): the cost model keeps the first integer and the second
+    /// float, and `Placement::All` quantizes both.
+    #[test]
+    fn static_units_stay_integer_only_where_they_pay() {
+        let m = two_products();
+        let (q, r) = run(&m, false, Placement::Cost);
+        assert_eq!(r.counters.get("placed-integer"), Some(&1), "{r:?}");
+        assert_eq!(r.counters.get("placed-float"), Some(&1), "{r:?}");
+        assert_eq!(
+            operand_producers(&q, 0),
+            ["DequantizeLinear", "DequantizeLinear"]
+        );
+        assert_eq!(operand_producers(&q, 1), ["input", "const"]);
+        let (all, r) = run(&m, false, Placement::All);
+        assert_eq!(r.counters.get("placed-integer"), None);
+        assert_eq!(
+            operand_producers(&all, 1),
+            ["DequantizeLinear", "DequantizeLinear"]
+        );
+        // The float unit is the original product: bit-identical results.
+        let g = m.entries[0].graph;
+        let sample = calibrate::random_samples(&m, g, 1, 9)
+            .expect("sample")
+            .next()
+            .expect("one")
+            .expect("drawn");
+        let a = mmq_kernels::Interpreter::new(&m)
+            .run(g, &sample)
+            .expect("runs");
+        let b = mmq_kernels::Interpreter::new(&q)
+            .run(g, &sample)
+            .expect("runs");
+        let t = |r: &mmq_kernels::RtValue| r.as_tensor().expect("tensor").to_f32().expect("f32");
+        assert_eq!(t(&a[1].1), t(&b[1].1));
+        let (x, y) = (t(&a[0].1), t(&b[0].1));
+        let dot: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(&p, &q)| f64::from(p) * f64::from(q))
+            .sum();
+        let nx: f64 = x
+            .iter()
+            .map(|&p| f64::from(p) * f64::from(p))
+            .sum::<f64>()
+            .sqrt();
+        let ny: f64 = y
+            .iter()
+            .map(|&p| f64::from(p) * f64::from(p))
+            .sum::<f64>()
+            .sqrt();
+        assert!(dot / (nx * ny) > 0.999, "cosine {}", dot / (nx * ny));
+    }
+
+    #[test]
+    fn dynamic_units_stay_integer_only_where_they_pay() {
+        let m = two_products();
+        let (q, r) = run(&m, true, Placement::Cost);
+        assert_eq!(r.counters.get("placed-integer"), Some(&1), "{r:?}");
+        assert_eq!(r.counters.get("placed-float"), Some(&1), "{r:?}");
+        assert_eq!(operand_producers(&q, 0), ["Cast", "Mul"]);
+        assert_eq!(operand_producers(&q, 1), ["input", "const"]);
+    }
 }

@@ -12,7 +12,7 @@ use mmq_ir::Module;
 use mmq_kernels::{Interpreter, RtValue, Tensor};
 use mmq_passes::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass, WeightScheme};
 use mmq_passes::{OptLevel, Pass, PassOptions, Target, pipeline};
-use mmq_tests::{oracle, repo_root, scratch_dir};
+use mmq_tests::{cosine, oracle, repo_root, scratch_dir};
 
 fn opts() -> PassOptions {
     PassOptions {
@@ -36,14 +36,6 @@ fn npz(path: &Path) -> HashMap<String, Tensor> {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .into_iter()
         .collect()
-}
-
-fn cosine(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
-    dot / (na * nb)
 }
 
 fn count(m: &Module, op: &str) -> usize {

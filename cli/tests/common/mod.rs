@@ -37,3 +37,22 @@ pub fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
         clean(&out.stderr),
     )
 }
+
+/// A fixture model's path.
+pub fn fixture(name: &str) -> String {
+    repo()
+        .join(format!("tests/fixtures/{name}/model.onnx"))
+        .display()
+        .to_string()
+}
+
+/// The test environment's Python (onnx and onnxruntime for the oracle).
+pub fn python() -> PathBuf {
+    let py = repo().join(".venv/bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run tools/setup-venv.sh (onnx and onnxruntime for the oracle)",
+        py.display()
+    );
+    py
+}

@@ -12,6 +12,10 @@
 //! Samples come from a folder of `.npz` files ([`dir_samples`]) or are drawn at random
 //! ([`random_samples`]): dims within the symbols' ranges, floats from a standard normal, token
 //! ids below the vocabulary size of the embedding table they index.
+//!
+//! [`channel_stats`] instead keeps per-channel statistics of the last axis (largest |x|, mean
+//! |x|, a bounded uniform sample of rows) for SmoothQuant and AWQ ([`crate::quant::smooth`],
+//! [`crate::quant::awq`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -730,6 +734,200 @@ fn vocab_of(m: &Module, v: Value) -> Option<i64> {
         }
     }
     best.filter(|&b| b > 0)
+}
+
+/// Streamed per-channel statistics of one value along its last axis (the input channels of the
+/// `MatMul` it feeds): what SmoothQuant and AWQ choose their scales from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChannelStats {
+    /// Channels (the size of the last axis).
+    pub channels: usize,
+    /// Largest finite |x| of each channel.
+    pub abs_max: Vec<f32>,
+    /// Sum of the finite |x| of each channel.
+    pub abs_sum: Vec<f64>,
+    /// Rows seen (elements / channels, over all samples).
+    pub rows: u64,
+    /// Up to the requested number of rows, drawn uniformly from every row seen (reservoir
+    /// sampling), row-major `[sampled_rows, channels]`.
+    pub row_sample: Vec<f32>,
+}
+
+impl ChannelStats {
+    /// Mean |x| of each channel (0 before any row).
+    pub fn abs_mean(&self) -> Vec<f32> {
+        let rows = self.rows.max(1) as f64;
+        self.abs_sum.iter().map(|&s| (s / rows) as f32).collect()
+    }
+
+    /// Rows held in [`ChannelStats::row_sample`].
+    pub fn sampled_rows(&self) -> usize {
+        self.row_sample
+            .len()
+            .checked_div(self.channels)
+            .unwrap_or(0)
+    }
+}
+
+/// Folds rows into [`ChannelStats`]: memory is `O(channels * max_rows)` whatever the number of
+/// samples.
+#[derive(Debug)]
+pub struct ChannelObserver {
+    stats: ChannelStats,
+    max_rows: usize,
+    rng: StdRng,
+}
+
+impl ChannelObserver {
+    /// An observer keeping a sample of up to `max_rows` rows (0: statistics only), drawn with a
+    /// generator seeded by `seed`.
+    pub fn new(max_rows: usize, seed: u64) -> ChannelObserver {
+        ChannelObserver {
+            stats: ChannelStats::default(),
+            max_rows,
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// Folds `xs` (row-major, `channels` per row) in; an error when the channel count differs
+    /// from the one seen first or does not divide the length.
+    pub fn observe(&mut self, xs: &[f32], channels: usize) -> Result<(), String> {
+        let st = &mut self.stats;
+        if channels == 0 || !xs.len().is_multiple_of(channels) {
+            return Err(format!(
+                "{} elements do not form rows of {channels} channels",
+                xs.len()
+            ));
+        }
+        if st.channels == 0 && st.rows == 0 {
+            st.channels = channels;
+            st.abs_max = vec![0.0; channels];
+            st.abs_sum = vec![0.0; channels];
+        } else if st.channels != channels {
+            return Err(format!(
+                "the last axis has {channels} channels here and {} in an earlier sample",
+                st.channels
+            ));
+        }
+        for row in xs.chunks_exact(channels) {
+            for ((mx, sum), &x) in st.abs_max.iter_mut().zip(&mut st.abs_sum).zip(row) {
+                if x.is_finite() {
+                    *mx = mx.max(x.abs());
+                    *sum += f64::from(x.abs());
+                }
+            }
+            let seen = st.rows;
+            st.rows += 1;
+            if self.max_rows == 0 {
+                continue;
+            }
+            let clean = row.iter().map(|&x| if x.is_finite() { x } else { 0.0 });
+            if st.sampled_rows() < self.max_rows {
+                st.row_sample.extend(clean);
+            } else {
+                let j = self.rng.random_range(0..=seen) as usize;
+                if j < self.max_rows {
+                    for (d, x) in st.row_sample[j * channels..(j + 1) * channels]
+                        .iter_mut()
+                        .zip(clean)
+                    {
+                        *d = x;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The statistics.
+    pub fn finish(self) -> ChannelStats {
+        self.stats
+    }
+}
+
+/// Runs `graph` on each sample and returns the per-channel statistics of each of `values` along
+/// its last axis, with a sample of up to `max_rows` rows each (see [`ChannelObserver`]).
+///
+/// `values` must be float results or inputs of `graph` (not of subgraphs). One sample's
+/// activations are alive at a time. Values that never hold a float tensor get no entry.
+pub fn channel_stats<I>(
+    m: &Module,
+    graph: GraphId,
+    values: &[Value],
+    samples: I,
+    max_rows: usize,
+) -> Result<HashMap<Value, ChannelStats>, CalibError>
+where
+    I: IntoIterator<Item = Result<Sample, CalibError>>,
+{
+    let g = m
+        .graphs
+        .get(graph)
+        .ok_or_else(|| CalibError::Module(format!("no graph {graph:?}")))?;
+    let name = |v: Value| m.values[v].name.clone().unwrap_or_else(|| format!("{v:?}"));
+    let mut observed: Vec<Value> = Vec::new();
+    for &v in values {
+        let Some(data) = m.values.get(v) else {
+            return Err(CalibError::Module(format!("value {v:?} does not exist")));
+        };
+        let in_graph = match data.def {
+            ValueDef::Const(_) => false,
+            ValueDef::Input { graph: gi, .. } => gi == graph,
+            ValueDef::Output { node, .. } => m.nodes[node].graph == graph,
+        };
+        if !in_graph {
+            return Err(CalibError::Module(format!(
+                "value '{}' is not computed by graph '{}'",
+                name(v),
+                g.name
+            )));
+        }
+        if !observed.contains(&v) {
+            observed.push(v);
+        }
+    }
+    let mut probe = m.clone();
+    let n_out = g.outputs.len();
+    probe.graphs[graph].outputs.extend(observed.iter().copied());
+    let interp = Interpreter::new(&probe);
+    let mut observers: Vec<ChannelObserver> = (0..observed.len())
+        .map(|i| ChannelObserver::new(max_rows, i as u64))
+        .collect();
+    let mut count = 0;
+    for (index, sample) in samples.into_iter().enumerate() {
+        let sample = sample?;
+        let outs = interp.run(graph, &sample).map_err(|e| CalibError::Run {
+            index,
+            message: e.to_string(),
+        })?;
+        for (((_, val), obs), &v) in outs
+            .into_iter()
+            .skip(n_out)
+            .zip(observers.iter_mut())
+            .zip(&observed)
+        {
+            if let Some(t) = val.as_tensor()
+                && t.dtype.is_float()
+                && let Ok(xs) = t.to_f32()
+            {
+                let channels = t.shape.last().copied().unwrap_or(1);
+                obs.observe(&xs, channels).map_err(|e| CalibError::Run {
+                    index,
+                    message: format!("value '{}': {e}", name(v)),
+                })?;
+            }
+        }
+        count += 1;
+    }
+    if count == 0 {
+        return Err(CalibError::Empty);
+    }
+    Ok(observed
+        .into_iter()
+        .zip(observers)
+        .map(|(v, o)| (v, o.finish()))
+        .filter(|(_, s)| s.rows > 0)
+        .collect())
 }
 
 #[cfg(test)]

@@ -28,8 +28,11 @@
 //! ...) keep the range of their input, so a value seen through them is calibrated once at its
 //! source. Rounding and saturation are the interpreter's ([`mmq_kernels::quant`]).
 //!
-//! Only top-level graphs are quantized; nodes already fed by a `DequantizeLinear` (QAT models)
-//! are left as they are.
+//! A weight is an f32 constant: an initializer or the tensor of a `Constant` node (a `Constant`
+//! node left without readers is removed). `MatMul` and `Gemm` nodes inside `If`/`Loop`/`Scan`
+//! bodies are quantized dynamically under both schemes (calibration observes top-level values
+//! only), counted as `quantized-subgraph`; `Conv` in bodies stays float. Nodes already fed by a
+//! `DequantizeLinear` (QAT models) are left as they are.
 
 use std::collections::HashMap;
 
@@ -40,6 +43,8 @@ use mmq_kernels::quant::quantize_value;
 
 use crate::pass::{Pass, PassError, PassOptions, PassReport};
 use crate::quant::calibrate::{Range, Ranges};
+use crate::quant::place::{self, Placement, Unit};
+use crate::quant::weight_only::const_source;
 
 /// Chooses the nodes a pass may quantize (a precision map's plan).
 pub type NodeFilter = Box<dyn Fn(&Module, Node) -> bool + Send + Sync>;
@@ -69,6 +74,9 @@ pub struct Int8Pass {
     /// 8-bit weights give results that differ from the model's (on the 64-wide CLIP fixture,
     /// cosine 0.80 instead of 0.9997); 7-bit weights keep every pair sum in range.
     pub reduce_range: bool,
+    /// Which units stay integer ([`Placement::Cost`] by default: the target's cost model
+    /// decides, see [`crate::quant::place`]).
+    pub placement: Placement,
 }
 
 impl Int8Pass {
@@ -78,7 +86,14 @@ impl Int8Pass {
             scheme,
             filter: None,
             reduce_range: true,
+            placement: Placement::default(),
         }
+    }
+
+    /// The same pass with another placement.
+    pub fn with_placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
+        self
     }
 
     /// Restricts the pass to the nodes `filter` accepts.
@@ -175,9 +190,7 @@ fn site(m: &Module, n: Node) -> Option<Site> {
     };
     let act = (*node.inputs.first()?)?;
     let weight = (*node.inputs.get(1)?)?;
-    let ValueDef::Const(c) = m.values[weight].def else {
-        return None;
-    };
+    let c = const_source(m, weight)?;
     let wc = &m.consts[c];
     if wc.dtype != DType::F32 {
         return None;
@@ -400,31 +413,46 @@ impl Pass for Int8Pass {
         }
     }
 
-    fn run(&self, m: &mut Module, _opts: &PassOptions) -> Result<PassReport, PassError> {
+    fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
         let mut report = PassReport::default();
-        let graphs: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
-        for graph in graphs {
+        let graphs = graphs_with_bodies(m);
+        // Weights read from `Constant` nodes; those nodes go once nothing reads them.
+        let mut sources: Vec<Value> = Vec::new();
+        // Name counter across graphs: a body sees the names of its enclosing graphs.
+        let mut next = 0;
+        for (graph, body) in graphs {
             if m.onnx_opset(graph).unwrap_or(0) < 13 {
-                report.notes.push(format!(
-                    "graph '{}': opset below 13, not quantized",
-                    m.graphs[graph].name
-                ));
+                if !body {
+                    report.notes.push(format!(
+                        "graph '{}': opset below 13, not quantized",
+                        m.graphs[graph].name
+                    ));
+                }
                 continue;
             }
+            // Calibration observes top-level values only: bodies are quantized dynamically.
+            let scheme = if body {
+                &Int8Scheme::Dynamic
+            } else {
+                &self.scheme
+            };
             let mut b = Builder {
                 graph,
                 before: HashMap::new(),
                 after: HashMap::new(),
                 shared: HashMap::new(),
-                next: 0,
+                next,
                 qmax: if self.reduce_range { 63 } else { 127 },
             };
             let nodes = m.graphs[graph].nodes.clone();
+            // Each unit with its float form, for placement.
+            let mut units: Vec<Unit> = Vec::new();
             for &n in &nodes {
                 if self.filter.as_ref().is_some_and(|f| !f(m, n)) {
                     continue;
                 }
                 let Some(mut s) = site(m, n) else { continue };
+                sources.push(s.weight);
                 let mut n = n;
                 if s.kind == Kind::Gemm {
                     n = gemm_to_matmul(m, &mut b, n, &s)?;
@@ -432,12 +460,13 @@ impl Pass for Int8Pass {
                     s = again;
                     report.count("gemm-as-matmul", 1);
                 }
-                match (&self.scheme, s.kind) {
+                match (scheme, s.kind) {
                     (Int8Scheme::Static { ranges, symmetric }, Kind::MatMul) => {
                         let Some(r) = ranges.get(range_source(m, s.act)) else {
                             report.count("skipped-no-range", 1);
                             continue;
                         };
+                        units.extend(unit(m, n));
                         let (a, _) = b.fake_quant_act(m, n, s.act, r, *symmetric);
                         let w = dq_weight(m, &mut b, n, s.weight, 1)?;
                         m.nodes[n].inputs[0] = Some(a);
@@ -454,14 +483,27 @@ impl Pass for Int8Pass {
                             report.count("skipped-no-range", 1);
                             continue;
                         };
+                        let float = unit(m, n);
                         conv_static(m, &mut b, n, &s, y, r, ry, *symmetric)?;
+                        // The unit's result is the DQ placed after the Conv.
+                        let out = b
+                            .after
+                            .get(&n)
+                            .and_then(|a| a.last())
+                            .and_then(|&d| m.nodes[d].outputs.first().copied().flatten());
+                        units.extend(float.zip(out).map(|(u, out)| Unit { out, ..u }));
                         report.count("quantized-conv", 1);
                     }
                     (Int8Scheme::Dynamic, Kind::MatMul) => {
+                        units.extend(unit(m, n));
                         matmul_dynamic(m, &mut b, n, &s)?;
                         report.count("quantized-matmul", 1);
+                        if body {
+                            report.count("quantized-subgraph", 1);
+                        }
                     }
-                    (Int8Scheme::Dynamic, Kind::Conv) | (_, Kind::Gemm) => {}
+                    (Int8Scheme::Dynamic, Kind::Conv) => report.count("skipped-conv-dynamic", 1),
+                    (_, Kind::Gemm) => {}
                 }
             }
             let mut order = Vec::with_capacity(nodes.len());
@@ -469,15 +511,96 @@ impl Pass for Int8Pass {
                 b.emit(n, &mut order);
             }
             m.graphs[graph].nodes = order;
+            next = b.next;
+            if self.placement == Placement::Cost && !body && !units.is_empty() {
+                let d = place::place(m, graph, &units, opts.target);
+                report.count("placed-integer", d.integer);
+                report.count("placed-float", d.float);
+                report.notes.push(format!(
+                    "graph '{}': the {:?} cost model keeps {} of {} quantized units integer (estimated {:.1} us){}",
+                    m.graphs[graph].name,
+                    opts.target,
+                    d.integer,
+                    d.integer + d.float,
+                    d.cost,
+                    if d.float > 0 {
+                        "; the others are estimated faster in float (--placement all quantizes every one)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        remove_unread_constant_nodes(m, &sources);
+        if let Some(&n) = report.counters.get("skipped-conv-dynamic") {
+            report.notes.push(format!(
+                "{n} Conv nodes left in float: dynamic INT8 covers MatMul and Gemm only; --quant int8 quantizes Conv statically (QLinearConv)"
+            ));
+        }
+        if let (Int8Scheme::Static { .. }, Some(&n)) =
+            (&self.scheme, report.counters.get("quantized-subgraph"))
+        {
+            report.notes.push(format!(
+                "{n} MatMul/Gemm nodes in If/Loop/Scan bodies quantized dynamically (calibration observes top-level values only)"
+            ));
         }
         Ok(report)
+    }
+}
+
+/// Every graph to quantize: each top-level graph (`false`) followed by the `If`/`Loop`/`Scan`
+/// bodies nested in it (`true`).
+fn graphs_with_bodies(m: &Module) -> Vec<(GraphId, bool)> {
+    m.entries
+        .iter()
+        .flat_map(|e| {
+            m.graph_tree(e.graph)
+                .into_iter()
+                .map(move |g| (g, g != e.graph))
+        })
+        .collect()
+}
+
+/// Removes the `Constant` nodes producing `values` that no node or graph output reads any more
+/// (their weights were replaced by quantized ones).
+fn remove_unread_constant_nodes(m: &mut Module, values: &[Value]) {
+    let dead: Vec<(Node, GraphId)> = values
+        .iter()
+        .filter_map(|&v| match m.values[v].def {
+            ValueDef::Output { node, .. } if matches!(m.nodes[node].op, Op::Constant { .. }) => {
+                Some((node, m.nodes[node].graph))
+            }
+            _ => None,
+        })
+        .collect();
+    if dead.is_empty() {
+        return;
+    }
+    let mut read = std::collections::HashSet::new();
+    for e in &m.entries {
+        for g in m.graph_tree(e.graph) {
+            read.extend(m.graphs[g].outputs.iter().copied());
+            for &n in &m.graphs[g].nodes {
+                read.extend(m.nodes[n].inputs.iter().flatten().copied());
+            }
+        }
+    }
+    for (node, graph) in dead {
+        if m.nodes[node]
+            .outputs
+            .iter()
+            .flatten()
+            .all(|v| !read.contains(v))
+        {
+            m.graphs[graph].nodes.retain(|&n| n != node);
+        }
     }
 }
 
 /// Rewrites a `Gemm` site as `MatMul(a, B)` (B transposed ahead when `transB`), followed by
 /// `Add(·, C)` when it has a bias; returns the `MatMul` node.
 fn gemm_to_matmul(m: &mut Module, b: &mut Builder, n: Node, s: &Site) -> Result<Node, PassError> {
-    let ValueDef::Const(c) = m.values[s.weight].def else {
+    let Some(c) = const_source(m, s.weight) else {
         return Err(fail("weight is not a constant".into()));
     };
     let trans_b = matches!(m.nodes[n].op, Op::Gemm { trans_b: Some(t), .. } if t != 0);
@@ -540,7 +663,7 @@ fn dq_weight(
     w: Value,
     axis: usize,
 ) -> Result<(Value, Vec<f32>), PassError> {
-    let ValueDef::Const(c) = m.values[w].def else {
+    let Some(c) = const_source(m, w) else {
         return Err(fail("weight is not a constant".into()));
     };
     let data = &m.consts[c];
@@ -605,7 +728,7 @@ fn conv_static(
     m.nodes[n].inputs[0] = Some(a);
     m.nodes[n].inputs[1] = Some(w);
     if let Some(Some(bias)) = m.nodes[n].inputs.get(2).copied()
-        && let ValueDef::Const(c) = m.values[bias].def
+        && let Some(c) = const_source(m, bias)
         && m.consts[c].num_elements() == w_scales.len()
     {
         let t = Tensor::from_const(&m.consts[c]).map_err(|e| fail(format!("bias: {e}")))?;
@@ -695,7 +818,7 @@ fn replace_uses(m: &mut Module, graph: GraphId, old: Value, new: Value, skip: &[
 }
 
 fn matmul_dynamic(m: &mut Module, b: &mut Builder, n: Node, s: &Site) -> Result<(), PassError> {
-    let ValueDef::Const(c) = m.values[s.weight].def else {
+    let Some(c) = const_source(m, s.weight) else {
         return Err(fail("weight is not a constant".into()));
     };
     let data = &m.consts[c];
@@ -782,6 +905,17 @@ fn matmul_dynamic(m: &mut Module, b: &mut Builder, n: Node, s: &Site) -> Result<
     node.op = Op::Mul {};
     node.inputs = vec![Some(cast), Some(prod)];
     Ok(())
+}
+
+/// The float form of node `n` as it is now (op and operands) with its first result, before its
+/// quantized unit replaces it.
+fn unit(m: &Module, n: Node) -> Option<Unit> {
+    let node = &m.nodes[n];
+    Some(Unit {
+        out: node.outputs.first().copied().flatten()?,
+        op: node.op.clone(),
+        inputs: node.inputs.clone(),
+    })
 }
 
 #[cfg(test)]

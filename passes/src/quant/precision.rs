@@ -280,11 +280,128 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// How reports call the rule: its name, else `rule at line N`.
+    /// A rule built in code (line 0): node-name globs (none: every node), op kinds and
+    /// modalities, as a map's `nodes`, `ops` and `modality` keys take them. Fails with the
+    /// glob's error when a glob does not parse ([`escape_glob`] makes any name a valid glob).
+    pub fn new(
+        name: Option<String>,
+        nodes: Vec<String>,
+        ops: Vec<String>,
+        modality: Vec<Modality>,
+        settings: Settings,
+    ) -> Result<Rule, globset::Error> {
+        let glob_set = if nodes.is_empty() {
+            None
+        } else {
+            let mut builder = GlobSetBuilder::new();
+            for g in &nodes {
+                builder.add(Glob::new(g)?);
+            }
+            Some(builder.build()?)
+        };
+        Ok(Rule {
+            name,
+            line: 0,
+            settings,
+            selectors: Selectors {
+                globs: nodes,
+                glob_set,
+                ops,
+                modality,
+            },
+        })
+    }
+
+    /// How reports call the rule: its name, else `rule at line N` (a rule built in code has
+    /// no line: `rule 'NAME'`, or its first glob).
     pub fn label(&self) -> String {
-        match &self.name {
-            Some(n) => format!("rule '{n}' (line {})", self.line),
-            None => format!("rule at line {}", self.line),
+        match (&self.name, self.line) {
+            (Some(n), 0) => format!("rule '{n}'"),
+            (Some(n), line) => format!("rule '{n}' (line {line})"),
+            (None, 0) => match self.selectors.globs.first() {
+                Some(g) => format!("rule for '{g}'"),
+                None => "rule built in code".to_owned(),
+            },
+            (None, line) => format!("rule at line {line}"),
+        }
+    }
+
+    /// The rule's node-name globs (empty: every node).
+    pub fn nodes(&self) -> &[String] {
+        &self.selectors.globs
+    }
+
+    /// The rule's op kinds (empty: every op).
+    pub fn ops(&self) -> &[String] {
+        &self.selectors.ops
+    }
+
+    /// The rule's modalities (empty: every modality).
+    pub fn modality(&self) -> &[Modality] {
+        &self.selectors.modality
+    }
+}
+
+/// A glob that matches exactly `name`: each glob metacharacter (`*`, `?`, `[`, `]`, `{`, `}`,
+/// `\`) becomes a one-character class.
+pub fn escape_glob(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c {
+            '*' | '?' | '[' | ']' | '{' | '}' | '\\' => {
+                out.push('[');
+                out.push(c);
+                out.push(']');
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// `s` as a TOML basic string (quoted, with `"`, `\` and control characters escaped).
+fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `key = [ "a", "b" ]` for a list of strings.
+fn toml_list<'a>(items: impl Iterator<Item = &'a str>) -> String {
+    let items: Vec<String> = items.map(toml_string).collect();
+    format!("[{}]", items.join(", "))
+}
+
+impl Settings {
+    /// The settings' keys as TOML lines (`scheme`, then what is given of `granularity`,
+    /// `block`, `symmetric`, `calibration`).
+    fn to_toml(&self, out: &mut String) {
+        out.push_str(&format!("scheme = {}\n", toml_string(self.scheme.name())));
+        match self.granularity {
+            Some(Granularity::PerTensor) => out.push_str("granularity = \"per-tensor\"\n"),
+            Some(Granularity::PerChannel) => out.push_str("granularity = \"per-channel\"\n"),
+            Some(Granularity::PerGroup { block }) => {
+                out.push_str(&format!("granularity = \"per-group\"\nblock = {block}\n"));
+            }
+            None => {}
+        }
+        if let Some(s) = self.symmetric {
+            out.push_str(&format!("symmetric = {s}\n"));
+        }
+        if let Some(c) = self.calibration {
+            out.push_str(&format!("calibration = {}\n", toml_string(&c.to_string())));
         }
     }
 }
@@ -888,6 +1005,55 @@ impl PrecisionMap {
     }
 }
 
+impl PrecisionMap {
+    /// A map built in code.
+    pub fn new(default: Settings, rules: Vec<Rule>) -> PrecisionMap {
+        PrecisionMap { default, rules }
+    }
+
+    /// The map as TOML text that [`PrecisionMap::parse`] reads back to the same map (rule
+    /// lines aside): `[default]`, then one `[[rule]]` per rule.
+    pub fn to_toml(&self) -> String {
+        self.to_toml_with(|_| None)
+    }
+
+    /// [`PrecisionMap::to_toml`] with a comment line before rule `i` where `comment(i)` gives
+    /// one (control characters in it, line breaks included, become spaces).
+    pub fn to_toml_with(&self, comment: impl Fn(usize) -> Option<String>) -> String {
+        let mut out = String::from("[default]\n");
+        self.default.to_toml(&mut out);
+        for (i, r) in self.rules.iter().enumerate() {
+            out.push('\n');
+            if let Some(c) = comment(i) {
+                let c: String = c
+                    .chars()
+                    .map(|ch| if ch.is_control() { ' ' } else { ch })
+                    .collect();
+                out.push_str(&format!("# {c}\n"));
+            }
+            out.push_str("[[rule]]\n");
+            if let Some(n) = &r.name {
+                out.push_str(&format!("name = {}\n", toml_string(n)));
+            }
+            let sel = &r.selectors;
+            if !sel.globs.is_empty() {
+                let list = toml_list(sel.globs.iter().map(String::as_str));
+                out.push_str(&format!("nodes = {list}\n"));
+            }
+            if !sel.ops.is_empty() {
+                let list = toml_list(sel.ops.iter().map(String::as_str));
+                out.push_str(&format!("ops = {list}\n"));
+            }
+            if !sel.modality.is_empty() {
+                let list = toml_list(sel.modality.iter().map(|m| m.name()));
+                out.push_str(&format!("modality = {list}\n"));
+            }
+            r.settings.to_toml(&mut out);
+        }
+        out
+    }
+}
+
 /// The settings of every node of a graph tree (see [`PrecisionMap::plan`]).
 #[derive(Clone, Debug, Default)]
 pub struct Plan {
@@ -1213,5 +1379,97 @@ scheme = "fp16"
             d.contains("rule at line 2: 1 nodes -> fp8, per-tensor, symmetric, calibration minmax"),
             "{d}"
         );
+    }
+
+    #[test]
+    fn escaped_globs_match_exactly_their_name() {
+        let names = [
+            "/blocks.0/attn/MatMul",
+            "a*b",
+            "w[0]",
+            "x?y",
+            "{p,q}",
+            "back\\slash",
+            "node_MatMul_30",
+        ];
+        for name in names {
+            let g = escape_glob(name);
+            let set = GlobSetBuilder::new()
+                .add(Glob::new(&g).unwrap_or_else(|e| panic!("{name}: {g}: {e}")))
+                .build()
+                .expect("glob set");
+            assert!(set.is_match(name), "{name} via {g}");
+            for other in names.iter().filter(|o| **o != name) {
+                assert!(!set.is_match(other), "{g} matches {other}");
+            }
+        }
+        assert!(!Glob::new("a*b").unwrap().compile_matcher().is_match("a*bc"));
+        assert_eq!(escape_glob("a*b"), "a[*]b");
+    }
+
+    #[test]
+    fn a_map_built_in_code_prints_as_toml_that_parses_back() {
+        let int4 = Settings {
+            scheme: Scheme::Int4,
+            granularity: Some(Granularity::PerGroup { block: 64 }),
+            symmetric: Some(false),
+            calibration: None,
+        };
+        let int8 = Settings {
+            scheme: Scheme::Int8,
+            granularity: Some(Granularity::PerTensor),
+            symmetric: None,
+            calibration: Some(Observer::Percentile { percentile: 99.9 }),
+        };
+        let weird = "say \"hi\"\\ [x]*\ttab";
+        let rules = vec![
+            Rule::new(
+                Some("first \"one\"".into()),
+                vec![escape_glob(weird)],
+                vec![],
+                vec![],
+                int4.clone(),
+            )
+            .expect("rule"),
+            Rule::new(
+                None,
+                vec!["/text/*".into(), escape_glob("a{b}")],
+                vec!["MatMul".into(), "com.microsoft.Attention".into()],
+                vec![Modality::Text, Modality::Fusion],
+                int8.clone(),
+            )
+            .expect("rule"),
+            Rule::new(None, vec![], vec!["Conv".into()], vec![], Settings::float()).expect("rule"),
+        ];
+        let map = PrecisionMap::new(
+            Settings {
+                scheme: Scheme::Fp8,
+                ..Settings::float()
+            },
+            rules,
+        );
+        assert_eq!(map.rules[0].label(), "rule 'first \"one\"'");
+        assert_eq!(map.rules[2].label(), "rule built in code");
+        let text = map.to_toml_with(|i| (i == 1).then(|| "two\nlines".to_owned()));
+        assert!(text.contains("# two lines\n[[rule]]"), "{text}");
+        let (back, warnings) =
+            PrecisionMap::parse(&text).unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+        assert!(warnings.is_empty(), "{warnings:?}\n{text}");
+        assert_eq!(back.default, map.default);
+        assert_eq!(back.rules.len(), 3);
+        for (a, b) in map.rules.iter().zip(&back.rules) {
+            assert_eq!(a.name, b.name);
+            assert_eq!(a.settings, b.settings);
+            assert_eq!(a.nodes(), b.nodes());
+            assert_eq!(a.ops(), b.ops());
+            assert_eq!(a.modality(), b.modality());
+            assert!(b.line > 0);
+        }
+        // The escaped name still selects exactly the node it names.
+        let sel = &back.rules[0].selectors;
+        let op = Op::from_parts("", "MatMul", vec![]);
+        assert!(sel.matches(Some(weird), &op, Modality::Text));
+        assert!(!sel.matches(Some("say"), &op, Modality::Text));
+        assert_eq!(back.to_toml(), map.to_toml());
     }
 }

@@ -188,8 +188,9 @@ enum Quantized {
     },
 }
 
-/// The constant a value holds: an initializer, or the tensor of a `Constant` node.
-fn const_source(m: &Module, v: Value) -> Option<Const> {
+/// The constant a value holds: an initializer, or the tensor of a `Constant` node (shared by
+/// the weight-only, INT8 and FP16 passes).
+pub(crate) fn const_source(m: &Module, v: Value) -> Option<Const> {
     match m.values.get(v)?.def {
         ValueDef::Const(c) => Some(c),
         ValueDef::Output { node, .. } => match &m.nodes[node].op {
@@ -802,7 +803,12 @@ fn block_error(vals: &[f32], scale: f32, zp: u8) -> f32 {
 /// point 8); asymmetric ones spread `[min(lo, 0), max(hi, 0)]` over 0..=15. With `search`, the
 /// range is also tried shrunk by each factor of [`SHRINK`] and the choice with the least
 /// squared error of the block is kept.
-fn quantize_block(vals: &[f32], symmetric: bool, search: bool, codes: &mut [u8]) -> (f32, u8) {
+pub(crate) fn quantize_block(
+    vals: &[f32],
+    symmetric: bool,
+    search: bool,
+    codes: &mut [u8],
+) -> (f32, u8) {
     let stats = BlockStats::of(vals, symmetric);
     let (mut scale, mut zp) = stats.params(1.0);
     if search && scale != 0.0 {

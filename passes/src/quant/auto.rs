@@ -1,0 +1,708 @@
+//! Automatic per-layer precision (`mmq compile --auto TARGET`): the most compressed scheme per
+//! quantizable node that keeps the end-to-end cosine of the main output at or above a target.
+//!
+//! - **Candidates** ([`candidates`]): the nodes of the entry graph that the scheme passes can
+//!   quantize, each with its ladder of schemes from most to least compressed: a `MatMul` or
+//!   `Gemm` with a constant weight climbs `int4 → int8 → float`, a `Conv` with a constant weight
+//!   `int8 → float` (a scheme the passes cannot apply to the node is left out of its ladder). A
+//!   precision map addresses a node by its name, so only nodes whose name is unique in the graph
+//!   tree are candidates; the others stay float and are counted in [`Candidates::unnamed`].
+//! - **Measure** ([`Reference`]): the main output (the first floating-point output of the graph
+//!   with at least two elements on the first sample, else the first floating-point one, as the
+//!   accuracy report's end-to-end figure picks it) is computed once in FP32; a quantized module's
+//!   cosine is the mean over samples of the per-sample cosine of its main output against that
+//!   (1 when identical, non-finite elements left out).
+//! - **Search** ([`search`]), with a caller-supplied evaluation (quantize a copy of the module
+//!   with the assignment, measure it):
+//!   1. sensitivity: each candidate alone at its most compressed scheme, every other node float;
+//!      its loss is `1 − cosine`;
+//!   2. every candidate starts at its most compressed scheme. One *step* moves the most
+//!      sensitive candidate still below float one rung up its ladder, so the steps form a fixed
+//!      sequence (the most sensitive candidate climbs to float, then the next one...). The search
+//!      takes the shortest prefix of that sequence whose cosine reaches the target: after trying
+//!      no step and every step (all float), a binary search over the number of steps. This needs
+//!      `2 + log2(steps)` evaluations instead of one per step and relies on the cosine growing
+//!      with the steps, which holds in practice; whatever it returns was measured at or above
+//!      the target.
+//! - **Map** ([`Choice::map`]): one rule per candidate by exact name (glob metacharacters
+//!   escaped), the most sensitive first, and `[default] scheme = "float"`; compiling with it as
+//!   a precision map gives the chosen model.
+
+use std::collections::HashMap;
+
+use mmq_ir::{GraphId, Module, Node, Op};
+use mmq_kernels::{Interpreter, KernelError, Tensor};
+
+use crate::quant::calibrate::Sample;
+use crate::quant::int8::{Int8Pass, NodeFilter};
+use crate::quant::precision::{PrecisionMap, Rule, Scheme, Settings, escape_glob};
+use crate::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass};
+
+/// Why the automatic choice failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AutoError {
+    /// The target is not a cosine in `[0, 1]`.
+    #[error("target cosine {0} is not in [0, 1]")]
+    Target(f64),
+    /// No samples were given.
+    #[error("choosing precisions needs at least one sample")]
+    NoSamples,
+    /// The graph has no floating-point output to measure.
+    #[error("the model has no floating-point output to compare")]
+    NoOutput,
+    /// The quantized module's main output cannot be compared with the original's.
+    #[error("output '{output}' of the quantized model: {reason}")]
+    Output {
+        /// The main output's name.
+        output: String,
+        /// What differs (dtype, element count).
+        reason: String,
+    },
+    /// Running a module on a sample failed.
+    #[error("running the {which} model on sample {sample}: {source}")]
+    Run {
+        /// `original` or `quantized`.
+        which: &'static str,
+        /// The sample's index.
+        sample: usize,
+        /// The interpreter's error.
+        source: KernelError,
+    },
+    /// Even every node in float misses the target.
+    #[error("no choice reaches cosine {target}: with every node float it is {best}")]
+    Unreachable {
+        /// The target.
+        target: f64,
+        /// The cosine with every candidate float.
+        best: f64,
+    },
+    /// A rule of the chosen map could not be built.
+    #[error("node '{node}': {message}")]
+    Rule {
+        /// The node's name.
+        node: String,
+        /// The glob error.
+        message: String,
+    },
+}
+
+/// A node the search may quantize.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    /// The node.
+    pub node: Node,
+    /// Its name (unique in the graph tree).
+    pub name: String,
+    /// Its op type (`MatMul`, `Gemm`, `Conv`).
+    pub op: String,
+    /// Its schemes from most to least compressed, ending with [`Scheme::Float`].
+    pub ladder: Vec<Scheme>,
+}
+
+/// The candidates of a graph.
+#[derive(Clone, Debug, Default)]
+pub struct Candidates {
+    /// In node order.
+    pub list: Vec<Candidate>,
+    /// Quantizable nodes left float because they have no name, or one that other nodes share.
+    pub unnamed: usize,
+}
+
+/// The nodes of top-level graph `graph` that the INT4 weight-only and INT8 passes can quantize
+/// (see the module documentation).
+pub fn candidates(m: &Module, graph: GraphId) -> Candidates {
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    for g in m.graph_tree(graph) {
+        for &n in &m.graphs[g].nodes {
+            if let Some(name) = m.nodes[n].name.as_deref() {
+                *names.entry(name).or_default() += 1;
+            }
+        }
+    }
+    let mut out = Candidates::default();
+    for &n in &m.graphs[graph].nodes {
+        let node = &m.nodes[n];
+        if !matches!(node.op, Op::MatMul {} | Op::Gemm { .. } | Op::Conv { .. }) {
+            continue;
+        }
+        let only = move || -> NodeFilter { Box::new(move |_, x| x == n) };
+        let int4 = !WeightOnlyPass::new(WeightOnlyConfig::default())
+            .with_filter(only())
+            .activation_inputs(m, graph)
+            .is_empty();
+        let int8 = Int8Pass::activations(m, Some(&only()))
+            .iter()
+            .any(|(g, v)| *g == graph && !v.is_empty());
+        if !int4 && !int8 {
+            continue;
+        }
+        let name = match node.name.as_deref() {
+            Some(name) if !name.is_empty() && names.get(name) == Some(&1) => name.to_owned(),
+            _ => {
+                out.unnamed += 1;
+                continue;
+            }
+        };
+        let mut ladder = Vec::new();
+        if int4 {
+            ladder.push(Scheme::Int4);
+        }
+        if int8 {
+            ladder.push(Scheme::Int8);
+        }
+        ladder.push(Scheme::Float);
+        out.list.push(Candidate {
+            node: n,
+            name,
+            op: node.op.op_type().to_owned(),
+            ladder,
+        });
+    }
+    out
+}
+
+/// The FP32 main output on the samples, to measure quantized modules against.
+#[derive(Clone, Debug)]
+pub struct Reference {
+    output: String,
+    index: usize,
+    values: Vec<Vec<f64>>,
+}
+
+impl Reference {
+    /// Runs top-level graph `graph` of `m` on `samples` and keeps its main output.
+    pub fn new(m: &Module, graph: GraphId, samples: &[Sample]) -> Result<Reference, AutoError> {
+        if samples.is_empty() {
+            return Err(AutoError::NoSamples);
+        }
+        let interp = Interpreter::new(m);
+        let mut main: Option<(usize, String)> = None;
+        let mut values = Vec::with_capacity(samples.len());
+        for (s, sample) in samples.iter().enumerate() {
+            let outs = interp.run(graph, sample).map_err(|source| AutoError::Run {
+                which: "original",
+                sample: s,
+                source,
+            })?;
+            if main.is_none() {
+                let float = |min_len: usize| {
+                    outs.iter().enumerate().find_map(|(i, (name, v))| {
+                        v.as_tensor()
+                            .filter(|t| t.dtype.is_float() && t.len() >= min_len)
+                            .map(|_| (i, name.clone()))
+                    })
+                };
+                main = float(2).or_else(|| float(0));
+            }
+            let Some((i, _)) = &main else {
+                return Err(AutoError::NoOutput);
+            };
+            let t = outs
+                .get(*i)
+                .and_then(|(_, v)| v.as_tensor())
+                .filter(|t| t.dtype.is_float())
+                .ok_or(AutoError::NoOutput)?;
+            values.push(to_f64(t).map_err(|_| AutoError::NoOutput)?);
+        }
+        let Some((index, output)) = main else {
+            return Err(AutoError::NoOutput);
+        };
+        Ok(Reference {
+            output,
+            index,
+            values,
+        })
+    }
+
+    /// The main output's name.
+    pub fn output(&self) -> &str {
+        &self.output
+    }
+
+    /// The mean over `samples` (those given to [`Reference::new`], in the same order) of the
+    /// cosine of `quantized`'s main output (found by name, else by position) against the FP32
+    /// one.
+    pub fn cosine(&self, quantized: &Module, samples: &[Sample]) -> Result<f64, AutoError> {
+        let graph = quantized
+            .entries
+            .first()
+            .map(|e| e.graph)
+            .ok_or(AutoError::NoOutput)?;
+        let interp = Interpreter::new(quantized);
+        let mut sum = 0.0;
+        for (s, (sample, want)) in samples.iter().zip(&self.values).enumerate() {
+            let outs = interp.run(graph, sample).map_err(|source| AutoError::Run {
+                which: "quantized",
+                sample: s,
+                source,
+            })?;
+            let j = outs
+                .iter()
+                .position(|(n, _)| *n == self.output)
+                .unwrap_or(self.index);
+            let mismatch = |reason: String| AutoError::Output {
+                output: self.output.clone(),
+                reason,
+            };
+            let t = outs
+                .get(j)
+                .and_then(|(_, v)| v.as_tensor())
+                .ok_or_else(|| mismatch("missing or not a tensor".to_owned()))?;
+            if !t.dtype.is_float() {
+                return Err(mismatch(format!("dtype {} is not floating point", t.dtype)));
+            }
+            let got = to_f64(t).map_err(mismatch)?;
+            if got.len() != want.len() {
+                return Err(mismatch(format!(
+                    "{} elements instead of {}",
+                    got.len(),
+                    want.len()
+                )));
+            }
+            sum += cosine(want, &got);
+        }
+        Ok(sum / samples.len().min(self.values.len()).max(1) as f64)
+    }
+}
+
+fn to_f64(t: &Tensor) -> Result<Vec<f64>, String> {
+    t.to_f64().map_err(|e| e.to_string())
+}
+
+/// Cosine of two vectors, non-finite pairs left out; identical vectors (two zero vectors too)
+/// give 1, a zero vector against a non-zero one 0.
+fn cosine(x: &[f64], y: &[f64]) -> f64 {
+    let (mut xx, mut yy, mut xy, mut ee) = (0.0, 0.0, 0.0, 0.0);
+    for (&a, &b) in x.iter().zip(y) {
+        if !a.is_finite() || !b.is_finite() {
+            continue;
+        }
+        xx += a * a;
+        yy += b * b;
+        xy += a * b;
+        ee += (a - b) * (a - b);
+    }
+    if ee == 0.0 {
+        return 1.0;
+    }
+    let d = (xx * yy).sqrt();
+    if d == 0.0 {
+        0.0
+    } else {
+        (xy / d).clamp(-1.0, 1.0)
+    }
+}
+
+/// The outcome of [`search`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    /// The chosen scheme per candidate (in the order of the candidates given).
+    pub schemes: Vec<Scheme>,
+    /// Per candidate, `1 − cosine` with only it at its most compressed scheme.
+    pub sensitivity: Vec<f64>,
+    /// Candidate indices, most sensitive first (ties in candidate order).
+    pub order: Vec<usize>,
+    /// The cosine of the choice.
+    pub cosine: f64,
+    /// Steps taken (candidates moved one rung up).
+    pub steps: usize,
+    /// Evaluations made.
+    pub evaluations: usize,
+}
+
+/// Chooses a scheme per candidate (see the module documentation). `evaluate` gets one scheme per
+/// candidate and returns the cosine of the module quantized that way.
+pub fn search<E: From<AutoError>>(
+    candidates: &[Candidate],
+    target: f64,
+    mut evaluate: impl FnMut(&[Scheme]) -> Result<f64, E>,
+) -> Result<Choice, E> {
+    if !(0.0..=1.0).contains(&target) {
+        return Err(AutoError::Target(target).into());
+    }
+    let n = candidates.len();
+    let bottom = |c: &Candidate| c.ladder.first().copied().unwrap_or(Scheme::Float);
+    let mut evaluations = 0usize;
+    let mut eval = |schemes: &[Scheme]| {
+        evaluations += 1;
+        evaluate(schemes)
+    };
+
+    let mut sensitivity = vec![0.0; n];
+    for (i, c) in candidates.iter().enumerate() {
+        let mut s = vec![Scheme::Float; n];
+        s[i] = bottom(c);
+        if s[i] != Scheme::Float {
+            sensitivity[i] = 1.0 - eval(&s)?;
+        }
+    }
+    // A NaN loss (a broken output) counts as the most sensitive.
+    let key = |i: usize| {
+        if sensitivity[i].is_nan() {
+            f64::INFINITY
+        } else {
+            sensitivity[i]
+        }
+    };
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)));
+
+    // Step k moves candidate moves[k] one rung up.
+    let moves: Vec<usize> = order
+        .iter()
+        .flat_map(|&i| std::iter::repeat_n(i, candidates[i].ladder.len().saturating_sub(1)))
+        .collect();
+    let state = |k: usize| {
+        let mut level = vec![0usize; n];
+        for &i in &moves[..k] {
+            level[i] += 1;
+        }
+        candidates
+            .iter()
+            .zip(level)
+            .map(|(c, l)| c.ladder.get(l).copied().unwrap_or(Scheme::Float))
+            .collect::<Vec<_>>()
+    };
+    let reached = |c: f64| c >= target;
+
+    let first = eval(&state(0))?;
+    let (steps, cosine) = if reached(first) {
+        (0, first)
+    } else {
+        let last = moves.len();
+        let all = eval(&state(last))?;
+        if !reached(all) {
+            return Err(AutoError::Unreachable { target, best: all }.into());
+        }
+        // Invariant: `lo` steps miss the target, `hi` steps reach it with cosine `best`.
+        let (mut lo, mut hi, mut best) = (0, last, all);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            let c = eval(&state(mid))?;
+            if reached(c) {
+                hi = mid;
+                best = c;
+            } else {
+                lo = mid;
+            }
+        }
+        (hi, best)
+    };
+    Ok(Choice {
+        schemes: state(steps),
+        sensitivity,
+        order,
+        cosine,
+        steps,
+        evaluations,
+    })
+}
+
+/// A precision map giving candidate `i` the scheme `schemes[i]` with `settings(scheme)`: one rule
+/// per candidate by exact name, in the order of `order`, and `[default] scheme = "float"`.
+pub fn assignment_map(
+    candidates: &[Candidate],
+    schemes: &[Scheme],
+    order: &[usize],
+    settings: &dyn Fn(Scheme) -> Settings,
+) -> Result<PrecisionMap, AutoError> {
+    let mut rules = Vec::with_capacity(order.len());
+    for &i in order {
+        let (Some(c), Some(&s)) = (candidates.get(i), schemes.get(i)) else {
+            continue;
+        };
+        let rule = Rule::new(
+            None,
+            vec![escape_glob(&c.name)],
+            Vec::new(),
+            Vec::new(),
+            settings(s),
+        )
+        .map_err(|e| AutoError::Rule {
+            node: c.name.clone(),
+            message: e.to_string(),
+        })?;
+        rules.push(rule);
+    }
+    Ok(PrecisionMap::new(Settings::float(), rules))
+}
+
+impl Choice {
+    /// The chosen map (rules most sensitive first; see [`assignment_map`]).
+    pub fn map(
+        &self,
+        candidates: &[Candidate],
+        settings: &dyn Fn(Scheme) -> Settings,
+    ) -> Result<PrecisionMap, AutoError> {
+        assignment_map(candidates, &self.schemes, &self.order, settings)
+    }
+
+    /// The chosen map as TOML: a comment header with the target and the cosine reached, a
+    /// comment with the op and sensitivity before each rule.
+    pub fn toml(
+        &self,
+        candidates: &[Candidate],
+        settings: &dyn Fn(Scheme) -> Settings,
+        target: f64,
+        output: &str,
+    ) -> Result<String, AutoError> {
+        let map = self.map(candidates, settings)?;
+        let mut text = format!(
+            "# Precision map chosen by `mmq compile --auto {target}`: the most compressed scheme\n\
+             # per node that keeps the mean cosine of output '{}' at or above {target}.\n\
+             # Achieved cosine: {:.8} on the calibration samples ({} evaluations).\n\
+             # Rules: most sensitive node first; sensitivity = 1 - cosine with the node alone at\n\
+             # its most compressed scheme.\n",
+            output.replace(|c: char| c.is_control(), " "),
+            self.cosine,
+            self.evaluations,
+        );
+        text.push_str(&map.to_toml_with(|k| {
+            let i = *self.order.get(k)?;
+            let c = candidates.get(i)?;
+            Some(format!(
+                "{} {}: sensitivity {:.3e}",
+                c.op, c.name, self.sensitivity[i]
+            ))
+        }));
+        Ok(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(src: &str) -> Module {
+        match mmq_ir::text::parse(src) {
+            Ok((m, _)) => m,
+            Err(e) => panic!("test module does not parse: {e:?}"),
+        }
+    }
+
+    fn cand(name: &str, ladder: &[Scheme]) -> Candidate {
+        Candidate {
+            node: Node::from_index(0),
+            name: name.to_owned(),
+            op: "MatMul".to_owned(),
+            ladder: ladder.to_vec(),
+        }
+    }
+
+    const I4: [Scheme; 3] = [Scheme::Int4, Scheme::Int8, Scheme::Float];
+
+    /// A made-up cost model: each candidate loses `loss[i][rung]`, losses add up.
+    fn additive(
+        cands: &[Candidate],
+        loss: &[[f64; 3]],
+    ) -> impl FnMut(&[Scheme]) -> Result<f64, AutoError> {
+        let cands = cands.to_vec();
+        let loss = loss.to_vec();
+        move |s: &[Scheme]| {
+            let mut total = 0.0;
+            for (i, &sc) in s.iter().enumerate() {
+                let rung = cands[i].ladder.iter().position(|&x| x == sc).unwrap_or(0);
+                let rung = if sc == Scheme::Float { 2 } else { rung };
+                total += loss[i][rung];
+            }
+            Ok(1.0 - total)
+        }
+    }
+
+    #[test]
+    fn the_search_walks_the_sensitive_nodes_up_first() {
+        let cands = vec![cand("a", &I4), cand("b", &I4), cand("c", &I4)];
+        // b is the most sensitive, then c, then a.
+        let loss = [[0.001, 0.0001, 0.0], [0.05, 0.002, 0.0], [0.01, 0.001, 0.0]];
+        let all_int4 = 1.0 - (0.001 + 0.05 + 0.01);
+        let c = search(&cands, 0.5, additive(&cands, &loss)).expect("choice");
+        assert_eq!(c.schemes, vec![Scheme::Int4; 3]);
+        assert_eq!((c.steps, c.cosine), (0, all_int4));
+        assert_eq!(c.order, vec![1, 2, 0]);
+        assert!((c.sensitivity[1] - 0.05).abs() < 1e-12);
+        // 0.98: b to int8 (loss 0.013) is enough.
+        let c = search(&cands, 0.98, additive(&cands, &loss)).expect("choice");
+        assert_eq!(c.schemes, [Scheme::Int4, Scheme::Int8, Scheme::Int4]);
+        assert!(c.cosine >= 0.98);
+        // 0.99: b to float (0.011 left) is not enough, c to int8 too (0.002).
+        let c = search(&cands, 0.99, additive(&cands, &loss)).expect("choice");
+        assert_eq!(c.schemes, [Scheme::Int4, Scheme::Float, Scheme::Int8]);
+        assert_eq!(c.steps, 3);
+        // 1.0: everything float.
+        let c = search(&cands, 1.0, additive(&cands, &loss)).expect("choice");
+        assert_eq!(c.schemes, vec![Scheme::Float; 3]);
+        assert_eq!(c.cosine, 1.0);
+        // Evaluations: 3 sensitivities, no step, all steps, then log2(6) bisections.
+        assert!(c.evaluations <= 3 + 2 + 3, "{}", c.evaluations);
+    }
+
+    #[test]
+    fn the_search_takes_the_shortest_prefix_of_steps() {
+        // Compare with walking the steps one by one.
+        let cands: Vec<Candidate> = (0..7)
+            .map(|i| {
+                if i % 3 == 0 {
+                    cand(&format!("conv{i}"), &[Scheme::Int8, Scheme::Float])
+                } else {
+                    cand(&format!("mm{i}"), &I4)
+                }
+            })
+            .collect();
+        let loss: Vec<[f64; 3]> = (0..7)
+            .map(|i| {
+                let s = 0.001 * ((i * 7919) % 13 + 1) as f64;
+                [s, s / 10.0, 0.0]
+            })
+            .collect();
+        for target in [0.9, 0.95, 0.97, 0.99, 0.995, 0.999, 0.9999] {
+            let c = search(&cands, target, additive(&cands, &loss)).expect("choice");
+            assert!(c.cosine >= target, "{target}: {}", c.cosine);
+            // One step fewer misses the target.
+            if c.steps > 0 {
+                let mut level = [0usize; 7];
+                let moves: Vec<usize> = c
+                    .order
+                    .iter()
+                    .flat_map(|&i| std::iter::repeat_n(i, cands[i].ladder.len() - 1))
+                    .collect();
+                for &i in &moves[..c.steps - 1] {
+                    level[i] += 1;
+                }
+                let before: Vec<Scheme> = (0..7).map(|i| cands[i].ladder[level[i]]).collect();
+                let cos = additive(&cands, &loss)(&before).expect("cosine");
+                assert!(
+                    cos < target,
+                    "{target}: {} steps already reach it",
+                    c.steps - 1
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bad_targets_and_unreachable_targets_are_errors() {
+        let cands = vec![cand("a", &I4)];
+        let never = |_: &[Scheme]| Ok::<f64, AutoError>(0.5);
+        for t in [-0.1, 1.5, f64::NAN] {
+            assert!(matches!(
+                search(&cands, t, never),
+                Err(AutoError::Target(_))
+            ));
+        }
+        match search(&cands, 0.9, never) {
+            Err(AutoError::Unreachable { best, .. }) => assert_eq!(best, 0.5),
+            other => panic!("{other:?}"),
+        }
+        // No candidates: the unquantized model is the choice.
+        let c = search(&[], 0.99, |_| Ok::<f64, AutoError>(1.0)).expect("choice");
+        assert!(c.schemes.is_empty() && c.cosine == 1.0);
+    }
+
+    #[test]
+    fn candidates_need_a_constant_weight_and_a_unique_name() {
+        let m = parse(
+            r#"
+const $w : f32[4, 4] = dense<[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]>
+const $k : f32[2, 3, 1, 1] = dense<[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]>
+graph @g(%x: f32[2, 4], %img: f32[1, 3, 2, 2]) -> (f32[2, 4], f32[2, 4], f32[1, 2, 2, 2]) {
+  %a = MatMul(%x, $w) : f32[2, 4] loc("mm*one")
+  %b = MatMul(%a, %a) : f32[2, 4] loc("mm_two")
+  %c = MatMul(%a, $w) : f32[2, 4] loc("dup")
+  %d = Relu(%c) : f32[2, 4] loc("dup")
+  %e = Conv(%img, $k) : f32[1, 2, 2, 2] loc("conv")
+  return %b, %d, %e
+}
+"#,
+        );
+        let g = m.entries[0].graph;
+        let c = candidates(&m, g);
+        let got: Vec<(&str, &str, &[Scheme])> = c
+            .list
+            .iter()
+            .map(|c| (c.name.as_str(), c.op.as_str(), c.ladder.as_slice()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("mm*one", "MatMul", &I4[..]),
+                ("conv", "Conv", &[Scheme::Int8, Scheme::Float][..]),
+            ]
+        );
+        assert_eq!(c.unnamed, 1, "the MatMul named like the Relu");
+
+        // The map addresses them by exact name and parses back.
+        let choice = Choice {
+            schemes: vec![Scheme::Int4, Scheme::Float],
+            sensitivity: vec![0.01, 0.02],
+            order: vec![1, 0],
+            cosine: 0.995,
+            steps: 2,
+            evaluations: 5,
+        };
+        let settings = |s: Scheme| Settings {
+            scheme: s,
+            ..Settings::float()
+        };
+        let text = choice.toml(&c.list, &settings, 0.99, "out").expect("toml");
+        assert!(text.starts_with("# Precision map chosen by `mmq compile --auto 0.99`"));
+        assert!(text.contains("# Achieved cosine: 0.99500000"), "{text}");
+        let (map, warnings) = PrecisionMap::parse(&text).unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(map.rules[0].nodes(), ["conv"]);
+        assert_eq!(map.rules[1].nodes(), ["mm[*]one"]);
+        let labels = mmq_ir::modality::analyze(&m, g, &[]).expect("labels");
+        let plan = map.plan(&m, g, &labels);
+        assert_eq!(
+            plan.get(c.list[0].node).map(|p| p.scheme),
+            Some(Scheme::Int4)
+        );
+        assert_eq!(
+            plan.get(c.list[1].node).map(|p| p.scheme),
+            Some(Scheme::Float)
+        );
+        assert_eq!(plan.nodes_with(Scheme::Int4).len(), 1);
+    }
+
+    #[test]
+    fn the_reference_measures_the_main_output() {
+        let m = parse(
+            r#"
+graph @g(%x: f32[2, 3]) -> (f32[2, 3]) {
+  %y = Identity(%x) : f32[2, 3]
+  return %y
+}
+"#,
+        );
+        let q = parse(
+            r#"
+const $b : f32[3] = dense<[0.0, 0.0, 0.5]>
+graph @g(%x: f32[2, 3]) -> (f32[2, 3]) {
+  %y = Add(%x, $b) : f32[2, 3]
+  return %y
+}
+"#,
+        );
+        let x = vec![3.0f32, 1.0, 0.0, 0.0, 1.0, 0.8];
+        let t = Tensor::from_f32(vec![2, 3], x.clone()).expect("tensor");
+        let samples = vec![HashMap::from([("x".to_owned(), t.into())])];
+        let g = m.entries[0].graph;
+        let r = Reference::new(&m, g, &samples).expect("reference");
+        assert_eq!(r.output(), "y");
+        assert_eq!(r.cosine(&m, &samples).expect("cosine"), 1.0);
+        let want: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+        let got: Vec<f64> = want
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i % 3 == 2 { v + 0.5 } else { *v })
+            .collect();
+        let dot: f64 = want.iter().zip(&got).map(|(a, b)| a * b).sum();
+        let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>().sqrt();
+        let expect = dot / (norm(&want) * norm(&got));
+        let c = r.cosine(&q, &samples).expect("cosine");
+        assert!((c - expect).abs() < 1e-7, "{c} vs {expect}");
+        assert!(matches!(
+            Reference::new(&m, g, &[]),
+            Err(AutoError::NoSamples)
+        ));
+    }
+}
