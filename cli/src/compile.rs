@@ -98,6 +98,20 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
         pm.dump_after = Some(d);
     }
 
+    // Fail before the work, not after it, when a single output cannot be written there.
+    if args.inputs.len() == 1 {
+        let dir = match args.output.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if !dir.is_dir() {
+            return Err(Failure::user(format!(
+                "error: cannot write {}: the directory {} does not exist\n",
+                args.output.display(),
+                dir.display()
+            )));
+        }
+    }
     let loaded = load::load(&args.inputs)?;
     loaded.verify()?;
     let mut module = loaded.module;

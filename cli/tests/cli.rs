@@ -332,3 +332,30 @@ fn inspect_text_stats_and_dot() {
     assert!(dot.starts_with("digraph"), "{dot}");
     assert!(dot.contains("MatMul"));
 }
+
+/// An output whose directory does not exist is refused before any work (and nothing is
+/// written).
+#[test]
+fn compile_to_a_missing_directory_fails_early() {
+    let dir = scratch("compile-missing-dir");
+    let model = repo().join("tests/fixtures/vit/model.onnx");
+    let (code, _, err) = run_in(
+        &dir,
+        &[
+            "compile",
+            model.to_str().expect("utf-8"),
+            "--target",
+            "ort",
+            "--quant",
+            "int8",
+            "-o",
+            "missing/out.onnx",
+        ],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(
+        err,
+        "error: cannot write missing/out.onnx: the directory missing does not exist\n"
+    );
+    assert!(!dir.join("missing").exists());
+}

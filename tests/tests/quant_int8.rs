@@ -317,7 +317,7 @@ mod sources {
     use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
     use mmq_passes::quant::place::Placement;
     use mmq_passes::{PassManager, PassOptions, Target};
-    use mmq_tests::{oracle, scratch_dir};
+    use mmq_tests::{cosine, oracle, scratch_dir};
 
     pub(super) fn f32_ty(dims: &[i64]) -> Type {
         Type::tensor(DType::F32, dims.iter().map(|&d| Dim::known(d)).collect())
@@ -555,14 +555,6 @@ mod sources {
         (q, report)
     }
 
-    fn cosine(a: &[f64], b: &[f64]) -> f64 {
-        assert_eq!(a.len(), b.len());
-        let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-        let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
-        let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
-        dot / (na * nb)
-    }
-
     /// The first output of `m` in ONNX Runtime on `feeds` (through the exported model).
     fn ort(m: &Module, feeds: &[(&str, &Tensor)], tag: &str) -> Vec<f64> {
         let dir = scratch_dir(&format!("quant_int8_sources_{tag}"));
@@ -699,6 +691,33 @@ mod sources {
             let c = Tensor::new(DType::Bool, vec![], Data::Bool(vec![cond])).expect("tensor");
             check(tag, &if_model(), &[("x", &x), ("cond", &c)], 2, 2);
         }
+    }
+
+    /// Below opset 13 `DequantizeLinear` has no `axis`: static weights are quantized per tensor
+    /// (scalar scale, no axis) and ONNX Runtime runs the result (its own `quantize_static`
+    /// writes per-channel `axis` there, which ONNX Runtime rejects).
+    #[test]
+    fn opset_12_weights_are_quantized_per_tensor() {
+        let x = x();
+        let mut m = constant_model();
+        m.entries[0].model.opsets = vec![(String::new(), 12)];
+        check("opset12", &m, &[("x", &x)], 2, 0);
+        let (q, report) = quantize(&m, false);
+        assert!(
+            report.notes.iter().any(|n| n.contains("per tensor")),
+            "{report:?}"
+        );
+        let g = q.entries[0].graph;
+        let mut weights = 0;
+        for &n in &q.graphs[g].nodes {
+            if let Op::DequantizeLinear { axis, .. } = &q.nodes[n].op {
+                assert_eq!(*axis, None);
+                let scale = q.nodes[n].inputs[1].expect("scale");
+                assert_eq!(q.value_type(scale).shape().map(<[_]>::len), Some(0));
+                weights += 1;
+            }
+        }
+        assert!(weights >= 4, "{weights} DequantizeLinear");
     }
 
     #[test]

@@ -327,6 +327,8 @@ struct Builder {
     next: usize,
     /// Largest weight code.
     qmax: i32,
+    /// Weights per tensor: `DequantizeLinear` takes a per-channel scale (`axis`) from opset 13 on.
+    per_tensor: bool,
 }
 
 impl Builder {
@@ -421,21 +423,35 @@ impl Pass for Int8Pass {
         // Name counter across graphs: a body sees the names of its enclosing graphs.
         let mut next = 0;
         for (graph, body) in graphs {
-            if m.onnx_opset(graph).unwrap_or(0) < 13 {
-                if !body {
-                    report.notes.push(format!(
-                        "graph '{}': opset below 13, not quantized",
-                        m.graphs[graph].name
-                    ));
-                }
-                continue;
-            }
             // Calibration observes top-level values only: bodies are quantized dynamically.
             let scheme = if body {
                 &Int8Scheme::Dynamic
             } else {
                 &self.scheme
             };
+            // Q/DQ exist from opset 10 (per tensor), DynamicQuantizeLinear from 11, per-channel
+            // DQ from 13: below 13 static weights are quantized per tensor.
+            let opset = m.onnx_opset(graph).unwrap_or(0);
+            let least = match scheme {
+                Int8Scheme::Static { .. } => 10,
+                Int8Scheme::Dynamic => 11,
+            };
+            if opset < least {
+                if !body {
+                    report.notes.push(format!(
+                        "graph '{}': opset {opset} below {least}, not quantized",
+                        m.graphs[graph].name
+                    ));
+                }
+                continue;
+            }
+            let per_tensor = opset < 13 && matches!(scheme, Int8Scheme::Static { .. });
+            if per_tensor && !body {
+                report.notes.push(format!(
+                    "graph '{}': opset {opset}: weights quantized per tensor (per-channel DequantizeLinear needs opset 13)",
+                    m.graphs[graph].name
+                ));
+            }
             let mut b = Builder {
                 graph,
                 before: HashMap::new(),
@@ -443,6 +459,7 @@ impl Pass for Int8Pass {
                 shared: HashMap::new(),
                 next,
                 qmax: if self.reduce_range { 63 } else { 127 },
+                per_tensor,
             };
             let nodes = m.graphs[graph].nodes.clone();
             // Each unit with its float form, for placement.
@@ -671,7 +688,11 @@ fn dq_weight(
     let ishape = data.shape.clone();
     let t = Tensor::from_const(data).map_err(|e| fail(format!("weight: {e}")))?;
     let xs = t.to_f32().map_err(|e| fail(format!("weight: {e}")))?;
-    let (codes, scales) = quantize_weight_per_channel(&xs, &shape, axis, b.qmax);
+    let (codes, scales) = if b.per_tensor {
+        quantize_weight_per_channel(&xs, &[1, xs.len()], 0, b.qmax)
+    } else {
+        quantize_weight_per_channel(&xs, &shape, axis, b.qmax)
+    };
     let wname = b.name(m, w, "quantized");
     let wq = const_value(
         m,
@@ -680,32 +701,26 @@ fn dq_weight(
         ishape,
         codes.iter().map(|&x| x as u8).collect(),
     );
+    // One scale (a scalar, no axis) per tensor, else one per channel.
+    let (sshape, daxis) = if b.per_tensor {
+        (vec![], None)
+    } else {
+        (vec![scales.len() as i64], Some(axis as i64))
+    };
     let sname = b.name(m, w, "scale");
-    let sv = const_value(
-        m,
-        sname,
-        DType::F32,
-        vec![scales.len() as i64],
-        f32_bytes(&scales),
-    );
+    let sv = const_value(m, sname, DType::F32, sshape.clone(), f32_bytes(&scales));
     let zname = b.name(m, w, "zero_point");
-    let zv = const_value(
-        m,
-        zname,
-        DType::I8,
-        vec![scales.len() as i64],
-        vec![0; scales.len()],
-    );
+    let zv = const_value(m, zname, DType::I8, sshape, vec![0; scales.len()]);
     let dname = b.name(m, w, "dequantized");
     let ty = retyped(m, w, DType::F32);
-    let out = b.node(
-        m,
-        at,
-        false,
-        dq(Some(axis as i64)),
-        vec![wq, sv, zv],
-        vec![(dname, ty)],
-    );
+    let out = b.node(m, at, false, dq(daxis), vec![wq, sv, zv], vec![(dname, ty)]);
+    // Per channel for the caller (the Conv bias scales), the one scale repeated per tensor.
+    let channels = shape.get(axis).copied().unwrap_or(1);
+    let scales = if b.per_tensor {
+        vec![scales[0]; channels]
+    } else {
+        scales
+    };
     Ok((out[0], scales))
 }
 
@@ -748,20 +763,19 @@ fn conv_static(
             vec![len],
             codes.iter().flat_map(|x| x.to_le_bytes()).collect(),
         );
+        // Per tensor, every channel's scale is the same: one scalar.
+        let (sshape, scales, daxis) = if b.per_tensor {
+            (vec![], scales[..1].to_vec(), None)
+        } else {
+            (vec![len], scales, Some(0))
+        };
         let sname = b.name(m, bias, "scale");
-        let sv = const_value(m, sname, DType::F32, vec![len], f32_bytes(&scales));
+        let sv = const_value(m, sname, DType::F32, sshape.clone(), f32_bytes(&scales));
         let zname = b.name(m, bias, "zero_point");
-        let zv = const_value(m, zname, DType::I32, vec![len], vec![0; codes.len() * 4]);
+        let zv = const_value(m, zname, DType::I32, sshape, vec![0; scales.len() * 4]);
         let dname = b.name(m, bias, "dequantized");
         let ty = retyped(m, bias, DType::F32);
-        let d = b.node(
-            m,
-            n,
-            false,
-            dq(Some(0)),
-            vec![bq, sv, zv],
-            vec![(dname, ty)],
-        )[0];
+        let d = b.node(m, n, false, dq(daxis), vec![bq, sv, zv], vec![(dname, ty)])[0];
         m.nodes[n].inputs[2] = Some(d);
     }
     // Q → DQ on the result: the new float value takes over the consumers of `y`.
