@@ -852,6 +852,75 @@ mod placement {
         assert!(dot / (nx * ny) > 0.999, "cosine {}", dot / (nx * ny));
     }
 
+    /// `x [seq, 64] · W [64, 256]` with `seq` symbolic: the cost model sizes the product from
+    /// the calibration samples (one token guessed otherwise): integer when they hold 256
+    /// tokens, float when they hold one.
+    #[test]
+    fn placement_sizes_symbolic_dims_from_the_calibration_samples() {
+        let (mut m, g) = module();
+        let seq = m.symbol("seq");
+        let x = m.add_input(
+            g,
+            Some("x".into()),
+            mmq_ir::Type::tensor(
+                mmq_ir::DType::F32,
+                vec![mmq_ir::Dim::sym(seq), mmq_ir::Dim::known(64)],
+            ),
+        );
+        let w = m.add_const(f32_data("w", &[64, 256], 13));
+        let n = m.add_node(
+            g,
+            mmq_ir::Op::MatMul {},
+            vec![Some(x), Some(w)],
+            vec![Some((
+                Some("y".into()),
+                mmq_ir::Type::tensor(
+                    mmq_ir::DType::F32,
+                    vec![mmq_ir::Dim::sym(seq), mmq_ir::Dim::known(256)],
+                ),
+            ))],
+            Some("y".into()),
+        );
+        m.graphs[g].outputs = vec![m.nodes[n].outputs[0].expect("y")];
+        let placed = |tokens: usize| {
+            let sample = || {
+                let v: Vec<f32> = (0..tokens * 64)
+                    .map(|i| ((i % 17) as f32 - 8.0) / 8.0)
+                    .collect();
+                let t = mmq_kernels::Tensor::from_f32(vec![tokens, 64], v).expect("tensor");
+                Ok(calibrate::Sample::from([(
+                    "x".to_owned(),
+                    mmq_kernels::RtValue::Tensor(std::sync::Arc::new(t)),
+                )]))
+            };
+            let acts = Int8Pass::activations(&m, None);
+            let ranges =
+                calibrate::calibrate(&m, g, &acts[0].1, [sample(), sample()], Observer::MinMax)
+                    .expect("calibration");
+            assert_eq!(ranges.elements(x), Some(tokens * 64));
+            let mut q = m.clone();
+            let pass = Int8Pass::new(Int8Scheme::Static {
+                ranges,
+                symmetric: false,
+            });
+            let opts = PassOptions {
+                target: Target::Ort,
+                explain: false,
+            };
+            let r = PassManager::new(vec![Box::new(pass)])
+                .run(&mut q, &opts)
+                .expect("int8 runs");
+            r.passes[0]
+                .report
+                .counters
+                .get("placed-integer")
+                .copied()
+                .unwrap_or(0)
+        };
+        assert_eq!(placed(256), 1);
+        assert_eq!(placed(1), 0);
+    }
+
     #[test]
     fn dynamic_units_stay_integer_only_where_they_pay() {
         let m = two_products();

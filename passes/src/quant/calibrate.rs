@@ -183,6 +183,8 @@ impl Range {
 #[derive(Clone, Debug, Default)]
 pub struct Ranges {
     map: HashMap<Value, Range>,
+    /// Largest element count seen per value (what the samples' dims made of symbolic ones).
+    sizes: HashMap<Value, usize>,
     /// Samples the ranges were computed from.
     pub samples: usize,
 }
@@ -196,6 +198,11 @@ impl Ranges {
     /// Sets the range of `v`.
     pub fn insert(&mut self, v: Value, r: Range) {
         self.map.insert(v, r);
+    }
+
+    /// The largest number of elements `v` held on a calibration sample.
+    pub fn elements(&self, v: Value) -> Option<usize> {
+        self.sizes.get(&v).copied()
     }
 
     /// Number of values with a range.
@@ -475,6 +482,7 @@ where
         _ => 0.9,
     };
     let mut stats: Vec<Stats> = observed.iter().map(|_| Stats::new()).collect();
+    let mut sizes: Vec<usize> = vec![0; observed.len()];
     let mut count = 0;
     for (index, sample) in samples.into_iter().enumerate() {
         let sample = sample?;
@@ -482,11 +490,17 @@ where
             index,
             message: e.to_string(),
         })?;
-        for ((_, val), st) in outs.into_iter().skip(n_out).zip(stats.iter_mut()) {
+        for (((_, val), st), size) in outs
+            .into_iter()
+            .skip(n_out)
+            .zip(stats.iter_mut())
+            .zip(sizes.iter_mut())
+        {
             if let Some(t) = val.as_tensor()
                 && t.dtype.is_float()
                 && let Ok(xs) = t.to_f32()
             {
+                *size = (*size).max(xs.len());
                 st.observe(&xs, momentum);
             }
         }
@@ -497,11 +511,13 @@ where
     }
     let mut ranges = Ranges {
         map: HashMap::new(),
+        sizes: HashMap::new(),
         samples: count,
     };
-    for (v, st) in observed.into_iter().zip(&stats) {
+    for ((v, st), size) in observed.into_iter().zip(&stats).zip(sizes) {
         if let Some(r) = st.range(observer) {
             ranges.insert(v, r);
+            ranges.sizes.insert(v, size);
         }
     }
     Ok(ranges)

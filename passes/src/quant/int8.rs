@@ -464,6 +464,8 @@ impl Pass for Int8Pass {
             let nodes = m.graphs[graph].nodes.clone();
             // Each unit with its float form, for placement.
             let mut units: Vec<Unit> = Vec::new();
+            // Element counts seen in calibration, for the placement cost.
+            let mut sizes: HashMap<Value, usize> = HashMap::new();
             for &n in &nodes {
                 if self.filter.as_ref().is_some_and(|f| !f(m, n)) {
                     continue;
@@ -484,6 +486,7 @@ impl Pass for Int8Pass {
                             continue;
                         };
                         units.extend(unit(m, n));
+                        sizes.extend(ranges.elements(range_source(m, s.act)).map(|e| (s.act, e)));
                         let (a, _) = b.fake_quant_act(m, n, s.act, r, *symmetric);
                         let w = dq_weight(m, &mut b, n, s.weight, 1)?;
                         m.nodes[n].inputs[0] = Some(a);
@@ -501,6 +504,8 @@ impl Pass for Int8Pass {
                             continue;
                         };
                         let float = unit(m, n);
+                        sizes.extend(ranges.elements(range_source(m, s.act)).map(|e| (s.act, e)));
+                        sizes.extend(ranges.elements(y).map(|e| (y, e)));
                         conv_static(m, &mut b, n, &s, y, r, ry, *symmetric)?;
                         // The unit's result is the DQ placed after the Conv.
                         let out = b
@@ -530,7 +535,7 @@ impl Pass for Int8Pass {
             m.graphs[graph].nodes = order;
             next = b.next;
             if self.placement == Placement::Cost && !body && !units.is_empty() {
-                let d = place::place(m, graph, &units, opts.target);
+                let d = place::place(m, graph, &units, opts.target, &sizes);
                 report.count("placed-integer", d.integer);
                 report.count("placed-float", d.float);
                 report.notes.push(format!(

@@ -69,8 +69,15 @@ pub(crate) struct Decision {
 }
 
 /// Gives each unit's result class its float alternative, extracts the cheaper graph for
-/// `target` and writes it back into `graph`.
-pub(crate) fn place(m: &mut Module, graph: GraphId, units: &[Unit], target: Target) -> Decision {
+/// `target` and writes it back into `graph`. `sizes` holds element counts observed on the
+/// calibration samples (they replace [`SYMBOLIC_DIM`] guesses where a dim is symbolic).
+pub(crate) fn place(
+    m: &mut Module,
+    graph: GraphId,
+    units: &[Unit],
+    target: Target,
+    sizes: &HashMap<Value, usize>,
+) -> Decision {
     if units.is_empty() {
         return Decision::default();
     }
@@ -106,7 +113,37 @@ pub(crate) fn place(m: &mut Module, graph: GraphId, units: &[Unit], target: Targ
         alternatives.push(out);
     }
     built.egraph.rebuild();
-    let cost = PlaceCost(target);
+    let eg = &built.egraph;
+    let mut observed: HashMap<Id, f64> = HashMap::new();
+    for (&v, &n) in sizes {
+        let id = class_of
+            .get(&v)
+            .copied()
+            .or_else(|| eg.lookup(TNode::Value(v.index() as u32)));
+        if let Some(id) = id {
+            observed.insert(eg.find(id), n as f64);
+        }
+    }
+    // Q and DQ keep their operand's element count.
+    for _ in 0..3 {
+        for c in eg.classes() {
+            if observed.contains_key(&c.id) {
+                continue;
+            }
+            let n = c.nodes.iter().find_map(|n| match n {
+                TNode::Op { kind, args, .. }
+                    if matches!(kind.as_str(), "QuantizeLinear" | "DequantizeLinear") =>
+                {
+                    observed.get(&eg.find(args[0])).copied()
+                }
+                _ => None,
+            });
+            if let Some(n) = n {
+                observed.insert(c.id, n);
+            }
+        }
+    }
+    let cost = PlaceCost { target, observed };
     let choice = extract::extract(&built.egraph, built.root, &cost);
     let eg = &built.egraph;
     let mut d = Decision::default();
@@ -160,7 +197,7 @@ fn holds_over(eg: &EG, id: Id, kind: &str, inner: &str) -> bool {
 
 /// Elements of class `id`'s value ([`SYMBOLIC_DIM`] per unknown dimension), if its shape is
 /// known.
-fn elements(eg: &EG, id: Id) -> Option<f64> {
+fn static_elements(eg: &EG, id: Id) -> Option<f64> {
     let shape = eg[id].data.ty.as_ref()?.shape()?;
     Some(
         shape
@@ -173,7 +210,11 @@ fn elements(eg: &EG, id: Id) -> Option<f64> {
 /// The placement cost: estimated microseconds on the target for the quantization-related ops
 /// (products, Q, DQ); one unit for any other op (the same in both forms of a unit, whatever the
 /// target can run: the graph may already hold the target's fused ops).
-pub(crate) struct PlaceCost(pub Target);
+pub(crate) struct PlaceCost {
+    target: Target,
+    /// Element counts seen on the calibration samples, by class.
+    observed: HashMap<Id, f64>,
+}
 
 /// Rates of one target (microseconds).
 struct Rates {
@@ -208,33 +249,55 @@ const ORT_CPU: Rates = Rates {
 };
 
 impl PlaceCost {
+    /// Elements of class `id`: as observed on the calibration samples, else from its type.
+    fn elements(&self, eg: &EG, id: Id) -> Option<f64> {
+        let id = eg.find(id);
+        self.observed
+            .get(&id)
+            .copied()
+            .or_else(|| static_elements(eg, id))
+    }
+
     fn rates(&self) -> &'static Rates {
         // One table today; a target with other kernels gets its own.
-        match self.0 {
+        match self.target {
             Target::Ort | Target::Generic => &ORT_CPU,
         }
     }
 
     /// Multiply-accumulates of a product whose result is `class`.
-    fn macs(eg: &EG, class: Id, kind: &str, operands: &[Id]) -> f64 {
-        let out = elements(eg, class).unwrap_or(SYMBOLIC_DIM);
-        let depth = match kind {
-            // K: the last dimension of A.
-            "MatMul" | "MatMulInteger" | "Gemm" => operands
-                .first()
-                .and_then(|&a| eg[a].data.ty.as_ref()?.shape()?.last()?.as_known())
-                .map_or(SYMBOLIC_DIM, |k| k as f64),
-            // Cin/group · kernel: the weight's elements per output channel.
-            _ => operands
-                .get(1)
-                .and_then(|&w| {
-                    let s = eg[w].data.ty.as_ref()?.shape()?;
-                    let cout = s.first()?.as_known()? as f64;
-                    Some(elements(eg, w)? / cout.max(1.0))
-                })
-                .unwrap_or(SYMBOLIC_DIM),
+    fn macs(&self, eg: &EG, class: Id, kind: &str, operands: &[Id]) -> f64 {
+        let last = |id: Id| -> Option<f64> {
+            Some(eg[id].data.ty.as_ref()?.shape()?.last()?.as_known()? as f64)
         };
-        out * depth
+        match kind {
+            // A's elements times N (the weight's last dimension), else out × K.
+            "MatMul" | "MatMulInteger" | "Gemm" => {
+                let a = operands.first().copied();
+                let w = operands.get(1).copied();
+                let observed = a.and_then(|a| self.observed.get(&eg.find(a)).copied());
+                match (observed, w.and_then(last)) {
+                    (Some(a), Some(n)) if kind != "Gemm" => a * n,
+                    _ => {
+                        let out = self.elements(eg, class).unwrap_or(SYMBOLIC_DIM);
+                        out * a.and_then(last).unwrap_or(SYMBOLIC_DIM)
+                    }
+                }
+            }
+            // Output elements times Cin/group · kernel (the weight's elements per output channel).
+            _ => {
+                let out = self.elements(eg, class).unwrap_or(SYMBOLIC_DIM);
+                let depth = operands
+                    .get(1)
+                    .and_then(|&w| {
+                        let s = eg[w].data.ty.as_ref()?.shape()?;
+                        let cout = s.first()?.as_known()? as f64;
+                        Some(static_elements(eg, w)? / cout.max(1.0))
+                    })
+                    .unwrap_or(SYMBOLIC_DIM);
+                out * depth
+            }
+        }
     }
 }
 
@@ -258,14 +321,14 @@ impl CostModel for PlaceCost {
         };
         match kind {
             "MatMul" | "Gemm" | "Conv" => {
-                let macs = Self::macs(eg, class, kind, operands);
+                let macs = self.macs(eg, class, kind, operands);
                 if dq(0) && dq(1) {
                     r.int_kernel + macs * r.int_mac
                 } else {
                     r.kernel + macs * r.float_mac
                 }
             }
-            "MatMulInteger" => r.int_kernel + Self::macs(eg, class, kind, operands) * r.int_mac,
+            "MatMulInteger" => r.int_kernel + self.macs(eg, class, kind, operands) * r.int_mac,
             "QuantizeLinear" | "DynamicQuantizeLinear" => {
                 let x = operands[0];
                 if holds(eg, x, "Conv") {
@@ -273,13 +336,13 @@ impl CostModel for PlaceCost {
                     r.absorbed
                 } else {
                     let scan = if kind == "DynamicQuantizeLinear" { 2.0 } else { 1.0 };
-                    r.q_kernel + scan * elements(eg, x).unwrap_or(SYMBOLIC_DIM) * r.element
+                    r.q_kernel + scan * self.elements(eg, x).unwrap_or(SYMBOLIC_DIM) * r.element
                 }
             }
             "DequantizeLinear" => {
                 if holds_over(eg, operands[0], "QuantizeLinear", "Conv") {
                     // QLinearConv's integer result read by a float op.
-                    r.q_kernel + elements(eg, class).unwrap_or(SYMBOLIC_DIM) * r.element
+                    r.q_kernel + self.elements(eg, class).unwrap_or(SYMBOLIC_DIM) * r.element
                 } else {
                     r.absorbed
                 }
