@@ -16,9 +16,10 @@
 //! about three times the float rate, and four times less weight memory to stream), activation
 //! quantization and standalone dequantization at two elements per nanosecond, and DQ
 //! nodes absorbed into the integer kernel that reads them costing nothing. Dimensions that are
-//! not known at compile time count as [`SYMBOLIC_DIM`] (one token, one image: the decision then
-//! rests on the weight's size, which is what makes a product worth quantizing on a CPU). Other
-//! targets get their own rates here.
+//! not known at compile time take the sizes the calibration samples gave the quantized
+//! activations and Conv results; unobserved ones count as [`SYMBOLIC_DIM`] (one token, one
+//! image: the decision then rests on the weight's size, which is what makes a product worth
+//! quantizing on a CPU). Other targets get their own rates here.
 
 use std::collections::HashMap;
 
