@@ -432,21 +432,14 @@ impl Stats {
     }
 }
 
-/// Runs `graph` on each sample and returns the range of each of `values` under `observer`.
-///
-/// `values` must be inputs of `graph` or results of its nodes (not of subgraphs); constants
-/// are skipped. Values that are not float tensors or never hold a finite element get no
-/// range. Stops at the first sample that fails.
-pub fn calibrate<I>(
+/// A copy of `m` whose `graph` also outputs each of `values` (constants skipped, each value
+/// once; constants are shared with `m`, not copied), with the graph's own output count and the
+/// values observed, in order. `values` must be inputs of `graph` or results of its nodes.
+fn probe(
     m: &Module,
     graph: GraphId,
     values: &[Value],
-    samples: I,
-    observer: Observer,
-) -> Result<Ranges, CalibError>
-where
-    I: IntoIterator<Item = Result<Sample, CalibError>>,
-{
+) -> Result<(Module, usize, Vec<Value>), CalibError> {
     let g = m
         .graphs
         .get(graph)
@@ -472,10 +465,28 @@ where
             observed.push(v);
         }
     }
-    // Observe by making the values extra outputs of a copy (constants are shared, not copied).
     let mut probe = m.clone();
     let n_out = g.outputs.len();
     probe.graphs[graph].outputs.extend(observed.iter().copied());
+    Ok((probe, n_out, observed))
+}
+
+/// Runs `graph` on each sample and returns the range of each of `values` under `observer`.
+///
+/// `values` must be inputs of `graph` or results of its nodes (not of subgraphs); constants
+/// are skipped. Values that are not float tensors or never hold a finite element get no
+/// range. Stops at the first sample that fails.
+pub fn calibrate<I>(
+    m: &Module,
+    graph: GraphId,
+    values: &[Value],
+    samples: I,
+    observer: Observer,
+) -> Result<Ranges, CalibError>
+where
+    I: IntoIterator<Item = Result<Sample, CalibError>>,
+{
+    let (probe, n_out, observed) = probe(m, graph, values)?;
     let interp = Interpreter::new(&probe);
     let momentum = match observer {
         Observer::Ema { momentum } => momentum,
@@ -864,7 +875,7 @@ impl ChannelObserver {
 /// Runs `graph` on each sample and returns the per-channel statistics of each of `values` along
 /// its last axis, with a sample of up to `max_rows` rows each (see [`ChannelObserver`]).
 ///
-/// `values` must be float results or inputs of `graph` (not of subgraphs). One sample's
+/// `values` must be float results or inputs of `graph` (not of subgraphs; constants are skipped). One sample's
 /// activations are alive at a time. Values that never hold a float tensor get no entry.
 pub fn channel_stats<I>(
     m: &Module,
@@ -876,35 +887,8 @@ pub fn channel_stats<I>(
 where
     I: IntoIterator<Item = Result<Sample, CalibError>>,
 {
-    let g = m
-        .graphs
-        .get(graph)
-        .ok_or_else(|| CalibError::Module(format!("no graph {graph:?}")))?;
+    let (probe, n_out, observed) = probe(m, graph, values)?;
     let name = |v: Value| m.values[v].name.clone().unwrap_or_else(|| format!("{v:?}"));
-    let mut observed: Vec<Value> = Vec::new();
-    for &v in values {
-        let Some(data) = m.values.get(v) else {
-            return Err(CalibError::Module(format!("value {v:?} does not exist")));
-        };
-        let in_graph = match data.def {
-            ValueDef::Const(_) => false,
-            ValueDef::Input { graph: gi, .. } => gi == graph,
-            ValueDef::Output { node, .. } => m.nodes[node].graph == graph,
-        };
-        if !in_graph {
-            return Err(CalibError::Module(format!(
-                "value '{}' is not computed by graph '{}'",
-                name(v),
-                g.name
-            )));
-        }
-        if !observed.contains(&v) {
-            observed.push(v);
-        }
-    }
-    let mut probe = m.clone();
-    let n_out = g.outputs.len();
-    probe.graphs[graph].outputs.extend(observed.iter().copied());
     let interp = Interpreter::new(&probe);
     let mut observers: Vec<ChannelObserver> = (0..observed.len())
         .map(|i| ChannelObserver::new(max_rows, i as u64))
