@@ -16,7 +16,7 @@ use std::path::Path;
 use mmq_ir::{ConstData, DType, Dim, Entry, ModelInfo, Module, Op, Storage, Type, ValueDef};
 use mmq_kernels::{Interpreter, RtValue, Tensor};
 use mmq_passes::quant::fp16::Fp16Pass;
-use mmq_passes::{OptLevel, PassManager, PassOptions, PassReport, Target, pipeline};
+use mmq_passes::{PassManager, PassOptions, PassReport, Target};
 use mmq_tests::{cosine, oracle, repo_root, scratch_dir};
 
 fn opts() -> PassOptions {
@@ -27,13 +27,7 @@ fn opts() -> PassOptions {
 }
 
 fn load(name: &str) -> Module {
-    let path = repo_root().join(format!("tests/fixtures/{name}/model.onnx"));
-    let mut m = mmq_onnx::load_files(&[path.as_path()], &mmq_onnx::LoadOptions::default())
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    pipeline(Target::Ort, OptLevel::O2)
-        .run(&mut m, &opts())
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    m
+    mmq_tests::load_fixture_o2(name)
 }
 
 fn npz(path: &Path) -> HashMap<String, Tensor> {

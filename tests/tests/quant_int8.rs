@@ -16,21 +16,11 @@ use mmq_kernels::{Interpreter, RtValue};
 use mmq_passes::quant::calibrate::{self, Observer};
 use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
 use mmq_passes::quant::place::Placement;
-use mmq_passes::{OptLevel, PassManager, PassOptions, Target, pipeline};
+use mmq_passes::{PassManager, PassOptions};
 use mmq_tests::{cosine, repo_root};
 
 fn load(name: &str) -> Module {
-    let path = repo_root().join(format!("tests/fixtures/{name}/model.onnx"));
-    let mut m = mmq_onnx::load_files(&[path.as_path()], &mmq_onnx::LoadOptions::default())
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    let opts = PassOptions {
-        target: Target::Ort,
-        explain: false,
-    };
-    pipeline(Target::Ort, OptLevel::O2)
-        .run(&mut m, &opts)
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    m
+    mmq_tests::load_fixture_o2(name)
 }
 
 fn inputs(name: &str) -> HashMap<String, RtValue> {

@@ -18,7 +18,7 @@ use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
 use mmq_passes::quant::place::Placement;
 use mmq_passes::quant::smooth::{self, SmoothQuantPass};
 use mmq_passes::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass};
-use mmq_passes::{OptLevel, Pass, PassManager, PassOptions, PassReport, Target, pipeline};
+use mmq_passes::{Pass, PassManager, PassOptions, PassReport};
 use mmq_tests::{cosine, repo_root};
 
 /// Hidden size of the built models.
@@ -298,17 +298,7 @@ fn smoothing_inserts_a_mul_where_folding_is_not_allowed() {
 }
 
 fn load(name: &str) -> Module {
-    let path = repo_root().join(format!("tests/fixtures/{name}/model.onnx"));
-    let mut m = mmq_onnx::load_files(&[path.as_path()], &mmq_onnx::LoadOptions::default())
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    let opts = PassOptions {
-        target: Target::Ort,
-        explain: false,
-    };
-    pipeline(Target::Ort, OptLevel::O2)
-        .run(&mut m, &opts)
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    m
+    mmq_tests::load_fixture_o2(name)
 }
 
 fn fixture_inputs(name: &str) -> Sample {

@@ -11,7 +11,7 @@ use std::path::Path;
 use mmq_ir::Module;
 use mmq_kernels::{Interpreter, RtValue, Tensor};
 use mmq_passes::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass, WeightScheme};
-use mmq_passes::{OptLevel, Pass, PassOptions, Target, pipeline};
+use mmq_passes::{Pass, PassOptions, Target};
 use mmq_tests::{cosine, oracle, repo_root, scratch_dir};
 
 fn opts() -> PassOptions {
@@ -22,13 +22,7 @@ fn opts() -> PassOptions {
 }
 
 fn load(name: &str) -> Module {
-    let path = repo_root().join(format!("tests/fixtures/{name}/model.onnx"));
-    let mut m = mmq_onnx::load_files(&[path.as_path()], &mmq_onnx::LoadOptions::default())
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    pipeline(Target::Ort, OptLevel::O2)
-        .run(&mut m, &opts())
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    m
+    mmq_tests::load_fixture_o2(name)
 }
 
 fn npz(path: &Path) -> HashMap<String, Tensor> {
