@@ -68,6 +68,12 @@ pub(crate) fn export_model(
 
 /// The graph and every graph nested in it, parents first; fails on a handle that points nowhere,
 /// a subgraph reached twice, or a graph that is not top-level.
+/// A tensor type whose element type is not known (written with `elem_type` 0 it would make
+/// ONNX Runtime reject the model).
+fn untyped(ty: &Type) -> bool {
+    matches!(ty, Type::Unknown) || matches!(ty, Type::Tensor(t) if t.dtype.is_none())
+}
+
 fn graph_tree(m: &Module, top: GraphId) -> Result<Vec<GraphId>, ExportError> {
     let g = m.graphs.get(top).ok_or_else(|| ExportError::NoSuchGraph {
         graph: format!("{top:?}"),
@@ -329,9 +335,13 @@ impl Exporter<'_, '_> {
             doc_string: non_empty(&g.doc),
             ..Default::default()
         };
+        // Subgraph inputs and outputs may leave their type to the runtime (the checker asks
+        // for types on the main graph only); `elem_type` 0 anywhere makes ONNX Runtime reject
+        // the whole model.
+        let sub = g.parent.is_some();
         for &v in &g.inputs {
             let vd = &m.values[v];
-            gp.input.push(self.value_info(v, &m.types[vd.ty]));
+            gp.input.push(self.io_info(v, &m.types[vd.ty], sub));
             if let ValueDef::Input {
                 default: Some(c), ..
             } = vd.def
@@ -346,18 +356,16 @@ impl Exporter<'_, '_> {
             gp.node.push(np);
             for &v in m.nodes[n].outputs.iter().flatten() {
                 let ty = &m.types[m.values[v].ty];
-                // A tensor whose element type inference could not tell is left to the runtime:
-                // `elem_type` 0 in value_info makes ONNX Runtime reject the model.
-                let untyped = matches!(ty, Type::Unknown)
-                    || matches!(ty, Type::Tensor(t) if t.dtype.is_none());
-                if !outputs.contains(&v) && !untyped {
+                // A tensor whose element type inference could not tell is left to the runtime.
+                if !outputs.contains(&v) && !untyped(ty) {
                     gp.value_info.push(self.value_info(v, ty));
                 }
             }
         }
         for &v in &g.outputs {
             self.use_value(v)?;
-            gp.output.push(self.value_info(v, &m.types[m.values[v].ty]));
+            gp.output
+                .push(self.io_info(v, &m.types[m.values[v].ty], sub));
         }
         Ok(gp)
     }
@@ -577,6 +585,18 @@ impl Exporter<'_, '_> {
             }
         }
         Ok(t)
+    }
+
+    /// A graph input's or output's value info: without a type when `sub` (a subgraph) and the
+    /// element type is unknown.
+    fn io_info(&mut self, v: Value, ty: &Type, sub: bool) -> pb::ValueInfoProto {
+        if sub && untyped(ty) {
+            return pb::ValueInfoProto {
+                name: Some(self.name(v)),
+                ..Default::default()
+            };
+        }
+        self.value_info(v, ty)
     }
 
     fn value_info(&mut self, v: Value, ty: &Type) -> pb::ValueInfoProto {

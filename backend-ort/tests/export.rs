@@ -916,3 +916,64 @@ fn untyped_tensors_get_no_value_info() {
         assert_ne!(elem_type(vi).0, Some(0), "{vi:?}");
     }
 }
+
+/// An untyped result that is a subgraph's output keeps its name but gets no type there (the
+/// runtime infers it; `elem_type` 0 would make ONNX Runtime reject the whole model), while the
+/// main graph's outputs stay typed.
+#[test]
+fn untyped_subgraph_outputs_get_no_type() {
+    let (mut m, g) = module("main");
+    let x = m.add_input(g, Some("x".into()), f32_ty(vec![Dim::known(4)]));
+    let cond = m.add_input(g, Some("c".into()), Type::tensor(DType::Bool, vec![]));
+    let then_g = m.add_graph("then", None);
+    let else_g = m.add_graph("else", None);
+    let n_if = m.add_node(
+        g,
+        Op::If {
+            then_branch: Some(then_g),
+            else_branch: Some(else_g),
+        },
+        vec![Some(cond)],
+        vec![Some((Some("y".into()), f32_ty(vec![Dim::known(4)])))],
+        None,
+    );
+    m.graphs[then_g].parent = Some(n_if);
+    m.graphs[else_g].parent = Some(n_if);
+    let t = unary(
+        &mut m,
+        then_g,
+        Op::Relu {},
+        vec![x],
+        Some("t"),
+        Type::Unknown,
+    );
+    m.graphs[then_g].outputs = vec![t];
+    let e = unary(
+        &mut m,
+        else_g,
+        Op::Neg {},
+        vec![x],
+        Some("e"),
+        f32_ty(vec![Dim::known(4)]),
+    );
+    m.graphs[else_g].outputs = vec![e];
+    m.graphs[g].outputs = vec![m.nodes[n_if].outputs[0].expect("result")];
+    let model = to_model_proto(&m, g, &mut InlineSink).expect("export succeeds");
+    let node = &graph(&model).node[0];
+    let branch = |name: &str| {
+        node.attribute
+            .iter()
+            .find(|a| a.name.as_deref() == Some(name))
+            .and_then(|a| a.g.clone())
+            .expect("branch")
+    };
+    let t_out = &branch("then_branch").output[0];
+    assert_eq!(t_out.name.as_deref(), Some("t"));
+    assert!(t_out.r#type.is_none(), "{t_out:?}");
+    let e_out = &branch("else_branch").output[0];
+    assert_eq!(elem_type(e_out).0, Some(DType::F32.onnx_code()));
+    assert_eq!(
+        elem_type(&graph(&model).output[0]).0,
+        Some(DType::F32.onnx_code())
+    );
+}

@@ -84,7 +84,7 @@ impl TypeConv {
     fn dim(&mut self, m: &mut Module, d: Option<&dimension::Value>) -> Dim {
         match d {
             Some(dimension::Value::DimValue(v)) if *v >= 0 => Dim::known(*v),
-            Some(dimension::Value::DimParam(p)) if !p.trim().is_empty() => {
+            Some(dimension::Value::DimParam(p)) if !is_anonymous(p) => {
                 if let Some(d) = self.dims.get(p) {
                     return d.clone();
                 }
@@ -95,6 +95,14 @@ impl TypeConv {
             _ => Dim::Unknown,
         }
     }
+}
+
+/// A `dim_param` that names no size: empty, or only punctuation and digits (`?`, `-1`, `*`),
+/// as paddle2onnx and some other exporters write every dynamic dim. Each occurrence is a
+/// distinct unknown, like an absent dim: binding all `?` to one symbol would claim that a
+/// 48-high, 192-wide image is square.
+fn is_anonymous(p: &str) -> bool {
+    !p.chars().any(char::is_alphabetic)
 }
 
 /// A `dim_param`: a dim expression over symbols (`past_seq + seq`, `16*h_patches`) when it

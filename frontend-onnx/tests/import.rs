@@ -407,6 +407,10 @@ fn dim_param_expressions() {
             ),
             vi("img", tensor_type(1, &[D::P("16*h_patches"), D::N(-1)])),
             vi("odd", tensor_type(1, &[D::P("unk__0.x"), D::P("")])),
+            vi(
+                "paddle",
+                tensor_type(1, &[D::P("?"), D::P("?"), D::P(" ? "), D::P("-1")]),
+            ),
         ],
         output: vec![untyped("kv")],
         ..Default::default()
@@ -428,6 +432,10 @@ fn dim_param_expressions() {
     assert_eq!(img[1], Dim::Unknown);
     let odd = m.value_type(inputs[2]).shape().unwrap().to_vec();
     assert_eq!(odd, vec![Dim::sym(unk), Dim::Unknown]);
+    // paddle2onnx's "?": every occurrence its own unknown, never one shared symbol
+    let paddle = m.value_type(inputs[3]).shape().unwrap().to_vec();
+    assert_eq!(paddle, vec![Dim::Unknown; 4]);
+    assert!(m.find_symbol("?").is_none());
 }
 
 #[test]

@@ -368,7 +368,14 @@ pub(crate) fn write_back(
         }
     }
     m.graphs[graph].outputs = new_outputs;
+    let nested = nodes.iter().any(|&n| !m.nodes[n].op.subgraphs().is_empty());
     m.graphs[graph].nodes = nodes;
+    // The post-order above follows operands only: a node whose subgraph reads a value of this
+    // graph may come before that value's definition. Reorder with the captures as edges
+    // (the listed order is kept wherever it already holds).
+    if nested && let Ok(order) = mmq_ir::view::topo_order(m, graph) {
+        m.graphs[graph].nodes = order;
+    }
     created
 }
 

@@ -14,6 +14,10 @@ use crate::pass::Target;
 /// Constants with at most this many elements have their contents in the analysis.
 pub(crate) const SMALL_CONST: usize = 64;
 
+/// Float constants with at most this many elements have their smallest element recorded
+/// ([`Facts::mins`]): per-channel parameters, never weight matrices.
+pub(crate) const SIGN_CONST: usize = 1 << 16;
+
 /// What is known about the value of an e-class.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) enum Konst {
@@ -70,6 +74,10 @@ pub(crate) struct Facts {
     lit_index: HashMap<(DType, Vec<i64>, Bytes), u32>,
     /// Data of [`TNode::Value`] leaves, by value index.
     pub values: HashMap<u32, Data>,
+    /// The smallest element of float constants with at most [`SIGN_CONST`] elements, by value
+    /// index: what proves a scale positive (BatchNormalization's `gamma` and `var`, a
+    /// per-channel divisor) where [`SMALL_CONST`] keeps no contents.
+    pub mins: HashMap<u32, f64>,
     /// Default-domain opset of the graph being rewritten.
     pub opset: i64,
     /// Rule firings (rule, matched class), recorded by every rule's applier.
@@ -118,9 +126,24 @@ impl Facts {
     pub(crate) fn describe_value(&mut self, m: &Module, v: Value) {
         let ty = m.value_type(v).clone();
         let konst = match m.values[v].def {
-            mmq_ir::ValueDef::Const(c) => Konst::Const {
-                vals: small_values(&m.consts[c]),
-            },
+            mmq_ir::ValueDef::Const(c) => {
+                let cd = &m.consts[c];
+                if cd.dtype.is_float() && cd.num_elements() <= SIGN_CONST {
+                    let min = Tensor::from_const(cd)
+                        .ok()
+                        .and_then(|t| t.to_f64().ok())
+                        .and_then(|x| {
+                            x.iter()
+                                .try_fold(f64::INFINITY, |a, &e| e.is_finite().then(|| a.min(e)))
+                        });
+                    if let Some(min) = min {
+                        self.mins.insert(v.index() as u32, min);
+                    }
+                }
+                Konst::Const {
+                    vals: small_values(cd),
+                }
+            }
             _ => Konst::No,
         };
         self.values.insert(

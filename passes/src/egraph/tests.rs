@@ -47,3 +47,30 @@ fn identity_and_transpose_pairs_collapse() {
     assert!(!out.contains("Identity"), "{out}");
     assert!(fired.iter().any(|(r, _)| r == "identity-elim"), "{fired:?}");
 }
+
+/// A node whose subgraph reads a value of the graph stays after that value's definition (the
+/// e-graph sees no operand edge for a capture).
+#[test]
+fn captured_values_are_defined_before_their_reader() {
+    let src = "graph @g(%x: f32[2, 3], %c: bool[]) -> (f32[2, 3], f32[2, 3]) {
+  %a = Relu(%x) : f32[2, 3]
+  %y = If(%c) {
+    then_branch = graph @t() -> (f32[2, 3]) {
+      %p = Neg(%a) : f32[2, 3]
+      return %p
+    },
+    else_branch = graph @e() -> (f32[2, 3]) {
+      %q = Identity(%a) : f32[2, 3]
+      return %q
+    }
+  } : f32[2, 3]
+  %b = Identity(%a) : f32[2, 3]
+  return %y, %b
+}
+";
+    let (out, fired) = rewrite(src, &["simplify"], Target::Generic);
+    assert!(fired.iter().any(|(r, _)| r == "identity-elim"), "{fired:?}");
+    let relu = out.find("Relu(").expect("Relu kept");
+    let iff = out.find("If(").expect("If kept");
+    assert!(relu < iff, "If before the value its branches read:\n{out}");
+}

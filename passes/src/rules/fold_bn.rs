@@ -22,7 +22,7 @@
 //! (exact, but the quantized form is lost).
 
 use egg::{Id, Subst};
-use mmq_ir::{DType, Op};
+use mmq_ir::{DType, Dim, Op};
 
 use super::*;
 
@@ -56,16 +56,11 @@ fn bn_operands_ok(eg: &EG, s: &Subst) -> bool {
             .all(|v| is_const(eg, s, v) && dtype_of(eg, s, v) == Some(dt))
 }
 
-/// `k > 0` is provable: `gamma` and `var` are small constants, every `gamma > 0` and
-/// `var + eps > 0`.
+/// `k > 0` is provable: `gamma` and `var` are constants (per-channel sized), every
+/// `gamma > 0` and `var + eps > 0`.
 fn k_positive(eg: &EG, s: &Subst) -> bool {
-    let (Some(g), Some(v), Some(eps)) = (consts(eg, s, "?g"), consts(eg, s, "?v"), bn_eps(eg, s))
-    else {
-        return false;
-    };
-    !g.is_empty()
-        && g.iter().all(|&x| x > 0.0 && x.is_finite())
-        && v.iter().all(|&x| x + f64::from(eps) > 0.0 && x.is_finite())
+    bn_eps(eg, s)
+        .is_some_and(|eps| all_above(eg, s, "?g", 0.0) && all_above(eg, s, "?v", -f64::from(eps)))
 }
 
 /// `k = gamma / sqrt(var + eps)` as constant-expression ops.
@@ -369,6 +364,142 @@ fn ok() -> Cond {
     when(bn_operands_ok)
 }
 
+/// `?c` is a constant of `?w`'s dtype that multiplies a Conv result (rank `rank`, `ch` output
+/// channels) per channel without changing its shape: its dims are 1 except, in the channel
+/// position, 1 or `ch` (`[1, C, 1, 1]`, `[C, 1, 1]`, `[1]`, a scalar).
+fn channel_const(eg: &EG, s: &Subst) -> bool {
+    let (Some(dims), Some(cs)) = (w_dims(eg, s), shape_of(eg, s, "?c")) else {
+        return false;
+    };
+    let (rank, ch) = (dims.len(), dims[0]);
+    let Some(cs) = cs.iter().map(Dim::as_known).collect::<Option<Vec<i64>>>() else {
+        return false;
+    };
+    let channel_pos = (cs.len() + 1).checked_sub(rank);
+    is_const(eg, s, "?c")
+        && !matches!(eg[at(s, "?c")].data.konst, Konst::Absent)
+        && dtype_of(eg, s, "?c") == dtype_of(eg, s, "?w")
+        && dtype_of(eg, s, "?w").is_some_and(DType::is_float)
+        && cs.len() <= rank
+        && cs
+            .iter()
+            .enumerate()
+            .all(|(i, &d)| d == 1 || (Some(i) == channel_pos && d == ch))
+}
+
+/// The Conv of a match as it is (operands `?x`, `?w`, optional `?b`) with weight `w` and
+/// bias `b`.
+fn rebuild_conv(eg: &mut EG, s: &Subst, w: Id, b: Option<Id>) -> Option<Id> {
+    let conv = op(eg, s, "?ac")?.clone();
+    if !matches!(conv, Op::Conv { .. }) {
+        return None;
+    }
+    let mut inputs = vec![Some(at(s, "?x")), Some(w)];
+    if b.is_some() {
+        inputs.push(b);
+    }
+    Some(add_op(eg, conv, &inputs, 1))
+}
+
+/// Folds `Conv(x, w, b) · c` (`div`: `/ c`) with a per-channel constant `c` into the Conv:
+/// `Conv(x, w · k, b · k)` with `k = c` (or `1 / c`) on the output-channel axis. A weight
+/// quantized per output channel keeps its quantized form (`k` moves into its scale) when
+/// `c > 0` is proven. Exact in real arithmetic; rounding only.
+fn fold_scale(div: bool) -> impl Fn(&mut EG, Id, &Subst) -> Option<Id> + Send + Sync {
+    move |eg, _, s| {
+        let dt = dtype_of(eg, s, "?c")?;
+        let flat = reshape(eg, at(s, "?c"), &[-1])?;
+        let k = if div {
+            let one = lit(eg, dt, vec![], &[1.0])?;
+            add_op(eg, Op::Div {}, &[Some(one), Some(flat)], 1)
+        } else {
+            flat
+        };
+        let keep = all_above(eg, s, "?c", 0.0) && qweight(eg, s).is_some();
+        let w = conv_weight(eg, s, k, keep)?;
+        let b = bias(eg, s).map(|b| add_op(eg, Op::Mul {}, &[Some(b), Some(k)], 1));
+        rebuild_conv(eg, s, w, b)
+    }
+}
+
+/// Folds `Conv(x, w, b) + c` with a per-channel constant `c` into the bias:
+/// `Conv(x, w, b + c)`. Exact in real arithmetic; one rounding.
+fn fold_shift(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
+    let ch = *w_dims(eg, s)?.first()?;
+    let flat = reshape(eg, at(s, "?c"), &[-1])?;
+    let b = match bias(eg, s) {
+        Some(b) => add_op(eg, Op::Add {}, &[Some(b), Some(flat)], 1),
+        // Without a bias the constant becomes it: it must hold every channel.
+        None if shape_of(eg, s, "?c")?
+            .iter()
+            .filter_map(Dim::as_known)
+            .product::<i64>()
+            == ch =>
+        {
+            flat
+        }
+        None => return None,
+    };
+    rebuild_conv(eg, s, at(s, "?w"), Some(b))
+}
+
+/// The Conv bound to `?ac` reads no padding (`pads` all 0, `auto_pad` unset or `VALID`) and
+/// has one group: a per-input-channel affine map before it folds into it exactly.
+fn unpadded_dense_conv(eg: &EG, s: &Subst) -> bool {
+    match op(eg, s, "?ac") {
+        Some(Op::Conv {
+            auto_pad,
+            group,
+            pads,
+            ..
+        }) => {
+            matches!(auto_pad.as_deref(), None | Some("NOTSET" | "VALID"))
+                && group.unwrap_or(1) == 1
+                && pads.as_ref().is_none_or(|p| p.iter().all(|&x| x == 0))
+        }
+        _ => false,
+    }
+}
+
+/// Folds an inference-form BatchNormalization *before* an unpadded Conv into it:
+/// `Conv(BN(x), w, b) = Conv(x, w · k[c], b + Σ_{c,j} w[o, c, j] · t[c])` with
+/// `k = gamma / sqrt(var + eps)` and `t = beta - mean · k` per input channel `c`. Exact in
+/// real arithmetic (no padding: every tap reads a normalized input); rounding only.
+fn fold_bn_before_conv(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
+    let dims = w_dims(eg, s)?;
+    if dims.len() < 3 {
+        return None;
+    }
+    let (o, c) = (dims[0], dims[1]);
+    let taps: i64 = dims[2..].iter().product();
+    let dt = dtype_of(eg, s, "?w")?;
+    let k = build_k(eg, s)?;
+    let mut in_axis = vec![1, -1];
+    in_axis.extend(std::iter::repeat_n(1, dims.len() - 2));
+    let kr = reshape(eg, k, &in_axis)?;
+    let w = add_op(eg, Op::Mul {}, &[Some(at(s, "?w")), Some(kr)], 1);
+    // t = beta - mean * k, spread over the taps of each input channel: [c * taps].
+    let mk = add_op(eg, Op::Mul {}, &[Some(at(s, "?m")), Some(k)], 1);
+    let t = add_op(eg, Op::Sub {}, &[Some(at(s, "?be")), Some(mk)], 1);
+    let tc = reshape(eg, t, &[c, 1])?;
+    let ones = lit(
+        eg,
+        dt,
+        vec![1, taps],
+        &vec![1.0; usize::try_from(taps).ok()?],
+    )?;
+    let spread = add_op(eg, Op::Mul {}, &[Some(tc), Some(ones)], 1);
+    let tv = reshape(eg, spread, &[c * taps])?;
+    let w2 = reshape(eg, at(s, "?w"), &[o, c * taps])?;
+    let shift = add_op(eg, Op::MatMul {}, &[Some(w2), Some(tv)], 1);
+    let b = match bias(eg, s) {
+        Some(b) => add_op(eg, Op::Add {}, &[Some(b), Some(shift)], 1),
+        None => shift,
+    };
+    let conv = op(eg, s, "?ac")?.clone();
+    Some(add_op(eg, conv, &[Some(at(s, "?x")), Some(w), Some(b)], 1))
+}
+
 #[rustfmt::skip]
 pub(crate) fn rules() -> Vec<Rw> {
     const BN: &str = "?g ?be ?m ?v ?abn)";
@@ -385,6 +516,19 @@ pub(crate) fn rules() -> Vec<Rw> {
         rule("fold-bn-into-gemm",               &p("(Gemm ?x ?w ?b ?ag)"),          vec![ok()], fold_gemm),
         rule("fold-bn-into-gemm-noc",           &p("(Gemm ?x ?w ?ag)"),             vec![ok()], fold_gemm),
         rule("fold-bn-into-matmul",             &p("(MatMul ?x ?w ?am)"),           vec![ok()], fold_matmul),
+        // BN(x) before an unpadded dense Conv folds into that Conv's weight and bias.
+        rule("fold-bn-before-conv",        &format!("(Conv (BatchNormalization ?x {BN} ?w ?b ?ac)"),
+             vec![ok(), when(unpadded_dense_conv)], fold_bn_before_conv),
+        rule("fold-bn-before-conv-nobias", &format!("(Conv (BatchNormalization ?x {BN} ?w ?ac)"),
+             vec![ok(), when(unpadded_dense_conv)], fold_bn_before_conv),
+        // A per-channel constant scale or shift after a Conv (the `conv / (gamma/sigma)` and
+        // `+ bias` of PyTorch's QAT Conv-BN export) folds into its weight or bias.
+        rule("fold-div-into-conv",         "(Div (Conv ?x ?w ?b ?ac) ?c ?ad)", vec![when(channel_const)], fold_scale(true)),
+        rule("fold-div-into-conv-nobias",  "(Div (Conv ?x ?w ?ac) ?c ?ad)",    vec![when(channel_const)], fold_scale(true)),
+        rule("fold-mul-into-conv",         "(Mul (Conv ?x ?w ?b ?ac) ?c ?am)", vec![when(channel_const)], fold_scale(false)),
+        rule("fold-mul-into-conv-nobias",  "(Mul (Conv ?x ?w ?ac) ?c ?am)",    vec![when(channel_const)], fold_scale(false)),
+        rule("fold-add-into-conv",         "(Add (Conv ?x ?w ?b ?ac) ?c ?aa)", vec![when(channel_const)], fold_shift),
+        rule("fold-add-into-conv-nobias",  "(Add (Conv ?x ?w ?ac) ?c ?aa)",    vec![when(channel_const)], fold_shift),
     ]
 }
 

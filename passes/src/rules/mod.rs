@@ -219,6 +219,26 @@ pub(crate) fn consts<'a>(eg: &'a EG, s: &Subst, v: &str) -> Option<&'a [f64]> {
     }
 }
 
+/// The smallest element of class `id` when it is a constant whose elements are known or
+/// summarized ([`Facts::mins`]); `None` otherwise (or when an element is not finite).
+pub(crate) fn min_of(eg: &EG, id: Id) -> Option<f64> {
+    let id = eg.find(id);
+    if let Konst::Const { vals: Some(v) } = &eg[id].data.konst {
+        return v
+            .iter()
+            .try_fold(f64::INFINITY, |a, &e| e.is_finite().then(|| a.min(e)));
+    }
+    eg[id].nodes.iter().find_map(|n| match n {
+        TNode::Value(v) => eg.analysis.mins.get(v).copied(),
+        _ => None,
+    })
+}
+
+/// Every element of `v` is a finite number above `bound`, as far as constants tell.
+pub(crate) fn all_above(eg: &EG, s: &Subst, v: &str, bound: f64) -> bool {
+    min_of(eg, at(s, v)).is_some_and(|m| m > bound)
+}
+
 /// `v` is known at compile time (constant or computed from constants only).
 pub(crate) fn is_const(eg: &EG, s: &Subst, v: &str) -> bool {
     eg[at(s, v)].data.konst.is_const()

@@ -112,6 +112,17 @@ pub(crate) fn rules() -> Vec<Rw> {
                  let o = op(eg, s, "?a2")?.clone();
                  Some(add_op(eg, o, &[Some(x)], 1))
              }),
+        // `CastLike(x, like)` → `Cast(x, to = dtype(like))` when `like`'s dtype is known: the
+        // result no longer reads `like` (a graph input, in exports that build constants with
+        // `CastLike(0.0, input)`), so constant folding can evaluate it. Exact.
+        rule("cast-like-to-cast", "(CastLike ?x ?like ?a)", vec![], |eg, _, s| {
+            let to = dtype_of(eg, s, "?like")?;
+            let Op::CastLike { round_mode, saturate } = op(eg, s, "?a")?.clone() else {
+                return None;
+            };
+            let cast = Op::Cast { round_mode, saturate, to: Some(i64::from(to.onnx_code())) };
+            Some(add_op(eg, cast, &[Some(at(s, "?x"))], 1))
+        }),
         rule("shape-of-known-shape", "(Shape ?x ?a)", vec![], |eg, _, s| {
             let dims = ty(eg, s, "?x")?.shape()?.to_vec();
             let known: Option<Vec<i64>> = dims.iter().map(|d| d.as_known()).collect();
