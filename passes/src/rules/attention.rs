@@ -314,6 +314,143 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool) -> Option<Id> {
     Some(out)
 }
 
+/// The operand classes of the first node of kind `kind` in class `id` whose attributes satisfy
+/// `attrs_ok` (the attributes leaf excluded).
+fn operands_of(eg: &EG, id: Id, kind: &str, attrs_ok: impl Fn(&Op) -> bool) -> Option<Vec<Id>> {
+    eg[eg.find(id)].nodes.iter().find_map(|n| match n {
+        TNode::Op { kind: k, args, .. } if k.as_str() == kind && !args.is_empty() => {
+            let (ops, attrs) = args.split_at(args.len() - 1);
+            attrs_op(eg, attrs[0])
+                .is_some_and(&attrs_ok)
+                .then(|| ops.iter().map(|&c| eg.find(c)).collect())
+        }
+        _ => None,
+    })
+}
+
+/// Every element of class `id` is a finite number whatever the graph inputs (as far as
+/// constants tell): a constant whose elements are all finite, an integer or boolean cast, a
+/// `Where` choosing between finite values, or data movement of such. Masks built as
+/// `Where(keep, 0, finfo.min)` and `(1 - mask) * finfo.min` pass; `-inf` fills do not.
+fn finite(eg: &EG, id: Id, depth: u32) -> bool {
+    let id = eg.find(id);
+    if let Konst::Const { vals: Some(v) } = &eg[id].data.konst {
+        return v.iter().all(|x| x.is_finite());
+    }
+    // Recorded only for constants whose every element is finite.
+    if min_of(eg, id).is_some() {
+        return true;
+    }
+    if depth == 0 {
+        return false;
+    }
+    let int_like = |c: Id| {
+        eg[eg.find(c)]
+            .data
+            .ty
+            .as_ref()
+            .and_then(Type::dtype)
+            .is_some_and(|d| !d.is_float() && d != DType::String)
+    };
+    eg[id].nodes.iter().any(|n| {
+        let TNode::Op { kind, args, .. } = n else {
+            return false;
+        };
+        let ops = &args[..args.len().saturating_sub(1)];
+        let fin = |i: usize| {
+            ops.get(i)
+                .is_some_and(|&c| finite(eg, c, depth - 1) || int_like(c))
+        };
+        match kind.as_str() {
+            "Where" => fin(1) && fin(2),
+            "Expand" | "Reshape" | "Unsqueeze" | "Squeeze" | "Transpose" | "Slice" | "Gather"
+            | "Flatten" | "Identity" | "Neg" | "Cast" => fin(0),
+            // A product of two finite factors can overflow only past the dtype's range; the
+            // masks multiply 0/1 by finfo.min, which stays finite.
+            "Sub" | "Mul" => fin(0) && fin(1) && (all_unit(eg, ops[0]) || all_unit(eg, ops[1])),
+            _ => false,
+        }
+    })
+}
+
+/// Class `id` is (a cast of) a 0/1 or boolean tensor, or a constant of magnitude at most 1.
+fn all_unit(eg: &EG, id: Id) -> bool {
+    let id = eg.find(id);
+    if let Konst::Const { vals: Some(v) } = &eg[id].data.konst {
+        return v.iter().all(|x| x.abs() <= 1.0);
+    }
+    let boolish =
+        |c: Id| eg[eg.find(c)].data.ty.as_ref().and_then(Type::dtype) == Some(DType::Bool);
+    eg[id].nodes.iter().any(|n| match n {
+        TNode::Op { kind, args, .. } => match kind.as_str() {
+            "Cast" => boolish(args[0]),
+            "Sub" if args.len() == 3 => {
+                consts_of_class(eg, args[0]).is_some_and(|v| v.iter().all(|&x| x == 1.0))
+                    && (boolish(args[1]) || all_unit(eg, args[1]))
+            }
+            _ => false,
+        },
+        _ => false,
+    })
+}
+
+fn consts_of_class(eg: &EG, id: Id) -> Option<&[f64]> {
+    match &eg[eg.find(id)].data.konst {
+        Konst::Const { vals: Some(v) } => Some(v),
+        _ => None,
+    }
+}
+
+/// The softmax bound to `?p` never produces NaN for finite inputs: its input is the scores
+/// (a product, possibly scaled) or the scores plus a bias that [`finite`] proves finite.
+fn softmax_never_nan(eg: &EG, s: &Subst) -> bool {
+    let Some(x) =
+        operands_of(eg, at(s, "?p"), "Softmax", |_| true).and_then(|o| o.first().copied())
+    else {
+        return false;
+    };
+    eg[x].nodes.iter().any(|n| match n {
+        TNode::Op { kind, args, .. } => match kind.as_str() {
+            "MatMul" | "Mul" | "Div" | "com.microsoft.FusedMatMul" => true,
+            "Add" if args.len() == 3 => finite(eg, args[0], 6) || finite(eg, args[1], 6),
+            _ => false,
+        },
+        _ => false,
+    })
+}
+
+/// `Reshape(Transpose(Reshape(k, [B*N, T, H]), [0, 2, 1]), [B, N, H, T])` (how the dynamo
+/// exporter transposes K for SDPA): `Transpose(k, [0, 1, 3, 2])` when the types say so —
+/// `k` is `[B, N, T, H]`, the transposed value `[X, H, T]` and the result `[B, N, H, T]`.
+/// Exact: the leading dims are merged and split back in the same row-major order.
+fn kt_from_reshapes(eg: &mut EG, root: Id, s: &Subst) -> Option<Id> {
+    let out = eg[root].data.ty.clone()?;
+    let tdims = eg[eg.find(at(s, "?t"))].data.ty.as_ref()?.shape()?.to_vec();
+    let inner = operands_of(
+        eg,
+        at(s, "?t"),
+        "Transpose",
+        |o| matches!(o, Op::Transpose { perm: Some(p) } if p == &[0, 2, 1]),
+    )?;
+    let k = operands_of(eg, inner[0], "Reshape", |_| true)?[0];
+    let kty = eg[k].data.ty.clone()?;
+    let (kd, od) = (kty.shape()?, out.shape()?);
+    let fits = kd.len() == 4
+        && od.len() == 4
+        && tdims.len() == 3
+        && kty.dtype() == out.dtype()
+        && same(&kd[0], &od[0])
+        && same(&kd[1], &od[1])
+        && same(&kd[2], &od[3])
+        && same(&kd[3], &od[2])
+        && same(&tdims[1], &kd[3])
+        && same(&tdims[2], &kd[2]);
+    if !fits {
+        return None;
+    }
+    transpose_of(eg, k, &[0, 1, 3, 2], out)
+}
+
 /// Builds `Mul(MatMul(x, y), c)` (the scale moved after the product), typed as the root.
 fn scale_after(
     x: &'static str,
@@ -381,6 +518,15 @@ pub(crate) fn rules() -> Vec<Rw> {
                  set_ty(eg, r, t);
                  Some(r)
              }),
+        // ---- normalizing the export form ---------------------------------------------------
+        // `Where(IsNaN(p), z, p)` → `p` for `p = Softmax(x)` that cannot be NaN: SDPA
+        // decompositions guard fully masked rows, which only a `-inf` fill produces. Exact when
+        // the inputs are finite and the mask fill is proven finite ([`softmax_never_nan`]).
+        rule("attn-nan-guard", "(Where (IsNaN ?p ?ai) ?z ?p ?aw)",
+             vec![for_ort(), when(softmax_never_nan)],
+             |_, _, s| Some(at(s, "?p"))),
+        // Kᵀ written as reshape → 3-D transpose → reshape back → `Transpose(k, [0, 1, 3, 2])`.
+        rule("attn-kt-reshape", "(Reshape ?t ?shape ?ar)", vec![for_ort()], kt_from_reshapes),
         // ---- cleaning up around the fused op ----------------------------------------------
         // `Reshape(Reshape(y, s1), s2)` → `y` when `y` is a fused attention result and the
         // outer result has exactly `y`'s type (the heads split by the fusion merged back):
