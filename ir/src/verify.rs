@@ -733,7 +733,14 @@ impl Verifier<'_> {
                             range(min_in, max_in)
                         ),
                     );
-                } else if let Some(i) = d.inputs.iter().take(min_in).position(Option::is_none) {
+                } else if let Some(i) = d
+                    .inputs
+                    .iter()
+                    .take(min_in)
+                    .position(Option::is_none)
+                    // Loop's trip count and condition are both optional (either may be "").
+                    .filter(|_| !matches!(d.op, Op::Loop { .. }))
+                {
                     self.err(
                         Entity::Node(n),
                         format!("{}: required operand #{i} is missing", self.nl(n)),

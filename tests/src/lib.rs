@@ -146,7 +146,30 @@ pub struct Fixture {
 
 /// Every fixture under `tests/fixtures/`, sorted by name.
 pub fn fixtures() -> Vec<Fixture> {
-    let root = repo_root().join("tests/fixtures");
+    let out = fixtures_in("tests/fixtures", "");
+    assert!(
+        out.len() >= 8,
+        "expected the committed fixtures under tests/fixtures"
+    );
+    out
+}
+
+/// Every cell of the export matrix under `tests/fixtures/matrix/` (models from other exporters,
+/// opsets and attention implementations; `tools/gen_matrix.py`, `tools/gen_cnn_cases.py`),
+/// named `matrix/CELL`, sorted.
+pub fn matrix_fixtures() -> Vec<Fixture> {
+    let out = fixtures_in("tests/fixtures/matrix", "matrix/");
+    assert!(
+        out.len() >= 40,
+        "expected the export matrix under tests/fixtures/matrix"
+    );
+    out
+}
+
+/// The directories under `rel` (relative to the repository) that hold ONNX files, named
+/// `prefix` + directory name.
+fn fixtures_in(rel: &str, prefix: &str) -> Vec<Fixture> {
+    let root = repo_root().join(rel);
     let mut out = Vec::new();
     for entry in std::fs::read_dir(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display())) {
         let dir = entry.expect("readable fixture directory").path();
@@ -164,16 +187,11 @@ pub fn fixtures() -> Vec<Fixture> {
         }
         let name = dir
             .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
+            .map(|n| format!("{prefix}{}", n.to_string_lossy()))
             .unwrap_or_default();
         out.push(Fixture { name, dir, models });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    assert!(
-        out.len() >= 8,
-        "expected the committed fixtures under {}",
-        root.display()
-    );
     out
 }
 

@@ -1,7 +1,12 @@
 //! Every committed fixture through the ONNX Runtime `-O2` pipeline: the exported model passes
 //! `onnx.checker`, ONNX Runtime's outputs stay within 1e-4 relative to `1 + |ref|` of the stored
 //! references, and the fused-op counts of the output match `tests/compile-expectations.txt`
-//! exactly, so a change in what fuses is always deliberate.
+//! exactly, so a change in what fuses is always deliberate. The export matrix
+//! (`tests/fixtures/matrix/`: the same model families from the dynamo and TorchScript exporters
+//! at several opsets, SDPA and eager attention, PyTorch QAT, paddle dims, weights in subgraphs)
+//! goes through the same checks against `tests/matrix-expectations.txt`, which also counts the
+//! `Softmax` nodes of each source model: an attention block left unfused shows as `attention`
+//! below `src_softmax`.
 //!
 //! After a change in the rules, the actual table is written to
 //! `target/compile-expectations-actual.txt`; compare it with the expectations and copy the lines
@@ -14,11 +19,15 @@ use std::path::{Path, PathBuf};
 
 use mmq_onnx::proto::onnx::{GraphProto, NodeProto};
 use mmq_passes::{OptLevel, PassOptions, Target, pipeline};
-use mmq_tests::{Fixture, fixtures, oracle, read_expectations, repo_root, scratch_dir};
+use mmq_tests::{
+    Fixture, fixtures, matrix_fixtures, oracle, read_expectations, repo_root, scratch_dir,
+};
 use rayon::prelude::*;
 
 const EXPECTATIONS: &str = "tests/compile-expectations.txt";
 const ACTUAL: &str = "target/compile-expectations-actual.txt";
+const MATRIX_EXPECTATIONS: &str = "tests/matrix-expectations.txt";
+const MATRIX_ACTUAL: &str = "target/matrix-expectations-actual.txt";
 const UPDATE_ENV: &str = "MMQ_UPDATE_COMPILE_EXPECTATIONS";
 /// Outputs may differ from the references by `TOL * (1 + |ref|)`.
 const TOL: &str = "1e-4";
@@ -30,7 +39,7 @@ const TOL_QUANTIZED: &str = "2e-2";
 
 /// The bound for fixture `name`.
 fn tolerance(name: &str) -> &'static str {
-    if name == "qat_cnn" {
+    if name == "qat_cnn" || name.starts_with("matrix/qat_") {
         TOL_QUANTIZED
     } else {
         TOL
@@ -68,14 +77,28 @@ struct Counts {
     relu_after_conv: usize,
     /// Quantized fused convolutions and matmuls (`QLinearConv`, `QLinearMatMul`).
     qconv: usize,
+    /// `Softmax` nodes left.
+    softmax: usize,
+    /// `Softmax` and standard `Attention` nodes of the source model: the attention blocks.
+    src_softmax: usize,
+    /// Standard-domain `Attention` nodes (only read of a source model; not printed).
+    std_attention: usize,
 }
 
 impl fmt::Display for Counts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "attention={} norms={} gelu={} bn={} relu_after_conv={} qconv={}",
-            self.attention, self.norms, self.gelu, self.bn, self.relu_after_conv, self.qconv
+            "attention={} norms={} gelu={} bn={} relu_after_conv={} qconv={} softmax={} \
+             src_softmax={}",
+            self.attention,
+            self.norms,
+            self.gelu,
+            self.bn,
+            self.relu_after_conv,
+            self.qconv,
+            self.softmax,
+            self.src_softmax
         )
     }
 }
@@ -99,6 +122,8 @@ impl Counts {
                 "bn" => &mut c.bn,
                 "relu_after_conv" => &mut c.relu_after_conv,
                 "qconv" => &mut c.qconv,
+                "softmax" => &mut c.softmax,
+                "src_softmax" => &mut c.src_softmax,
                 _ => return Err(format!("unknown key '{key}'")),
             };
             *slot = n;
@@ -111,6 +136,8 @@ impl Counts {
             "bn",
             "relu_after_conv",
             "qconv",
+            "softmax",
+            "src_softmax",
         ] {
             if !seen.contains(&key) {
                 return Err(format!("'{key}' is missing"));
@@ -135,6 +162,9 @@ impl Counts {
             self.gelu += usize::from(GELU.contains(&t.as_str()));
             self.bn += usize::from(t == "BatchNormalization");
             self.qconv += usize::from(matches!(t.as_str(), "QLinearConv" | "QLinearMatMul"));
+            self.softmax += usize::from(t == "Softmax");
+            self.std_attention +=
+                usize::from(t == "Attention" && n.domain.as_deref().is_none_or(str::is_empty));
             if t == "Relu" {
                 let mut src = produced_by(n.input.first());
                 if let Some(bn) = src.filter(|s| op(s) == "BatchNormalization") {
@@ -248,8 +278,17 @@ fn compile_fixture(f: &Fixture, scratch: &Path) -> Outcome {
                 String::from_utf8_lossy(&run.stderr)
             ));
         }
+        let source = f
+            .models
+            .iter()
+            .find(|p| p.file_name() == Some(file))
+            .and_then(|p| Counts::of_file(p).ok());
         match Counts::of_file(&path) {
-            Ok(c) => out.counts.push((key, c)),
+            Ok(mut c) => {
+                c.src_softmax = source.map_or(0, |s| s.softmax + s.std_attention);
+                c.std_attention = 0;
+                out.counts.push((key, c));
+            }
             Err(e) => out
                 .failures
                 .push(format!("{key}: cannot read the output: {e}")),
@@ -273,8 +312,24 @@ fn expectations_text(old: &str, actual: &BTreeMap<String, Counts>) -> String {
 
 #[test]
 fn fixtures_compile_ort_o2() {
-    let scratch = scratch_dir("compile-fixtures");
-    let outcomes: Vec<Outcome> = fixtures()
+    check_fixtures(&fixtures(), "compile-fixtures", EXPECTATIONS, ACTUAL);
+}
+
+#[test]
+fn export_matrix_compiles_ort_o2() {
+    check_fixtures(
+        &matrix_fixtures(),
+        "compile-matrix",
+        MATRIX_EXPECTATIONS,
+        MATRIX_ACTUAL,
+    );
+}
+
+/// Compiles every fixture of `set`, checks the outputs and compares the counts with the
+/// expectations file `expectations` (the actual table goes to `actual_rel`).
+fn check_fixtures(set: &[Fixture], scratch: &str, expectations: &str, actual_rel: &str) {
+    let scratch = scratch_dir(scratch);
+    let outcomes: Vec<Outcome> = set
         .par_iter()
         .map(|f| compile_fixture(f, &scratch))
         .collect();
@@ -285,10 +340,10 @@ fn fixtures_compile_ort_o2() {
         actual.extend(o.counts);
     }
 
-    let path = repo_root().join(EXPECTATIONS);
+    let path = repo_root().join(expectations);
     let old = std::fs::read_to_string(&path).unwrap_or_default();
     let new_text = expectations_text(&old, &actual);
-    let actual_path = repo_root().join(ACTUAL);
+    let actual_path = repo_root().join(actual_rel);
     std::fs::write(&actual_path, &new_text)
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", actual_path.display()));
     if std::env::var_os(UPDATE_ENV).is_some_and(|v| v == "1") {
@@ -296,12 +351,12 @@ fn fixtures_compile_ort_o2() {
             .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
     } else {
         let mut expected: BTreeMap<String, Counts> = BTreeMap::new();
-        for (key, rest) in read_expectations(EXPECTATIONS) {
+        for (key, rest) in read_expectations(expectations) {
             match Counts::parse(&rest) {
                 Ok(c) => {
                     expected.insert(key, c);
                 }
-                Err(e) => failures.push(format!("{EXPECTATIONS}: line '{key} {rest}': {e}")),
+                Err(e) => failures.push(format!("{expectations}: line '{key} {rest}': {e}")),
             }
         }
         let mut mismatched = false;
@@ -314,20 +369,20 @@ fn fixtures_compile_ort_o2() {
                 }
                 None => {
                     mismatched = true;
-                    failures.push(format!("{key}: no line in {EXPECTATIONS} (actual: {c})"));
+                    failures.push(format!("{key}: no line in {expectations} (actual: {c})"));
                 }
             }
         }
         for key in expected.keys().filter(|k| !actual.contains_key(*k)) {
             mismatched = true;
             failures.push(format!(
-                "{key}: listed in {EXPECTATIONS} but no such fixture output was produced"
+                "{key}: listed in {expectations} but no such fixture output was produced"
             ));
         }
         if mismatched {
             failures.push(format!(
-                "actual counts:\n{}\nThe table is in {ACTUAL}. If the change is intended, copy \
-                 the lines you have checked into {EXPECTATIONS}, or rerun with {UPDATE_ENV}=1 \
+                "actual counts:\n{}\nThe table is in {actual_rel}. If the change is intended, copy \
+                 the lines you have checked into {expectations}, or rerun with {UPDATE_ENV}=1 \
                  to rewrite it.",
                 new_text
                     .lines()
@@ -354,6 +409,9 @@ fn counts_parse_round_trips_and_rejects_bad_lines() {
         bn: 0,
         relu_after_conv: 1,
         qconv: 3,
+        softmax: 1,
+        src_softmax: 2,
+        std_attention: 0,
     };
     assert_eq!(Counts::parse(&c.to_string()), Ok(c));
     assert!(Counts::parse("attention=2 norms=5 gelu=2 bn=0 relu_after_conv=0").is_err());
@@ -404,6 +462,7 @@ fn counts_see_relu_after_conv_through_batch_norm() {
             bn: 1,
             relu_after_conv: 2,
             qconv: 1,
+            ..Counts::default()
         }
     );
 }

@@ -259,6 +259,21 @@ fn skip_ok(eg: &EG, root: Id, s: &Subst, a: &str, b: &str, vecs: &[&str]) -> Opt
 #[rustfmt::skip]
 pub(crate) fn rules() -> Vec<Rw> {
     vec![
+        // `Div(1, y)` → `Reciprocal(y)` for float `y` (how the TorchScript exporter writes
+        // `rsqrt`): one IEEE division either way, exact. Lets the RMSNorm rules read it.
+        rule("div-one-to-reciprocal", "(Div ?one ?y ?a)",
+             vec![is_all("?one", 1.0), when(|eg, s| {
+                 dtype_of(eg, s, "?y").is_some_and(DType::is_float)
+                     && dtype_of(eg, s, "?one") == dtype_of(eg, s, "?y")
+                     && shape_of(eg, s, "?one").is_some_and(|d| d.iter().all(|x| x.as_known() == Some(1)))
+             })],
+             |eg, root, s| {
+                 let r = add_op(eg, Op::Reciprocal {}, &[Some(at(s, "?y"))], 1);
+                 if let Some(t) = eg[root].data.ty.clone() {
+                     set_ty(eg, r, t);
+                 }
+                 Some(r)
+             }),
         // LayerNorm without affine part -> LayerNormalization(x, ones). Exact up to rounding.
         // Both means over the last axis (keepdims), eps a positive scalar, opset >= 17.
         rule_any("layer-norm-from-primitives", &layer_norm_patterns(),
