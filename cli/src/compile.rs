@@ -34,6 +34,8 @@ pub struct CompileArgs {
     pub time_passes: bool,
     /// Write the accuracy report (compiled vs imported module) here as JSON and print its table.
     pub report: Option<PathBuf>,
+    /// Skip the end-to-end accuracy line a quantizing run prints by default.
+    pub no_accuracy: bool,
     /// `--quant SCHEME`, run after the pipeline.
     pub quant: Option<String>,
     /// Calibration samples and observer for static schemes.
@@ -118,7 +120,8 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     if module.entries.is_empty() {
         return Err(Failure::user("error: the module has no graph\n".to_owned()));
     }
-    let original = args.report.as_ref().map(|_| module.clone());
+    let measure = quantizing && !args.no_accuracy && args.report.is_none();
+    let original = (args.report.is_some() || measure).then(|| module.clone());
     let opts = PassOptions {
         target,
         explain: false,
@@ -234,6 +237,9 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     if let (Some(path), Some(original)) = (&args.report, &original) {
         stderr.push_str(&accuracy_report(original, &module, &args.calib, path)?);
     }
+    if let (true, Some(original)) = (measure, &original) {
+        stderr.push_str(&accuracy_line(original, &module, &args.calib)?);
+    }
 
     if module.entries.len() == 1 {
         write_onnx(&module, &args.output)?;
@@ -261,6 +267,71 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
 /// Random samples for the accuracy report when no calibration samples are given.
 const REPORT_SAMPLES: usize = 8;
 
+/// The end-to-end cosine a quantized model should keep; below it the accuracy line says how to
+/// get further.
+const ACCURACY_GOAL: f64 = 0.99;
+
+/// The samples of the accuracy figures: `--calib DIR`, else `--calib-random N`, else
+/// [`REPORT_SAMPLES`] random ones (the random ones with the seed calibration uses).
+fn accuracy_samples(
+    original: &Module,
+    calib: &crate::int8::CalibArgs,
+) -> Result<Vec<mmq_passes::quant::report::Sample>, String> {
+    use mmq_passes::quant::calibrate;
+    let graph = original.entries[0].graph;
+    match &calib.dir {
+        Some(dir) => calibrate::dir_samples(dir)
+            .map_err(|e| e.to_string())?
+            .collect::<Result<_, _>>(),
+        None => {
+            let n = calib.random.unwrap_or(REPORT_SAMPLES);
+            calibrate::random_samples(original, graph, n, 0)
+                .map_err(|e| e.to_string())?
+                .collect::<Result<_, _>>()
+        }
+    }
+    .map_err(|e| e.to_string())
+}
+
+/// One line with the end-to-end cosine of the main output on the held-back quarter of the
+/// accuracy samples (the per-layer figures of `--report` are not computed), and, below
+/// [`ACCURACY_GOAL`], the flag that gets further.
+fn accuracy_line(
+    original: &Module,
+    compiled: &Module,
+    calib: &crate::int8::CalibArgs,
+) -> Result<String, Failure> {
+    use mmq_passes::quant::report;
+    let fail = |e: &dyn std::fmt::Display| {
+        Failure::user(format!(
+            "error: measuring accuracy: {e} (--no-accuracy skips it)\n"
+        ))
+    };
+    let samples = accuracy_samples(original, calib).map_err(|e| fail(&e))?;
+    if samples.is_empty() {
+        return Err(fail(&"no samples"));
+    }
+    let held = (samples.len() / 4).max(1);
+    let back = &samples[samples.len() - held..];
+    let r = report::accuracy_split(original, compiled, &back[..1], back).map_err(|e| fail(&e))?;
+    let Some(e) = r.end_to_end else {
+        return Ok("accuracy: no float output to compare\n".to_owned());
+    };
+    let mut line = format!(
+        "accuracy: '{}' cosine {:.4} (min {:.4}) against the unquantized model on {} held-back \
+         sample(s)",
+        e.output, e.cosine_mean, e.cosine_min, e.samples
+    );
+    if e.cosine_min < ACCURACY_GOAL {
+        line.push_str(&format!(
+            "; below {ACCURACY_GOAL}: --auto {ACCURACY_GOAL} keeps the most sensitive layers in \
+             higher precision until it holds (--report OUT.json shows each layer)"
+        ));
+    }
+    line.push('\n');
+    Ok(line)
+}
+
 /// Runs both modules on the calibration samples (`--calib DIR`, else `--calib-random N`, else
 /// [`REPORT_SAMPLES`] random ones; the random ones with the seed calibration uses), the last
 /// quarter held back for the end-to-end figures; writes the JSON report to `path`, returns the
@@ -271,21 +342,9 @@ fn accuracy_report(
     calib: &crate::int8::CalibArgs,
     path: &Path,
 ) -> Result<String, Failure> {
-    use mmq_passes::quant::{calibrate, report};
+    use mmq_passes::quant::report;
     let fail = |e: &dyn std::fmt::Display| Failure::user(format!("error: --report: {e}\n"));
-    let graph = original.entries[0].graph;
-    let samples: Vec<report::Sample> = match &calib.dir {
-        Some(dir) => calibrate::dir_samples(dir)
-            .map_err(|e| fail(&e))?
-            .collect::<Result<_, _>>(),
-        None => {
-            let n = calib.random.unwrap_or(REPORT_SAMPLES);
-            calibrate::random_samples(original, graph, n, 0)
-                .map_err(|e| fail(&e))?
-                .collect::<Result<_, _>>()
-        }
-    }
-    .map_err(|e| fail(&e))?;
+    let samples = accuracy_samples(original, calib).map_err(|e| fail(&e))?;
     let r = report::accuracy(original, compiled, &samples).map_err(|e| fail(&e))?;
     std::fs::write(path, r.to_json() + "\n")
         .map_err(|e| fail(&format!("cannot write {}: {e}", path.display())))?;

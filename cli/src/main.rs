@@ -142,6 +142,10 @@ enum Command {
         /// cosine, end-to-end cosine and top-1 agreement); write JSON here, print a table.
         #[arg(long, value_name = "OUT.json")]
         report: Option<PathBuf>,
+        /// Do not measure accuracy after quantizing (by default a quantizing run prints the
+        /// end-to-end cosine of the main output on held-back samples).
+        #[arg(long)]
+        no_accuracy: bool,
         /// Quantize after the pipeline: int8 (static W8A8, calibrated), int8-dynamic, int4
         /// (weight-only, MatMulNBits), fp8 (E4M3 weights; activations too with --calib), fp16
         /// (float16 weights widened by a Cast that ONNX Runtime folds at load).
@@ -296,6 +300,7 @@ fn main() -> ExitCode {
             dump_after,
             time_passes,
             report,
+            no_accuracy,
             quant,
             calib,
             calib_random,
@@ -317,6 +322,7 @@ fn main() -> ExitCode {
             dump_after,
             time_passes,
             report,
+            no_accuracy,
             quant,
             calib: int8::CalibArgs {
                 dir: calib,

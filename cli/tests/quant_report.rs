@@ -162,3 +162,45 @@ fn int8_report_snapshot() {
     let text = serde_json::to_string_pretty(&round_floats(&r)).expect("JSON");
     insta::assert_snapshot!("int8_report_qat_cnn", text);
 }
+
+/// Without `--report`, a quantizing run still measures: one `accuracy:` line with the
+/// end-to-end cosine on the held-back samples; below 0.99 it names `--auto 0.99`. The figure
+/// agrees with the full report's, and `--no-accuracy` leaves the line out.
+#[test]
+fn quantizing_prints_one_accuracy_line_unless_told_not_to() {
+    let dir = scratch("accuracy-line");
+    let fx = fixture("clip");
+    let base = [
+        "compile", &fx, "--target", "ort", "-o", "out.onnx", "--quant", "int4",
+    ];
+    let (code, _, err) = run_in(&dir, &base);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("accuracy:")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    let line = lines[0];
+    assert!(line.contains("'text_embeds' cosine"), "{line}");
+    assert!(line.contains("2 held-back sample(s)"), "{line}");
+    let cos: f64 = line
+        .split("cosine ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no cosine in {line}"));
+    // INT4 on these random weights sits below the goal: the line says how to get further.
+    assert!(cos < 0.99, "{line}");
+    assert!(line.contains("--auto 0.99"), "{line}");
+    let (r, _) = report("clip", "int4", &["--quant", "int4"]);
+    let full = f(&r["end_to_end"]["cosine_mean"]);
+    assert!((full - cos).abs() < 5e-5, "line {cos} vs report {full}");
+
+    let mut quiet = base.to_vec();
+    quiet.push("--no-accuracy");
+    let (code, _, err) = run_in(&dir, &quiet);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("accuracy:"), "{err}");
+
+    // Unquantized runs print no accuracy line.
+    let (code, _, err) = run_in(&dir, &base[..6]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("accuracy:"), "{err}");
+}

@@ -53,13 +53,32 @@ fn gelu_erf_patterns() -> Vec<String> {
     out
 }
 
-/// GELU, tanh form: `0.5 x (1 + tanh(s (x + k x^3)))`.
+/// GELU, tanh form: `0.5 x (1 + tanh(s (x + k x^3)))`, the cube written `Pow(x, 3)`.
 fn gelu_tanh_patterns() -> Vec<String> {
-    let mut out = Vec::new();
-    for cube in [
+    gelu_tanh_spellings(&[
         "(Mul (Pow ?x ?three ?ap) ?k ?ak)",
         "(Mul ?k (Pow ?x ?three ?ap) ?ak)",
+    ])
+}
+
+/// The same with the cube written as products (`x · (x · x)`, the TorchScript exporter's
+/// `torch.pow(x, 3.0)` in some models, and hand-written `x * x * x`).
+fn gelu_tanh_product_patterns() -> Vec<String> {
+    let mut cubes = Vec::new();
+    for c in [
+        "(Mul ?x (Mul ?x ?x ?m2) ?m1)",
+        "(Mul (Mul ?x ?x ?m2) ?x ?m1)",
     ] {
+        cubes.push(format!("(Mul {c} ?k ?ak)"));
+        cubes.push(format!("(Mul ?k {c} ?ak)"));
+    }
+    let cubes: Vec<&str> = cubes.iter().map(String::as_str).collect();
+    gelu_tanh_spellings(&cubes)
+}
+
+fn gelu_tanh_spellings(cubes: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for cube in cubes {
         let inner = format!("(Add ?x {cube} ?ai)");
         for t in [
             format!("(Tanh (Mul {inner} ?s ?as) ?at)"),
@@ -71,6 +90,27 @@ fn gelu_tanh_patterns() -> Vec<String> {
         }
     }
     out
+}
+
+/// The constants of the tanh GELU: `k` = 0.044715 within 1e-6, `s` = √(2/π) within 1e-4.
+fn gelu_tanh_consts() -> Cond {
+    when(|eg, s| {
+        float_x(eg, s, "?x")
+            && near(eg, s, "?k", 0.044715, 1e-6)
+            && near(eg, s, "?s", (2.0 / std::f64::consts::PI).sqrt(), 1e-4)
+    })
+}
+
+/// `com.microsoft.FastGelu(x)` (ort) or `Gelu approximate="tanh"` (generic, opset ≥ 20).
+fn build_fast_gelu(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
+    let o = match eg.analysis.target {
+        Target::Ort => ms("FastGelu", vec![]),
+        Target::Generic if eg.analysis.opset >= 20 => Op::Gelu {
+            approximate: Some("tanh".into()),
+        },
+        Target::Generic => return None,
+    };
+    Some(add_op(eg, o, &[Some(at(s, "?x"))], 1))
 }
 
 /// The single element of the small constant `v`.
@@ -164,19 +204,12 @@ pub(crate) fn rules() -> Vec<Rw> {
         // Gelu approximate="tanh" (generic, opset >= 20). Exact (same formula); constants
         // within 1e-4 / 1e-6.
         rule_any("gelu-tanh", &gelu_tanh_patterns(),
-            vec![is_all("?h", 0.5), is_all("?one", 1.0), is_all("?three", 3.0),
-                 when(|eg, s| float_x(eg, s, "?x")
-                     && near(eg, s, "?k", 0.044715, 1e-6)
-                     && near(eg, s, "?s", (2.0 / std::f64::consts::PI).sqrt(), 1e-4))],
-            |eg, _, s| {
-                let o = match eg.analysis.target {
-                    Target::Ort => ms("FastGelu", vec![]),
-                    Target::Generic if eg.analysis.opset >= 20 =>
-                        Op::Gelu { approximate: Some("tanh".into()) },
-                    Target::Generic => return None,
-                };
-                Some(add_op(eg, o, &[Some(at(s, "?x"))], 1))
-            }),
+            vec![is_all("?h", 0.5), is_all("?one", 1.0), is_all("?three", 3.0), gelu_tanh_consts()],
+            build_fast_gelu),
+        // The same with the cube as `x · x · x`. Exact (same formula up to rounding).
+        rule_any("gelu-tanh-product", &gelu_tanh_product_patterns(),
+            vec![is_all("?h", 0.5), is_all("?one", 1.0), gelu_tanh_consts()],
+            build_fast_gelu),
         // Gelu(x + b) -> com.microsoft.BiasGelu(x, b) (ort), erf GELU, b a constant 1-D of
         // x's last dim. Exact.
         rule_any("bias-gelu", &[
