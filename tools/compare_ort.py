@@ -19,6 +19,19 @@ For every fixture model (tests/fixtures/*; the two graphs of `pipeline` separate
   5. reports the largest error of every output against the original model's ONNX Runtime output,
      as max |out - ref| / (1 + |ref|) (goal: <= 1e-4).
 
+With --matrix the subjects are the exported cells of the export matrix instead
+(tests/fixtures/matrix/transformers.json and cnn.json, written by tools/gen_matrix.py; entries
+with an "error" were not exported and are skipped). Model types per family: vit -> vit,
+clip -> clip, siglip -> vit and clip, gpt2 and gpt2_kv -> gpt2, bert -> bert, llama_gqa_kv and
+qwen2_kv -> gpt2 and bert, llava -> clip and gpt2, CNN cells -> bert with heads/hidden 0 (basic
+graph optimizations); heads and hidden size are read from tools/gen_matrix.py. Errors are taken
+against the stored outputs.npz of each cell, latency uses 1 intra-op thread unless --threads
+says otherwise, and the report is one table row per cell (attention blocks = Softmax nodes plus
+standard Attention ops of the source; fused = attention ops in the output, any domain):
+
+    .venv-fixtures/bin/python tools/compare_ort.py --mmq target/release/mmq --matrix
+        [--only vit,gpt2_kv_dynamo18] [--threads 1,0] [--json OUT.json]
+
 It prints one markdown table per section and, with --json, writes every number. A tool or model
 that fails puts "error: ..." in its cells and the run continues; latency and accuracy run in a
 child process per fixture, so a crash inside ONNX Runtime is reported, not fatal.
@@ -89,6 +102,8 @@ class Subject:
     path: Path
     variants: list[Variant] = field(default_factory=list)
     note: str = ""
+    stored: Path | None = None  # reference outputs (matrix cells: outputs.npz)
+    meta: dict[str, Any] = field(default_factory=dict)  # the manifest entry (matrix cells)
 
     @property
     def inputs(self) -> Path:
@@ -174,6 +189,125 @@ def subjects(configs: dict[str, tuple[int, int]]) -> list[Subject]:
                 clip_vision),
         Subject("pipeline/decoder", FIXTURES / "pipeline/decoder.onnx", decoder),
     ]
+
+
+# --------------------------------------------------------------------------
+# the export matrix (--matrix): tests/fixtures/matrix/, written by tools/gen_matrix.py
+
+MATRIX = FIXTURES / "matrix"
+MATRIX_GENERATOR = REPO_ROOT / "tools" / "gen_matrix.py"
+
+# Where each family's (heads, hidden) is set in tools/gen_matrix.py: the function whose config
+# call carries the keywords. Every family is hidden 32 / 4 heads at the time of writing; these
+# are the fallbacks when the generator cannot be read.
+MATRIX_TOWERS = {
+    "vit": "case_vit",
+    "clip": "case_clip",
+    "siglip": "case_siglip",
+    "gpt2": "gpt2_config",
+    "bert": "case_bert",
+    "llama": "llama_config",
+    "qwen2": "case_qwen2_kv",
+    "llava_vision": "case_llava",
+}
+MATRIX_FALLBACK = (4, 32)
+
+# Optimizer model types per family, in the order tried, with the tower that gives heads/hidden.
+MATRIX_TYPES: dict[str, list[tuple[str, str]]] = {
+    "vit": [("vit", "vit")],
+    "clip": [("clip", "clip")],
+    "siglip": [("vit", "siglip"), ("clip", "siglip")],
+    "gpt2": [("gpt2", "gpt2")],
+    "gpt2_kv": [("gpt2", "gpt2")],
+    "bert": [("bert", "bert")],
+    "llama_gqa_kv": [("gpt2", "llama"), ("bert", "llama")],
+    "qwen2_kv": [("gpt2", "qwen2"), ("bert", "qwen2")],
+    "llava": [("clip", "llava_vision"), ("gpt2", "llama")],
+}
+
+
+def matrix_configs(path: Path = MATRIX_GENERATOR) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    """(heads, hidden) per tower of tools/gen_matrix.py, from the keyword constants
+    (num_attention_heads/hidden_size or n_head/n_embd) inside each tower's function."""
+    configs = {k: MATRIX_FALLBACK for k in MATRIX_TOWERS}
+    notes: list[str] = []
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError) as exc:
+        return configs, [f"cannot read {path.name} ({exc}); {MATRIX_FALLBACK} used"]
+    per_function: dict[str, dict[str, Any]] = {}
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef):
+            kws: dict[str, Any] = {}
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call):
+                    for kw in node.keywords:
+                        if kw.arg and isinstance(kw.value, ast.Constant):
+                            kws.setdefault(kw.arg, kw.value.value)
+            per_function[fn.name] = kws
+    for tower, fn in MATRIX_TOWERS.items():
+        kws = per_function.get(fn, {})
+        heads = kws.get("num_attention_heads", kws.get("n_head"))
+        hidden = kws.get("hidden_size", kws.get("n_embd"))
+        if isinstance(heads, int) and isinstance(hidden, int):
+            configs[tower] = (heads, hidden)
+        else:
+            notes.append(f"{tower}: {fn}() has no constant heads/hidden; {MATRIX_FALLBACK} used")
+    return configs, notes
+
+
+def matrix_subjects(configs: dict[str, tuple[int, int]]) -> tuple[list[Subject], list[str]]:
+    """Every exported cell of the two matrix manifests; notes on the entries skipped."""
+    todo: list[Subject] = []
+    notes: list[str] = []
+    for entry in json.loads((MATRIX / "transformers.json").read_text()):
+        name = entry["cell"]
+        if "error" in entry:
+            notes.append(f"{name}: not exported ({short(entry['error'], 80)})")
+            continue
+        family = entry["family"]
+        types = MATRIX_TYPES.get(family)
+        if types is None:
+            notes.append(f"{name}: unknown family {family}; bert with heads/hidden 0 tried")
+            types = []
+        variants = [Variant(t, *configs[tower]) for t, tower in types] or [Variant("bert", 0, 0)]
+        todo.append(Subject(name, MATRIX / name / "model.onnx", variants,
+                            stored=MATRIX / name / "outputs.npz",
+                            meta={"kind": "transformer", **entry}))
+    for entry in json.loads((MATRIX / "cnn.json").read_text()):
+        name = entry["case"]
+        if "error" in entry:
+            notes.append(f"{name}: not exported ({short(entry['error'], 80)})")
+            continue
+        todo.append(Subject(name, MATRIX / name / "model.onnx", [Variant("bert", 0, 0)],
+                            note="no CNN model type: bert with ONNX Runtime's basic graph "
+                                 "optimizations", stored=MATRIX / name / "outputs.npz",
+                            meta={"kind": "cnn", **entry}))
+    return todo, notes
+
+
+def attention_by_domain(path: Path) -> dict[str, int]:
+    """Attention-like ops of one model (nested graphs included), keyed "Attention" for the
+    standard ONNX op and by op_type for contrib ops (com.microsoft)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    out: dict[str, int] = {}
+
+    def walk(graph: Any) -> None:
+        for node in graph.node:
+            if node.op_type in ATTENTION_OPS:
+                std = node.domain in ("", "ai.onnx")
+                key = node.op_type + ("" if std else " (ms)")
+                out[key] = out.get(key, 0) + 1
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    walk(attr.g)
+                for g in attr.graphs:
+                    walk(g)
+
+    walk(model.graph)
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -312,8 +446,12 @@ def group_cell(g: dict[str, Any]) -> str:
 
 
 def measure(orig: str, others: dict[str, str], inputs: str, rounds: int, warmup: int,
-            threads: list[int]) -> dict[str, Any]:
-    """Latency per thread count and output errors; every model failure is recorded."""
+            threads: list[int], stored: str | None = None) -> dict[str, Any]:
+    """Latency per thread count and output errors; every model failure is recorded.
+
+    Errors are taken against the original model's ONNX Runtime outputs, or, with `stored` (an
+    outputs.npz keyed by output name), against those stored outputs; then the original itself
+    is checked against them too (under accuracy["original"], a dict like the others)."""
     import numpy as np
     import onnxruntime as ort
 
@@ -335,15 +473,26 @@ def measure(orig: str, others: dict[str, str], inputs: str, rounds: int, warmup:
 
     # Accuracy, against the original's outputs (1 intra-op thread).
     refs: dict[str, Any] | None = None
-    try:
-        sess, feeds = session(orig, 1)
-        names = [o.name for o in sess.get_outputs()]
-        refs = dict(zip(names, sess.run(names, feeds)))
-    except Exception as exc:  # noqa: BLE001
-        result["accuracy"]["original"] = err(f"{type(exc).__name__}: {exc}")
-    for key, path in others.items():
+    checked = others
+    if stored is not None:
+        try:
+            with np.load(stored, allow_pickle=False) as data:
+                refs = {k: data[k] for k in data.files}
+        except Exception as exc:  # noqa: BLE001
+            result["accuracy"]["original"] = err(f"cannot read {stored}: {exc}")
+        checked = {"original": orig, **others}
+    else:
+        try:
+            sess, feeds = session(orig, 1)
+            names = [o.name for o in sess.get_outputs()]
+            refs = dict(zip(names, sess.run(names, feeds)))
+        except Exception as exc:  # noqa: BLE001
+            result["accuracy"]["original"] = err(f"{type(exc).__name__}: {exc}")
+    for key, path in checked.items():
         if refs is None:
-            result["accuracy"][key] = err("original does not run")
+            if key not in result["accuracy"]:
+                result["accuracy"][key] = err("original does not run" if stored is None
+                                              else "no stored outputs")
             continue
         try:
             sess, feeds = session(path, 1)
@@ -399,10 +548,12 @@ def measure(orig: str, others: dict[str, str], inputs: str, rounds: int, warmup:
     return result
 
 
-def measure_in_child(orig: Path, others: dict[str, Path], inputs: Path, args) -> dict[str, Any]:
+def measure_in_child(orig: Path, others: dict[str, Path], inputs: Path, args,
+                     stored: Path | None = None) -> dict[str, Any]:
     spec = {"orig": str(orig), "others": {k: str(v) for k, v in others.items()},
             "inputs": str(inputs), "rounds": args.rounds, "warmup": args.warmup,
-            "threads": [1, 0]}
+            "threads": getattr(args, "threads_list", [1, 0]),
+            "stored": str(stored) if stored is not None else None}
     cmd = [sys.executable, str(Path(__file__).resolve()), "_measure", json.dumps(spec)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -504,7 +655,7 @@ def compare_one(s: Subject, workdir: Path, args) -> dict[str, Any]:
     others = {k: Path(rec[k]["output"]) for k in ("mmq", "ort")
               if "output" in rec[k] and "error" not in rec[k]}
     log(f"{s.name}: latency and accuracy ({args.rounds} rounds)")
-    m = measure_in_child(s.path, others, s.inputs, args)
+    m = measure_in_child(s.path, others, s.inputs, args, s.stored)
     # A tool that produced nothing shows its error in the measurement cells too.
     for key in ("mmq", "ort"):
         if key not in others and "error" not in m:
@@ -643,6 +794,223 @@ def render(results: dict[str, dict[str, Any]]) -> str:
 
 
 # --------------------------------------------------------------------------
+# the export matrix report
+
+ATTN_SHORT = {"Attention": "onnx Attention", "Attention (ms)": "Attention",
+              "MultiHeadAttention (ms)": "MHA", "GroupQueryAttention (ms)": "GQA",
+              "PackedAttention (ms)": "PackedAttn", "PackedMultiHeadAttention (ms)": "PackedMHA"}
+SLOWER = 1.02  # a latency ratio above this counts as slower than the original
+
+
+def compare_matrix_one(s: Subject, workdir: Path, args) -> dict[str, Any]:
+    """compare_one plus the attention ops by domain (standard Attention vs contrib ops)."""
+    rec = compare_one(s, workdir, args)
+    rec["cell"] = s.meta
+    attn: dict[str, Any] = {}
+    for key, path in (("original", s.path), ("mmq", rec.get("mmq", {}).get("output")),
+                      ("ort", rec.get("ort", {}).get("output"))):
+        if path:
+            try:
+                attn[key] = attention_by_domain(Path(path))
+            except Exception as exc:  # noqa: BLE001
+                attn[key] = err(f"cannot read {path}: {exc}")
+    rec["attention_by_domain"] = attn
+    return rec
+
+
+def matrix_blocks(rec: dict[str, Any]) -> int | str:
+    """Attention blocks of the source: Softmax nodes plus standard Attention ops."""
+    c = counts_of(rec, "original")
+    if isinstance(c, str):
+        return c
+    return c["Softmax"] + rec.get("attention_by_domain", {}).get("original", {}).get("Attention", 0)
+
+
+def matrix_fused(rec: dict[str, Any], key: str) -> int | str:
+    c = counts_of(rec, key)
+    return c if isinstance(c, str) else c["attention"]["total"]
+
+
+def fused_cell(rec: dict[str, Any], key: str, blocks: Any) -> str:
+    n = matrix_fused(rec, key)
+    if isinstance(n, str):
+        return n
+    kinds = rec.get("attention_by_domain", {}).get(key)
+    text = f"{n}/{blocks}"
+    if isinstance(kinds, dict) and kinds:
+        text += " " + "+".join(ATTN_SHORT.get(k, k) for k in kinds)
+    return text
+
+
+def ratios(rec: dict[str, Any], key: str) -> list[float | str]:
+    """Latency ratio key/original per thread count, in measurement order."""
+    m = rec.get("measure")
+    if m is None:
+        return []
+    if "error" in m:
+        return [m["error"]]
+    out: list[float | str] = []
+    for entry in m["latency"].values():
+        a, b = entry.get(key), entry.get("original")
+        if isinstance(a, float) and isinstance(b, float) and b > 0:
+            out.append(a / b)
+        else:
+            out.append(next((x for x in (a, b) if is_err(x)), "-"))
+    return out
+
+
+def ratio_cell(rec: dict[str, Any], key: str) -> str:
+    rs = ratios(rec, key)
+    if not rs:
+        return "-"
+    return " / ".join(f"{r:.2f}" if isinstance(r, float) else str(r) for r in rs)
+
+
+def max_err(rec: dict[str, Any], key: str) -> float | str | None:
+    m = rec.get("measure")
+    if m is None:
+        return None
+    if "error" in m:
+        return m["error"]
+    a = m["accuracy"].get(key)
+    if a is None or isinstance(a, str):
+        return a
+    worst = 0.0
+    for x in a.values():
+        if is_err(x):
+            return x
+        if x != x or x > worst:  # NaN wins
+            worst = x
+    return worst
+
+
+def err_cell(rec: dict[str, Any], key: str) -> str:
+    x = max_err(rec, key)
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.1e}" + ("" if x <= GOAL else " FAIL")
+    return str(x)
+
+
+def exporter_cell(meta: dict[str, Any]) -> str:
+    return f"{str(meta.get('exporter', '?')).split(' ')[0]} {meta.get('opset', '?')}"
+
+
+def render_matrix(results: dict[str, dict[str, Any]], threads: list[int]) -> str:
+    labels = " / ".join("1 thread" if n == 1 else ("default threads" if n == 0 else f"{n} threads")
+                        for n in threads)
+    out = []
+    tf = {k: r for k, r in results.items() if r.get("cell", {}).get("kind") == "transformer"}
+    cnn = {k: r for k, r in results.items() if r.get("cell", {}).get("kind") == "cnn"}
+    other = {k: r for k, r in results.items() if k not in tf and k not in cnn}
+
+    rows = []
+    tot = {"blocks": 0, "mmq": 0, "ort": 0, "mmq_std": 0, "ort_std": 0, "src_std": 0}
+    slower: list[str] = []
+    incomplete: list[str] = []
+    errors: list[str] = []
+    for name, rec in tf.items():
+        meta = rec["cell"]
+        blocks = matrix_blocks(rec)
+        best = rec.get("ort", {}).get("best")
+        ort_cell = fused_cell(rec, "ort", blocks) + (f" ({best})" if best else "")
+        rows.append([name, exporter_cell(meta), meta.get("attn", "?"), blocks,
+                     fused_cell(rec, "mmq", blocks), ort_cell, ratio_cell(rec, "mmq"),
+                     ratio_cell(rec, "ort"), err_cell(rec, "mmq")])
+        if isinstance(blocks, int):
+            tot["blocks"] += blocks
+            byd = rec.get("attention_by_domain", {})
+            tot["src_std"] += byd.get("original", {}).get("Attention", 0)
+            expected = meta.get("softmax", 0) + meta.get("attention_ops", 0)
+            if expected != blocks:
+                errors.append(f"{name}: {blocks} blocks counted, manifest says {expected}")
+            for key in ("mmq", "ort"):
+                n = matrix_fused(rec, key)
+                if isinstance(n, int):
+                    tot[key] += n
+                    d = byd.get(key)
+                    tot[key + "_std"] += d.get("Attention", 0) if isinstance(d, dict) else 0
+                    if key == "mmq" and n < blocks:
+                        incomplete.append(f"{name} ({n}/{blocks})")
+        for key in ("mmq", "ort"):
+            e = rec.get(key, {}).get("error")
+            if e:
+                errors.append(f"{name}: {key}: {e}")
+        r = ratios(rec, "mmq")
+        if r and isinstance(r[0], float) and r[0] > SLOWER:
+            slower.append(f"{name} ({ratio_cell(rec, 'mmq')})")
+    out.append("### Transformer cells\n\n" + markdown(
+        ["cell", "exporter/opset", "attn", "blocks", "mmq fused", "ORT fused (model type)",
+         f"latency mmq/original ({labels})", f"latency ORT-opt/original ({labels})",
+         "mmq max err"], rows))
+    out.append(
+        f"Totals over {len(tf)} transformer cells: {tot['blocks']} attention blocks; fused by "
+        f"mmq {tot['mmq']}/{tot['blocks']}, by the ORT optimizer {tot['ort']}/{tot['blocks']}. "
+        f"{tot['src_std']} of the blocks are standard `Attention` ops in the source; the outputs "
+        f"keep {tot['mmq_std']} (mmq) and {tot['ort_std']} (ORT) of those as they are.")
+
+    rows = []
+    for name, rec in cnn.items():
+        meta = rec["cell"]
+        cs = [counts_of(rec, k) for k in ("original", "mmq", "ort")]
+
+        def three(f: Any) -> str:
+            return " / ".join(str(f(c)) if isinstance(c, dict) else "error" for c in cs)
+
+        rows.append([name, exporter_cell(meta), three(lambda c: c["nodes"]),
+                     three(lambda c: c["FusedConv"]), three(lambda c: c["BatchNormalization"]),
+                     ratio_cell(rec, "mmq"), ratio_cell(rec, "ort"), err_cell(rec, "mmq")])
+        for key in ("mmq", "ort"):
+            e = rec.get(key, {}).get("error")
+            if e:
+                errors.append(f"{name}: {key}: {e}")
+        r = ratios(rec, "mmq")
+        if r and isinstance(r[0], float) and r[0] > SLOWER:
+            slower.append(f"{name} ({ratio_cell(rec, 'mmq')})")
+    if rows:
+        out.append("### CNN cells (ORT optimizer: bert, basic graph optimizations)\n\n" + markdown(
+            ["cell", "exporter/opset", "nodes orig / mmq / ORT", "FusedConv orig / mmq / ORT",
+             "BN orig / mmq / ORT", f"latency mmq/original ({labels})",
+             f"latency ORT-opt/original ({labels})", "mmq max err"], rows))
+
+    rows = []
+    for name, rec in results.items():
+        vs = rec.get("ort", {}).get("variants", [])
+        rows.append([name, "; ".join(
+            f"{v['model_type']} ({v['num_heads']}/{v['hidden_size']}): "
+            + (v["error"] if "error" in v else
+               f"{v['counts']['attention']['total']} attention, {v['fused']} fused nodes")
+            for v in vs) or rec.get("error", "-")])
+    out.append("### ORT optimizer, every model type tried (heads/hidden)\n\n"
+               + markdown(["cell", "variants"], rows))
+
+    rows = []
+    for name, rec in results.items():
+        m = rec.get("measure")
+        if m is None or "error" in m:
+            continue
+        rows.append([name, err_cell(rec, "original"), err_cell(rec, "mmq"), err_cell(rec, "ort")])
+    if rows:
+        out.append("### Max error vs the stored outputs.npz, |out - ref| / (1 + |ref|), all "
+                   "outputs\n\n" + markdown(["cell", "original", "mmq -O2", "ORT optimizer"],
+                                                rows))
+
+    for name, rec in other.items():
+        errors.append(f"{name}: {rec.get('error', 'no result')}")
+    for name, rec in results.items():
+        m = rec.get("measure")
+        if isinstance(m, dict) and "error" in m:
+            errors.append(f"{name}: measurement: {m['error']}")
+    summary = [f"mmq slower than the original (ratio > {SLOWER}, first thread count): "
+               + (", ".join(slower) or "none"),
+               "mmq fusion incomplete: " + (", ".join(incomplete) or "none"),
+               "errors: " + ("; ".join(errors) or "none")]
+    out.append("### Summary\n\n" + "\n".join(f"- {line}" for line in summary))
+    return "\n\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -650,7 +1018,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["_measure"]:  # internal: one fixture's latency and accuracy
         spec = json.loads(argv[1])
         res = measure(spec["orig"], spec["others"], spec["inputs"], spec["rounds"],
-                      spec["warmup"], spec["threads"])
+                      spec["warmup"], spec["threads"], spec.get("stored"))
         print(json.dumps(res))
         return 0
 
@@ -659,7 +1027,15 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog="Tables are described in docs/benchmarks.md.")
     p.add_argument("--mmq", required=True, help="the mmq binary")
     p.add_argument("--json", metavar="OUT.json", help="write every number here")
-    p.add_argument("--only", help="comma-separated fixture names (e.g. vit,pipeline/decoder)")
+    p.add_argument("--only", help="comma-separated fixture names (e.g. vit,pipeline/decoder); "
+                   "with --matrix, cell names or prefixes (e.g. vit,gpt2_kv_dynamo18)")
+    p.add_argument("--matrix", action="store_true",
+                   help="the export matrix instead of the fixtures: every exported cell of "
+                   "tests/fixtures/matrix/{transformers,cnn}.json, errors against the stored "
+                   "outputs.npz")
+    p.add_argument("--threads", metavar="N,N",
+                   help="intra-op thread counts for latency, 0 = ONNX Runtime's default "
+                   "(default 1,0; with --matrix 1)")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per tool (default 3)")
     p.add_argument("--rounds", type=int, default=40, help="latency rounds (default 40, min 30)")
     p.add_argument("--warmup", type=int, default=5, help="warmup runs per session (default 5)")
@@ -677,6 +1053,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeat must be at least 1")
     if os.sep in args.mmq or (os.altsep and os.altsep in args.mmq):
         args.mmq = str(Path(args.mmq).resolve())
+    try:
+        args.threads_list = ([int(t) for t in args.threads.split(",") if t.strip()]
+                             if args.threads else ([1] if args.matrix else [1, 0]))
+    except ValueError:
+        p.error("--threads takes comma-separated integers")
+    if not args.threads_list or any(t < 0 for t in args.threads_list):
+        p.error("--threads takes comma-separated integers >= 0")
+
+    if args.matrix:
+        return run_matrix(args, p)
 
     configs, notes = generator_configs()
     todo = subjects(configs)
@@ -709,6 +1095,51 @@ def main(argv: list[str] | None = None) -> int:
                                for k, (h, n) in configs.items()},
                    "config_notes": notes, "goal": GOAL, "rounds": args.rounds,
                    "warmup": args.warmup, "repeat": args.repeat, "fixtures": results}
+            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def run_matrix(args, p: argparse.ArgumentParser) -> int:
+    configs, notes = matrix_configs()
+    todo, skipped = matrix_subjects(configs)
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        unknown = [w for w in wanted if not any(s.name.startswith(w) for s in todo)]
+        if unknown:
+            p.error(f"no matrix cell starts with {', '.join(unknown)}")
+        todo = [s for s in todo if any(s.name.startswith(w) for w in wanted)]
+    for n in notes + skipped:
+        log(n)
+
+    if args.keep:
+        root = Path(args.keep).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+    else:
+        root = Path(tempfile.mkdtemp(prefix="compare_ort_matrix."))
+    results: dict[str, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    try:
+        for i, s in enumerate(todo, 1):
+            log(f"[{i}/{len(todo)}] {s.name}")
+            try:
+                results[s.name] = compare_matrix_one(s, root / s.name, args)
+            except Exception as exc:  # noqa: BLE001
+                results[s.name] = {"cell": s.meta, "error": err(f"{type(exc).__name__}: {exc}")}
+        report = render_matrix(results, args.threads_list)
+        print(report)
+        log(f"{len(todo)} cells in {time.perf_counter() - t0:.0f} s")
+        if args.json:
+            import onnxruntime
+
+            doc = {"matrix": True, "configs": {k: {"num_heads": h, "hidden_size": n}
+                                               for k, (h, n) in configs.items()},
+                   "config_notes": notes, "skipped": skipped, "goal": GOAL,
+                   "rounds": args.rounds, "warmup": args.warmup, "repeat": args.repeat,
+                   "threads": args.threads_list, "onnxruntime": onnxruntime.__version__,
+                   "cpu_count": os.cpu_count(), "cells": results}
             Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     finally:
         if not args.keep:

@@ -67,6 +67,9 @@ MODELS = [
     # converted to opset 13 shows what it does with the weights
     Spec("ppocr-rec-v6-op13", "rapidocr", "rapidocr", "models/PP-OCRv6_rec_small.onnx",
          "the same, converted from opset 11 to 13", "ppocr_text_line", opset=13),
+    Spec("ppocr-det-v6", "rapidocr", "rapidocr", "models/PP-OCRv6_det_small.onnx",
+         "vision, PP-OCRv6 DB text detector (conv, upsampling, sigmoid probability map)",
+         "ppocr_page"),
     Spec("ddddocr", "ddddocr", "ddddocr", "common.onnx",
          "vision+text, captcha OCR (conv + LSTM + Gemm)", "captcha_line"),
     Spec("magika", "magika", "magika", "models/standard_v3_3/model.onnx",
@@ -193,6 +196,25 @@ def ppocr_text_line(spec: Spec, model: Path, n: int, rng) -> list[dict[str, Any]
     return out
 
 
+def ppocr_page(spec: Spec, model: Path, n: int, rng) -> list[dict[str, Any]]:
+    # rapidocr detector: RGB page, resized to multiples of 32 (here 320x320), /255, ImageNet
+    # mean/std, NCHW; a scene with a few text lines pasted on light boxes
+    import numpy as np
+
+    mean = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
+    std = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
+    out = []
+    for _ in range(n):
+        img = scene(rng, 320, 320)
+        for _ in range(rng.integers(2, 6)):
+            h = int(rng.integers(24, 48))
+            w = int(rng.integers(96, 300))
+            y, x = int(rng.integers(0, 320 - h)), int(rng.integers(0, 320 - w))
+            img[y:y + h, x:x + w, :] = strokes(rng, h, w)[..., None]
+        out.append({"x": ((img.transpose(2, 0, 1) - mean) / std)[None].astype(np.float32)})
+    return out
+
+
 def captcha_line(spec: Spec, model: Path, n: int, rng) -> list[dict[str, Any]]:
     # ddddocr: grey, height 64, width kept (here 192), /255
     import numpy as np
@@ -270,6 +292,7 @@ def vad_chunks(spec: Spec, model: Path, n: int, rng) -> list[dict[str, Any]]:
 SAMPLERS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "yolo_image": yolo_image,
     "ppocr_text_line": ppocr_text_line,
+    "ppocr_page": ppocr_page,
     "captcha_line": captcha_line,
     "file_bytes": file_bytes,
     "vad_chunks": vad_chunks,

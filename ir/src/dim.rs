@@ -79,6 +79,21 @@ impl DimExpr {
         }
     }
 
+    /// Whether the expression is at least 0 for every binding of its symbols (which stand for
+    /// sizes, never negative): a non-negative constant plus terms with positive coefficients
+    /// whose atoms are symbols or floor divisions of such expressions. Conservative: `false`
+    /// means "not proven".
+    pub fn provably_nonneg(&self) -> bool {
+        self.constant >= 0
+            && self.terms.iter().all(|(atoms, coef)| {
+                *coef > 0
+                    && atoms.iter().all(|a| match a {
+                        Atom::Sym(_) => true,
+                        Atom::Div(e, d) => *d > 0 && e.provably_nonneg(),
+                    })
+            })
+    }
+
     /// The terms of the canonical form (monomial, coefficient) and the constant.
     pub fn parts(&self) -> (&[(Vec<Atom>, i64)], i64) {
         (&self.terms, self.constant)

@@ -746,3 +746,25 @@ fn if_with_a_known_condition_takes_its_branch() {
     assert_eq!(b.show(cond), "bool[]");
     assert_eq!(b.show(y), "f32[2, 3]");
 }
+
+/// The TorchScript exporter's `expand_as`: `Expand(x, Where(Equal(shape, -1), 1, shape))`. A
+/// size never equals -1, so the shape passes through and the result keeps its dims.
+#[test]
+fn expand_through_where_equal_minus_one() {
+    let mut b = B::new(17);
+    let (batch, seq) = (b.sym("batch"), b.sym("seq"));
+    let x = b.input(
+        "x",
+        DType::Bool,
+        vec![batch.clone(), 1.into(), 1.into(), seq.clone()],
+    );
+    let y = b.input("y", DType::F32, vec![batch, 4.into(), seq.clone(), seq]);
+    let s = b.op("Shape", vec![], &[y]);
+    let minus_one = b.ints(&[-1], vec![1]);
+    let eq = b.op("Equal", vec![], &[s, minus_one]);
+    let ones = b.ints(&[1, 1, 1, 1], vec![4]);
+    let shape = b.op("Where", vec![], &[eq, ones, s]);
+    let e = b.op("Expand", vec![], &[x, shape]);
+    infer_module(&mut b.m);
+    assert_eq!(b.show(e), "bool[batch, 4, seq, seq]");
+}

@@ -179,9 +179,16 @@ fn compute(cx: &Cx) -> Option<Vec<Dim>> {
             acc
         }
         Equal {} => zip(cx.vals(0)?, cx.vals(1)?, |p, q| {
+            // A size is never negative: `Equal(shape, -1)` (the TorchScript exporter's
+            // `expand_as`) is false for every symbolic dim.
+            let size_vs_negative = |a: &Dim, b: &Dim| {
+                b.as_known().is_some_and(|k| k < 0)
+                    && a.expr().is_some_and(crate::dim::DimExpr::provably_nonneg)
+            };
             match (p.as_known(), q.as_known()) {
                 (Some(x), Some(y)) => Dim::known(i64::from(x == y)),
                 _ if p.provably_eq(q) => Dim::known(1),
+                _ if size_vs_negative(p, q) || size_vs_negative(q, p) => Dim::known(0),
                 _ => Dim::Unknown,
             }
         }),

@@ -44,7 +44,7 @@ fn contrib_cost(op: &str) -> f64 {
         "SimplifiedLayerNormalization" => 5.0,
         "Gelu" | "FastGelu" | "BiasGelu" | "QuickGelu" => 4.0,
         "RotaryEmbedding" => 4.0,
-        "MultiHeadAttention" | "GroupQueryAttention" => 30.0,
+        "MultiHeadAttention" | "GroupQueryAttention" => 20.0, // two products and a softmax, costed as one product
         "Attention" => 36.0,
         _ => 10.0,
     }

@@ -140,11 +140,103 @@ fn fully_known(t: &Type) -> bool {
             .is_some_and(|d| d.iter().all(|x| !matches!(x, Dim::Unknown)))
 }
 
-/// The class holds a `com.microsoft.MultiHeadAttention` node.
+/// The class holds a `com.microsoft.MultiHeadAttention` node, or the NaN guard
+/// `Where(IsNaN(y), 0, y)` of one.
 fn is_mha(eg: &EG, x: Id) -> bool {
-    eg[eg.find(x)].nodes.iter().any(
-        |n| matches!(n, TNode::Op { kind, .. } if kind.as_str() == "com.microsoft.MultiHeadAttention"),
-    )
+    eg[eg.find(x)].nodes.iter().any(|n| match n {
+        TNode::Op { kind, .. } if kind.as_str() == "com.microsoft.MultiHeadAttention" => true,
+        TNode::Op { kind, args, .. } if kind.as_str() == "Where" && args.len() == 4 => eg
+            [eg.find(args[2])]
+        .nodes
+        .iter()
+        .any(|m| {
+            matches!(m, TNode::Op { kind, .. } if kind.as_str() == "com.microsoft.MultiHeadAttention")
+        }),
+        _ => false,
+    })
+}
+
+/// The operand classes and the attributes class of the first `kind` node in class `id`.
+fn node_parts(eg: &EG, id: Id, kind: &str) -> Option<(Vec<Id>, Id)> {
+    eg[eg.find(id)].nodes.iter().find_map(|n| match n {
+        TNode::Op { kind: k, args, .. } if k.as_str() == kind && !args.is_empty() => {
+            let (ops, attrs) = args.split_at(args.len() - 1);
+            Some((ops.iter().map(|&c| eg.find(c)).collect(), attrs[0]))
+        }
+        _ => None,
+    })
+}
+
+/// Attention whose probabilities pass a NaN guard that [`softmax_never_nan`] cannot drop (a
+/// `-inf` mask fill): `Transpose(MatMul(Where(IsNaN(p), 0, p), V))` with
+/// `p = Softmax(QKᵀ[·c] + bias)` becomes the fused op with the guard moved to its output,
+/// `Where(IsNaN(y), 0, y)`. Exact for finite Q, K, V: a row with an unmasked key has no NaN
+/// either way; a fully masked row has probabilities 0 behind the guard, so output 0, and the
+/// fused op gives NaN there (ONNX Runtime's and the reference kernel's softmax of `-inf`
+/// only), which the moved guard turns into 0.
+fn build_guarded(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
+    if !consts(eg, s, "?z").is_some_and(|z| z.iter().all(|&x| x == 0.0)) {
+        return None;
+    }
+    let (sm, sm_attrs) = node_parts(eg, at(s, "?p"), "Softmax")?;
+    let (add, _) = node_parts(eg, *sm.first()?, "Add")?;
+    let (x, bias) = (*add.first()?, *add.get(1)?);
+    let mut s2 = s.clone();
+    // The scores: `MatMul(q, kt) · c` (any of the class's `Mul` spellings whose left operand
+    // is the product and whose right one a scalar scale), else the bare product.
+    // Several spellings may hold (the scale split over Q and Kᵀ, then merged); prefer one
+    // whose Kᵀ is a plain transpose, which the fused op reads without a copy.
+    let candidates: Vec<(Vec<Id>, Id)> = eg[eg.find(x)]
+        .nodes
+        .iter()
+        .filter_map(|n| match n {
+            TNode::Op { kind, args, .. } if kind.as_str() == "Mul" && args.len() == 3 => {
+                let mut t = s2.clone();
+                t.insert(var("?c"), eg.find(args[1]));
+                if !is_scale(eg, &t, "?c") {
+                    return None;
+                }
+                let products: Vec<(Vec<Id>, Id)> = eg[eg.find(args[0])]
+                    .nodes
+                    .iter()
+                    .filter_map(|m| match m {
+                        TNode::Op { kind, args: mm, .. }
+                            if kind.as_str() == "MatMul" && mm.len() == 3 =>
+                        {
+                            Some((vec![eg.find(mm[0]), eg.find(mm[1])], eg.find(args[1])))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                Some(products)
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let plain_kt = |c: &(Vec<Id>, Id)| node_parts(eg, c.0[1], "Transpose").is_some();
+    let scaled_form = candidates
+        .iter()
+        .find(|c| plain_kt(c))
+        .or(candidates.first())
+        .cloned();
+    let scaled = match scaled_form {
+        Some((mm, c)) => {
+            s2.insert(var("?q"), mm[0]);
+            s2.insert(var("?kt"), mm[1]);
+            s2.insert(var("?c"), c);
+            true
+        }
+        None => {
+            let (mm, _) = node_parts(eg, x, "MatMul")?;
+            s2.insert(var("?q"), mm[0]);
+            s2.insert(var("?kt"), mm[1]);
+            false
+        }
+    };
+    s2.insert(var("?bias"), bias);
+    s2.insert(var("?sm"), sm_attrs);
+    build_mha(eg, &s2, true, scaled, true)
 }
 
 /// The 4-D shape of `v`.
@@ -227,7 +319,7 @@ fn read(eg: &EG, s: &Subst, bias: bool) -> Option<Attn> {
 
 /// Builds `Reshape(MultiHeadAttention(Reshape(Transpose(Q)), Transpose(Kᵀ), V, bias),
 /// [0, 0, N, Hv])`: the `[B, S, N, Hv]` result the matched final transpose gives.
-fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool) -> Option<Id> {
+fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool, guard: bool) -> Option<Id> {
     let a = read(eg, s, bias)?;
     let scale = if scaled {
         scalar_value(eg, at(s, "?c"), 4)?
@@ -288,16 +380,20 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool) -> Option<Id> {
     if bias {
         inputs.extend([None, None, Some(at(s, "?bias"))]);
     }
-    let y = add_op(eg, mha, &inputs, 1);
+    let mut y = add_op(eg, mha, &inputs, 1);
     let vh = Dim::known(a.value_head);
-    set_ty(
-        eg,
-        y,
-        Type::tensor(
-            a.dtype,
-            vec![b.clone(), sq.clone(), Dim::known(a.heads * a.value_head)],
-        ),
-    );
+    let y_dims = vec![b.clone(), sq.clone(), Dim::known(a.heads * a.value_head)];
+    set_ty(eg, y, Type::tensor(a.dtype, y_dims.clone()));
+    if guard {
+        // A fully masked row (every key -inf) is NaN in the fused op; the graph's guard made
+        // its probabilities 0, so its output row 0.
+        let isn = add_op(eg, Op::IsNaN {}, &[Some(y)], 1);
+        set_ty(eg, isn, Type::tensor(DType::Bool, y_dims.clone()));
+        let zero = lit(eg, a.dtype, vec![], &[0.0])?;
+        let g = add_op(eg, Op::Where {}, &[Some(isn), Some(zero), Some(y)], 1);
+        set_ty(eg, g, Type::tensor(a.dtype, y_dims));
+        y = g;
+    }
     let split = lit(
         eg,
         DType::I64,
@@ -541,18 +637,22 @@ pub(crate) fn rules() -> Vec<Rw> {
         // Scaled attention without mask → `MultiHeadAttention` (`scale` = the graph's `c`).
         // Exact up to the fused kernel's rounding. Conditions: see [`read`]; `c` one number.
         rule("attn-mha", MHA, vec![for_ort(), scale("?c")],
-             |eg, _, s| build_mha(eg, s, false, true)),
+             |eg, _, s| build_mha(eg, s, false, true, false)),
         // Scaled attention with an additive mask → `MultiHeadAttention` with the mask as
         // `attention_bias` (`[B or 1, N or 1, S, T]`). Exact up to the kernel's rounding.
         rule("attn-mha-bias", MHA_BIAS, vec![for_ort(), scale("?c")],
-             |eg, _, s| build_mha(eg, s, true, true)),
+             |eg, _, s| build_mha(eg, s, true, true, false)),
+        // Masked attention behind a NaN guard that stays (a `-inf` fill): the fused op with
+        // the guard on its output. Exact for finite inputs; see [`build_guarded`].
+        rule("attn-mha-guarded", "(Transpose (MatMul (Where (IsNaN ?p ?ai) ?z ?p ?aw) ?v ?mm2) ?tp)",
+             vec![for_ort()], build_guarded),
         // Attention whose scale is folded into the weights (`scale` = 1). Exact up to the
         // kernel's rounding.
         rule("attn-mha-unscaled", MHA_1, vec![for_ort()],
-             |eg, _, s| build_mha(eg, s, false, false)),
+             |eg, _, s| build_mha(eg, s, false, false, false)),
         // Masked attention whose scale is folded into the weights (`scale` = 1). Exact up to
         // the kernel's rounding.
         rule("attn-mha-unscaled-bias", MHA_1_BIAS, vec![for_ort()],
-             |eg, _, s| build_mha(eg, s, true, false)),
+             |eg, _, s| build_mha(eg, s, true, false, false)),
     ]
 }
