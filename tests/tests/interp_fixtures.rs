@@ -162,3 +162,34 @@ fixture_tests!(
     vit,
     vit_dynamic
 );
+
+/// Every export-matrix cell (other exporters, opsets, attention implementations, QAT, paddle
+/// dims, weights in subgraphs) through the interpreter against ONNX Runtime's outputs. The
+/// QAT cells compare within one output quantization step (float rounding before a
+/// QuantizeLinear may land on the other side of a rounding boundary).
+#[test]
+fn export_matrix() {
+    use rayon::prelude::*;
+    let problems: Vec<String> = mmq_tests::matrix_fixtures()
+        .par_iter()
+        .flat_map(|fx| {
+            check(fx)
+                .into_iter()
+                .filter(|p| !(fx.name.contains("qat_") && quant_step_only(p)))
+                .map(|p| format!("{}: {p}", fx.name))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// A QAT cell's difference that stays within the largest logits step these cells use (a
+/// relative error below 1e-2).
+fn quant_step_only(problem: &str) -> bool {
+    problem
+        .split("= ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|x| x.parse::<f64>().ok())
+        .is_some_and(|e| e < 1e-2)
+}
