@@ -53,27 +53,13 @@ fn gelu_erf_patterns() -> Vec<String> {
     out
 }
 
-/// GELU, tanh form: `0.5 x (1 + tanh(s (x + k x^3)))`, the cube written `Pow(x, 3)`.
+/// GELU, tanh form: `0.5 x (1 + tanh(s (x + k x^3)))`, the cube written `Pow(x, 3)` (the
+/// product spellings become it first: `cube-to-pow`).
 fn gelu_tanh_patterns() -> Vec<String> {
     gelu_tanh_spellings(&[
         "(Mul (Pow ?x ?three ?ap) ?k ?ak)",
         "(Mul ?k (Pow ?x ?three ?ap) ?ak)",
     ])
-}
-
-/// The same with the cube written as products (`x · (x · x)`, the TorchScript exporter's
-/// `torch.pow(x, 3.0)` in some models, and hand-written `x * x * x`).
-fn gelu_tanh_product_patterns() -> Vec<String> {
-    let mut cubes = Vec::new();
-    for c in [
-        "(Mul ?x (Mul ?x ?x ?m2) ?m1)",
-        "(Mul (Mul ?x ?x ?m2) ?x ?m1)",
-    ] {
-        cubes.push(format!("(Mul {c} ?k ?ak)"));
-        cubes.push(format!("(Mul ?k {c} ?ak)"));
-    }
-    let cubes: Vec<&str> = cubes.iter().map(String::as_str).collect();
-    gelu_tanh_spellings(&cubes)
 }
 
 fn gelu_tanh_spellings(cubes: &[&str]) -> Vec<String> {
@@ -206,10 +192,20 @@ pub(crate) fn rules() -> Vec<Rw> {
         rule_any("gelu-tanh", &gelu_tanh_patterns(),
             vec![is_all("?h", 0.5), is_all("?one", 1.0), is_all("?three", 3.0), gelu_tanh_consts()],
             build_fast_gelu),
-        // The same with the cube as `x · x · x`. Exact (same formula up to rounding).
-        rule_any("gelu-tanh-product", &gelu_tanh_product_patterns(),
-            vec![is_all("?h", 0.5), is_all("?one", 1.0), gelu_tanh_consts()],
-            build_fast_gelu),
+        // `x · (x · x)` and `(x · x) · x` → `Pow(x, 3)` (TorchScript exports of SigLIP's
+        // `gelu_pytorch_tanh`), so one spelling of the cube serves the GELU rules. Rounding
+        // only (the products round twice, `Pow` once).
+        rule_any("cube-to-pow", &["(Mul ?x (Mul ?x ?x ?m2) ?m1)".into(), "(Mul (Mul ?x ?x ?m2) ?x ?m1)".into()],
+            vec![when(|eg, s| float_x(eg, s, "?x"))],
+            |eg, root, s| {
+                let dt = dtype_of(eg, s, "?x")?;
+                let three = lit(eg, dt, vec![], &[3.0])?;
+                let p = add_op(eg, Op::Pow {}, &[Some(at(s, "?x")), Some(three)], 1);
+                if let Some(t) = eg[root].data.ty.clone() {
+                    set_ty(eg, p, t);
+                }
+                Some(p)
+            }),
         // Gelu(x + b) -> com.microsoft.BiasGelu(x, b) (ort), erf GELU, b a constant 1-D of
         // x's last dim. Exact.
         rule_any("bias-gelu", &[
