@@ -158,13 +158,7 @@ fn is_mha(eg: &EG, x: Id) -> bool {
 
 /// The operand classes and the attributes class of the first `kind` node in class `id`.
 fn node_parts(eg: &EG, id: Id, kind: &str) -> Option<(Vec<Id>, Id)> {
-    eg[eg.find(id)].nodes.iter().find_map(|n| match n {
-        TNode::Op { kind: k, args, .. } if k.as_str() == kind && !args.is_empty() => {
-            let (ops, attrs) = args.split_at(args.len() - 1);
-            Some((ops.iter().map(|&c| eg.find(c)).collect(), attrs[0]))
-        }
-        _ => None,
-    })
+    nodes_of(eg, id, kind).next()
 }
 
 /// Attention whose probabilities pass a NaN guard that [`softmax_never_nan`] cannot drop (a
@@ -186,33 +180,20 @@ fn build_guarded(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
     // is the product and whose right one a scalar scale), else the bare product.
     // Several spellings may hold (the scale split over Q and Kᵀ, then merged); prefer one
     // whose Kᵀ is a plain transpose, which the fused op reads without a copy.
-    let candidates: Vec<(Vec<Id>, Id)> = eg[eg.find(x)]
-        .nodes
-        .iter()
-        .filter_map(|n| match n {
-            TNode::Op { kind, args, .. } if kind.as_str() == "Mul" && args.len() == 3 => {
-                let mut t = s2.clone();
-                t.insert(var("?c"), eg.find(args[1]));
-                if !is_scale(eg, &t, "?c") {
-                    return None;
-                }
-                let products: Vec<(Vec<Id>, Id)> = eg[eg.find(args[0])]
-                    .nodes
-                    .iter()
-                    .filter_map(|m| match m {
-                        TNode::Op { kind, args: mm, .. }
-                            if kind.as_str() == "MatMul" && mm.len() == 3 =>
-                        {
-                            Some((vec![eg.find(mm[0]), eg.find(mm[1])], eg.find(args[1])))
-                        }
-                        _ => None,
-                    })
-                    .collect();
-                Some(products)
+    let candidates: Vec<(Vec<Id>, Id)> = nodes_of(eg, x, "Mul")
+        .filter(|(mul, _)| {
+            let mut t = s2.clone();
+            mul.len() == 2 && {
+                t.insert(var("?c"), mul[1]);
+                is_scale(eg, &t, "?c")
             }
-            _ => None,
         })
-        .flatten()
+        .flat_map(|(mul, _)| {
+            nodes_of(eg, mul[0], "MatMul")
+                .filter(|(mm, _)| mm.len() == 2)
+                .map(|(mm, _)| (mm, mul[1]))
+                .collect::<Vec<_>>()
+        })
         .collect();
     let plain_kt = |c: &(Vec<Id>, Id)| node_parts(eg, c.0[1], "Transpose").is_some();
     let scaled_form = candidates
@@ -410,18 +391,23 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool, guard: bool) -> O
     Some(out)
 }
 
-/// The operand classes of the first node of kind `kind` in class `id` whose attributes satisfy
-/// `attrs_ok` (the attributes leaf excluded).
-fn operands_of(eg: &EG, id: Id, kind: &str, attrs_ok: impl Fn(&Op) -> bool) -> Option<Vec<Id>> {
-    eg[eg.find(id)].nodes.iter().find_map(|n| match n {
+/// The `kind` nodes of class `id`: their operand classes and their attributes class.
+fn nodes_of<'a>(eg: &'a EG, id: Id, kind: &'a str) -> impl Iterator<Item = (Vec<Id>, Id)> + 'a {
+    eg[eg.find(id)].nodes.iter().filter_map(move |n| match n {
         TNode::Op { kind: k, args, .. } if k.as_str() == kind && !args.is_empty() => {
             let (ops, attrs) = args.split_at(args.len() - 1);
-            attrs_op(eg, attrs[0])
-                .is_some_and(&attrs_ok)
-                .then(|| ops.iter().map(|&c| eg.find(c)).collect())
+            Some((ops.iter().map(|&c| eg.find(c)).collect(), attrs[0]))
         }
         _ => None,
     })
+}
+
+/// The operand classes of the first `kind` node of class `id` whose attributes satisfy
+/// `attrs_ok`.
+fn operands_of(eg: &EG, id: Id, kind: &str, attrs_ok: impl Fn(&Op) -> bool) -> Option<Vec<Id>> {
+    nodes_of(eg, id, kind)
+        .find(|(_, a)| attrs_op(eg, *a).is_some_and(&attrs_ok))
+        .map(|(ops, _)| ops)
 }
 
 /// Every element of class `id` is a finite number whatever the graph inputs (as far as
@@ -469,11 +455,13 @@ fn finite(eg: &EG, id: Id, depth: u32) -> bool {
     })
 }
 
-/// Class `id` is (a cast of) a 0/1 or boolean tensor, or a constant of magnitude at most 1.
+/// Every element of class `id` lies in [0, 1]: a constant, a cast of a boolean tensor, or
+/// `1 - y` of such a `y` (the `1 - mask` of additive masks). Multiplying a finite value by it
+/// stays finite.
 fn all_unit(eg: &EG, id: Id) -> bool {
     let id = eg.find(id);
     if let Konst::Const { vals: Some(v) } = &eg[id].data.konst {
-        return v.iter().all(|x| x.abs() <= 1.0);
+        return v.iter().all(|x| (0.0..=1.0).contains(x));
     }
     let boolish =
         |c: Id| eg[eg.find(c)].data.ty.as_ref().and_then(Type::dtype) == Some(DType::Bool);
@@ -481,20 +469,13 @@ fn all_unit(eg: &EG, id: Id) -> bool {
         TNode::Op { kind, args, .. } => match kind.as_str() {
             "Cast" => boolish(args[0]),
             "Sub" if args.len() == 3 => {
-                consts_of_class(eg, args[0]).is_some_and(|v| v.iter().all(|&x| x == 1.0))
-                    && (boolish(args[1]) || all_unit(eg, args[1]))
+                consts_of(eg, args[0]).is_some_and(|v| v.iter().all(|&x| x == 1.0))
+                    && all_unit(eg, args[1])
             }
             _ => false,
         },
         _ => false,
     })
-}
-
-fn consts_of_class(eg: &EG, id: Id) -> Option<&[f64]> {
-    match &eg[eg.find(id)].data.konst {
-        Konst::Const { vals: Some(v) } => Some(v),
-        _ => None,
-    }
 }
 
 /// The softmax bound to `?p` never produces NaN for finite inputs: its input is the scores

@@ -547,11 +547,3 @@ pub(super) fn node_of<'a>(eg: &'a EG, id: Id, kind: &str) -> Option<(Vec<Id>, &'
         _ => None,
     })
 }
-
-/// The small-constant elements of class `id`.
-fn consts_of(eg: &EG, id: Id) -> Option<&[f64]> {
-    match &eg[eg.find(id)].data.konst {
-        Konst::Const { vals: Some(v) } => Some(v),
-        _ => None,
-    }
-}

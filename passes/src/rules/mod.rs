@@ -219,6 +219,14 @@ pub(crate) fn consts<'a>(eg: &'a EG, s: &Subst, v: &str) -> Option<&'a [f64]> {
     }
 }
 
+/// The elements of class `id` when it is a small constant.
+pub(crate) fn consts_of(eg: &EG, id: Id) -> Option<&[f64]> {
+    match &eg[eg.find(id)].data.konst {
+        Konst::Const { vals: Some(v) } => Some(v),
+        _ => None,
+    }
+}
+
 /// The smallest element of class `id` when it is a constant whose elements are known or
 /// summarized ([`Facts::mins`]); `None` otherwise (or when an element is not finite).
 pub(crate) fn min_of(eg: &EG, id: Id) -> Option<f64> {
