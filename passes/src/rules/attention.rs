@@ -18,14 +18,6 @@ use mmq_ir::{Attr, CustomOp, DType, Dim, Op, Type};
 use super::*;
 use crate::egraph::lang::TNode;
 
-/// The attributes leaf class `attrs` as an op.
-fn attrs_op(eg: &EG, attrs: Id) -> Option<&Op> {
-    eg[attrs].nodes.iter().find_map(|n| match n {
-        TNode::Attrs(k) => eg.analysis.ops.get(*k as usize),
-        _ => None,
-    })
-}
-
 /// The value of class `id` when it is one number known at compile time: a one-element
 /// constant, or `Mul`/`Div`/`Reciprocal`/`Sqrt` of such (the const-expressions the normalizing
 /// rules build). Reads values, computes no tensor.
@@ -143,17 +135,10 @@ fn fully_known(t: &Type) -> bool {
 /// The class holds a `com.microsoft.MultiHeadAttention` node, or the NaN guard
 /// `Where(IsNaN(y), 0, y)` of one.
 fn is_mha(eg: &EG, x: Id) -> bool {
-    eg[eg.find(x)].nodes.iter().any(|n| match n {
-        TNode::Op { kind, .. } if kind.as_str() == "com.microsoft.MultiHeadAttention" => true,
-        TNode::Op { kind, args, .. } if kind.as_str() == "Where" && args.len() == 4 => eg
-            [eg.find(args[2])]
-        .nodes
-        .iter()
-        .any(|m| {
-            matches!(m, TNode::Op { kind, .. } if kind.as_str() == "com.microsoft.MultiHeadAttention")
-        }),
-        _ => false,
-    })
+    const MHA_OP: &str = "com.microsoft.MultiHeadAttention";
+    nodes_of(eg, x, MHA_OP).next().is_some()
+        || nodes_of(eg, x, "Where")
+            .any(|(ops, _)| ops.len() == 3 && nodes_of(eg, ops[2], MHA_OP).next().is_some())
 }
 
 /// The operand classes and the attributes class of the first `kind` node in class `id`.
@@ -391,17 +376,6 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool, guard: bool) -> O
     Some(out)
 }
 
-/// The `kind` nodes of class `id`: their operand classes and their attributes class.
-fn nodes_of<'a>(eg: &'a EG, id: Id, kind: &'a str) -> impl Iterator<Item = (Vec<Id>, Id)> + 'a {
-    eg[eg.find(id)].nodes.iter().filter_map(move |n| match n {
-        TNode::Op { kind: k, args, .. } if k.as_str() == kind && !args.is_empty() => {
-            let (ops, attrs) = args.split_at(args.len() - 1);
-            Some((ops.iter().map(|&c| eg.find(c)).collect(), attrs[0]))
-        }
-        _ => None,
-    })
-}
-
 /// The operand classes of the first `kind` node of class `id` whose attributes satisfy
 /// `attrs_ok`.
 fn operands_of(eg: &EG, id: Id, kind: &str, attrs_ok: impl Fn(&Op) -> bool) -> Option<Vec<Id>> {
@@ -478,22 +452,33 @@ fn all_unit(eg: &EG, id: Id) -> bool {
     })
 }
 
-/// The softmax bound to `?p` never produces NaN for finite inputs: its input is the scores
-/// (a product, possibly scaled) or the scores plus a bias that [`finite`] proves finite.
-fn softmax_never_nan(eg: &EG, s: &Subst) -> bool {
-    let Some(x) =
-        operands_of(eg, at(s, "?p"), "Softmax", |_| true).and_then(|o| o.first().copied())
-    else {
+/// Class `id` holds attention scores that are finite for finite inputs: a product
+/// (`MatMul`, `FusedMatMul`), such scores scaled by (`Mul`, `Div`) or added to (`Add`, either
+/// side) a value [`finite`] proves finite.
+fn finite_scores(eg: &EG, id: Id, depth: u32) -> bool {
+    if depth == 0 {
         return false;
-    };
-    eg[x].nodes.iter().any(|n| match n {
-        TNode::Op { kind, args, .. } => match kind.as_str() {
-            "MatMul" | "Mul" | "Div" | "com.microsoft.FusedMatMul" => true,
-            "Add" if args.len() == 3 => finite(eg, args[0], 6) || finite(eg, args[1], 6),
+    }
+    let scores = |c: Id| finite_scores(eg, c, depth - 1);
+    let fin = |c: Id| finite(eg, c, 6);
+    eg[eg.find(id)].nodes.iter().any(|n| match n {
+        TNode::Op { kind, args, .. } => match (kind.as_str(), args.len()) {
+            ("MatMul" | "com.microsoft.FusedMatMul", _) => true,
+            ("Mul" | "Div", 3) => scores(args[0]) && fin(args[1]),
+            ("Add", 3) => (scores(args[0]) && fin(args[1])) || (fin(args[0]) && scores(args[1])),
             _ => false,
         },
         _ => false,
     })
+}
+
+/// The softmax bound to `?p` never produces NaN for finite inputs: its input is
+/// [`finite_scores`] (a `-inf` anywhere in it, under a scale or behind a second bias, fails).
+fn softmax_never_nan(eg: &EG, s: &Subst) -> bool {
+    nodes_of(eg, at(s, "?p"), "Softmax")
+        .next()
+        .and_then(|(ops, _)| ops.first().copied())
+        .is_some_and(|x| finite_scores(eg, x, 4))
 }
 
 /// `Reshape(Transpose(Reshape(k, [B*N, T, H]), [0, 2, 1]), [B, N, H, T])` (how the dynamo

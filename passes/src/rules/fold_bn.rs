@@ -531,19 +531,3 @@ pub(crate) fn rules() -> Vec<Rw> {
         rule("fold-add-into-conv-nobias",  "(Add (Conv ?x ?w ?ac) ?c ?aa)",    vec![when(channel_const)], fold_shift),
     ]
 }
-
-/// The first op node of kind `kind` in class `id`: its operand classes (absent ones as the
-/// `none` class) and its attributes.
-pub(super) fn node_of<'a>(eg: &'a EG, id: Id, kind: &str) -> Option<(Vec<Id>, &'a Op)> {
-    eg[eg.find(id)].nodes.iter().find_map(|n| match n {
-        TNode::Op { kind: k, args, .. } if k.as_str() == kind => {
-            let (operands, attrs) = args.split_at(args.len().checked_sub(1)?);
-            let op = eg[attrs[0]].nodes.iter().find_map(|a| match a {
-                TNode::Attrs(i) => eg.analysis.ops.get(*i as usize),
-                _ => None,
-            })?;
-            Some((operands.iter().map(|&c| eg.find(c)).collect(), op))
-        }
-        _ => None,
-    })
-}

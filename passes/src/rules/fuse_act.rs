@@ -17,7 +17,6 @@
 use egg::{Id, Subst};
 use mmq_ir::{Attr, CustomOp, DType, Op};
 
-use super::fold_bn::node_of;
 use super::*;
 
 /// An activation and its parameters, read from the matched activation op `?aa` (and, for

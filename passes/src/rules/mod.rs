@@ -189,11 +189,36 @@ pub(crate) fn at(s: &Subst, v: &str) -> Id {
 
 /// The attributes bound to `v` (an attributes leaf).
 pub(crate) fn op<'a>(eg: &'a EG, s: &Subst, v: &str) -> Option<&'a Op> {
-    let id = eg.find(at(s, v));
-    eg[id].nodes.iter().find_map(|n| match n {
+    attrs_op(eg, at(s, v))
+}
+
+/// The attributes leaf class `attrs` as an op.
+pub(crate) fn attrs_op(eg: &EG, attrs: Id) -> Option<&Op> {
+    eg[eg.find(attrs)].nodes.iter().find_map(|n| match n {
         TNode::Attrs(k) => eg.analysis.ops.get(*k as usize),
         _ => None,
     })
+}
+
+/// The `kind` nodes of class `id`: their operand classes (absent ones as the `none` class) and
+/// their attributes class.
+pub(crate) fn nodes_of<'a>(
+    eg: &'a EG,
+    id: Id,
+    kind: &'a str,
+) -> impl Iterator<Item = (Vec<Id>, Id)> + 'a {
+    eg[eg.find(id)].nodes.iter().filter_map(move |n| match n {
+        TNode::Op { kind: k, args, .. } if k.as_str() == kind && !args.is_empty() => {
+            let (ops, attrs) = args.split_at(args.len() - 1);
+            Some((ops.iter().map(|&c| eg.find(c)).collect(), attrs[0]))
+        }
+        _ => None,
+    })
+}
+
+/// The first `kind` node of class `id`: its operand classes and its attributes.
+pub(crate) fn node_of<'a>(eg: &'a EG, id: Id, kind: &'a str) -> Option<(Vec<Id>, &'a Op)> {
+    nodes_of(eg, id, kind).find_map(|(ops, a)| Some((ops, attrs_op(eg, a)?)))
 }
 
 /// The type of the class bound to `v`.
