@@ -438,6 +438,28 @@ def kv_args(
     return tuple(args)
 
 
+def kv_interface(n_layers: int, with_position_ids: bool) -> tuple[list, list, tuple, dict]:
+    """Input and output names, dynamo dynamic_shapes and TorchScript dynamic_axes of a
+    CausalLMWithPast decode step."""
+    past_names, present_names = kv_names(n_layers)
+    input_names = ["input_ids", "attention_mask"] + (["position_ids"] if with_position_ids else [])
+    input_names += past_names
+    output_names = ["logits"] + present_names
+    b = Dim("batch", min=1, max=64)
+    s = Dim("seq", min=1, max=1024)
+    p = Dim("past_seq", min=1, max=1024)
+    t = Dim("total_seq", min=2, max=2048)
+    rest = ([{0: b, 1: s}] if with_position_ids else []) + [{0: b, 2: p}] * (2 * n_layers)
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total_seq"},
+            "logits": {0: "batch", 1: "seq"}}
+    if with_position_ids:
+        axes["position_ids"] = {0: "batch", 1: "seq"}
+    axes.update({n: {0: "batch", 2: "past_seq"} for n in past_names})
+    axes.update({n: {0: "batch", 2: "total_seq"} for n in present_names})
+    # forward(input_ids, attention_mask, *rest)
+    return input_names, output_names, ({0: b, 1: s}, {0: b, 1: t}, tuple(rest)), axes
+
+
 def export_causal_lm_with_past(
     name: str,
     out_dir: Path,
@@ -457,30 +479,12 @@ def export_causal_lm_with_past(
     args = kv_args(rng, batch=2, seq=3, past_seq=5, pad_first=True, **shape)
     alt = [kv_args(rng, batch=1, seq=1, past_seq=9, pad_first=False, **shape),
            kv_args(rng, batch=3, seq=4, past_seq=2, pad_first=True, **shape)]
-    past_names, present_names = kv_names(n_layers)
-    input_names = ["input_ids", "attention_mask"]
-    if with_position_ids:
-        input_names.append("position_ids")
-    input_names += past_names
-    output_names = ["logits"] + present_names
-
-    b = Dim("batch", min=1, max=64)
-    s = Dim("seq", min=1, max=1024)
-    p = Dim("past_seq", min=1, max=1024)
-    t = Dim("total_seq", min=2, max=2048)
-    rest = ([{0: b, 1: s}] if with_position_ids else []) + [{0: b, 2: p}] * (2 * n_layers)
-    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total_seq"},
-            "logits": {0: "batch", 1: "seq"}}
-    if with_position_ids:
-        axes["position_ids"] = {0: "batch", 1: "seq"}
-    axes.update({n: {0: "batch", 2: "past_seq"} for n in past_names})
-    axes.update({n: {0: "batch", 2: "total_seq"} for n in present_names})
+    input_names, output_names, dynamic_shapes, axes = kv_interface(n_layers, with_position_ids)
 
     feeds, outs = export_and_verify(
         name, wrapper, args, out_dir / "model.onnx", input_names, output_names,
         alt_args=alt if check_alt_shapes else [],
-        # forward(input_ids, attention_mask, *rest)
-        dynamic_shapes=({0: b, 1: s}, {0: b, 1: t}, tuple(rest)),
+        dynamic_shapes=dynamic_shapes,
         dynamic_axes=axes,
         external_data=external_data,
     )

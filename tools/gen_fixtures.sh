@@ -33,4 +33,5 @@ export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
 cd "$ROOT"
-exec "$VENV/bin/python" "$ROOT/tools/gen_fixtures.py" "$@"
+# tools/gen_matrix.sh runs another generator in the same environment.
+exec "$VENV/bin/python" "$ROOT/tools/${MMQ_GENERATOR:-gen_fixtures.py}" "$@"

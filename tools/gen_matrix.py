@@ -97,7 +97,7 @@ from gen_fixtures import (  # noqa: E402
     TinyLlava,
     check_onnx,
     kv_args,
-    kv_names,
+    kv_interface,
     opset_of,
     randint,
     randn,
@@ -486,25 +486,10 @@ def kv_case(model: nn.Module, rng: np.random.Generator, n_layers: int, n_kv_head
     args = kv_args(rng, batch=2, seq=3, past_seq=5, pad_first=True, **shape)
     alt = [kv_args(rng, batch=1, seq=1, past_seq=9, pad_first=False, **shape),
            kv_args(rng, batch=3, seq=4, past_seq=2, pad_first=True, **shape)]
-    past_names, present_names = kv_names(n_layers)
-    input_names = ["input_ids", "attention_mask"] + (["position_ids"] if with_position_ids else [])
-    input_names += past_names
-    b = Dim("batch", min=1, max=64)
-    s = Dim("seq", min=1, max=1024)
-    p = Dim("past_seq", min=1, max=1024)
-    t = Dim("total_seq", min=2, max=2048)
-    rest = ([{0: b, 1: s}] if with_position_ids else []) + [{0: b, 2: p}] * (2 * n_layers)
-    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total_seq"},
-            "logits": {0: "batch", 1: "seq"}}
-    if with_position_ids:
-        axes["position_ids"] = {0: "batch", 1: "seq"}
-    axes.update({n: {0: "batch", 2: "past_seq"} for n in past_names})
-    axes.update({n: {0: "batch", 2: "total_seq"} for n in present_names})
+    input_names, output_names, dynamic_shapes, axes = kv_interface(n_layers, with_position_ids)
     return Case(
-        model=wrapper, args=args, input_names=input_names,
-        output_names=["logits"] + present_names,
-        dynamic_shapes=({0: b, 1: s}, {0: b, 1: t}, tuple(rest)),
-        dynamic_axes=axes, alt_args=alt,
+        model=wrapper, args=args, input_names=input_names, output_names=output_names,
+        dynamic_shapes=dynamic_shapes, dynamic_axes=axes, alt_args=alt,
         notes=notes + "; decode step batch 2, seq 3, past 5, row 2's first cached position masked",
     )
 

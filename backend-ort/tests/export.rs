@@ -238,23 +238,14 @@ fn attributes_subgraphs_and_domains() {
     let frob = unary(&mut m, g, custom, vec![gemm], None, Type::Unknown);
 
     // If: the then-branch uses a constant only it needs and an outer value.
-    let then_g = m.add_graph("then", None);
-    let else_g = m.add_graph("else", None);
-    let n_if = m.add_node(
+    let (_, branch, then_g, else_g) = if_node(
+        &mut m,
         g,
-        Op::If {
-            then_branch: Some(then_g),
-            else_branch: Some(else_g),
-        },
-        vec![Some(cond)],
-        vec![Some((
-            Some("branch".into()),
-            f32_ty(vec![Dim::known(2), Dim::known(2)]),
-        ))],
-        Some("choose".into()),
+        cond,
+        "branch",
+        f32_ty(vec![Dim::known(2), Dim::known(2)]),
+        Some("choose"),
     );
-    m.graphs[then_g].parent = Some(n_if);
-    m.graphs[else_g].parent = Some(n_if);
     let bias = m.add_const(f32_const(Some("bias"), vec![2], &[0.5, -0.5]));
     let t_out = unary(
         &mut m,
@@ -274,7 +265,6 @@ fn attributes_subgraphs_and_domains() {
         f32_ty(vec![Dim::known(2), Dim::known(2)]),
     );
     m.graphs[else_g].outputs = vec![e_out];
-    let branch = m.nodes[n_if].outputs[0].expect("result");
     m.graphs[g].outputs = vec![frob, branch];
 
     let model = to_model_proto(&m, g, &mut InlineSink).expect("export succeeds");
@@ -925,20 +915,7 @@ fn untyped_subgraph_outputs_get_no_type() {
     let (mut m, g) = module("main");
     let x = m.add_input(g, Some("x".into()), f32_ty(vec![Dim::known(4)]));
     let cond = m.add_input(g, Some("c".into()), Type::tensor(DType::Bool, vec![]));
-    let then_g = m.add_graph("then", None);
-    let else_g = m.add_graph("else", None);
-    let n_if = m.add_node(
-        g,
-        Op::If {
-            then_branch: Some(then_g),
-            else_branch: Some(else_g),
-        },
-        vec![Some(cond)],
-        vec![Some((Some("y".into()), f32_ty(vec![Dim::known(4)])))],
-        None,
-    );
-    m.graphs[then_g].parent = Some(n_if);
-    m.graphs[else_g].parent = Some(n_if);
+    let (_, y, then_g, else_g) = if_node(&mut m, g, cond, "y", f32_ty(vec![Dim::known(4)]), None);
     let t = unary(
         &mut m,
         then_g,
@@ -957,7 +934,7 @@ fn untyped_subgraph_outputs_get_no_type() {
         f32_ty(vec![Dim::known(4)]),
     );
     m.graphs[else_g].outputs = vec![e];
-    m.graphs[g].outputs = vec![m.nodes[n_if].outputs[0].expect("result")];
+    m.graphs[g].outputs = vec![y];
     let model = to_model_proto(&m, g, &mut InlineSink).expect("export succeeds");
     let node = &graph(&model).node[0];
     let branch = |name: &str| {

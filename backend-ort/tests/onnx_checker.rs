@@ -48,25 +48,11 @@ fn model() -> (Module, mmq_ir::GraphId) {
     let mm = unary(&mut m, g, Op::MatMul {}, vec![x, w], None, hidden.clone());
     let h = unary(&mut m, g, Op::Add {}, vec![mm, b], None, hidden.clone());
 
-    let then_g = m.add_graph("then", None);
-    let else_g = m.add_graph("else", None);
-    let n_if = m.add_node(
-        g,
-        Op::If {
-            then_branch: Some(then_g),
-            else_branch: Some(else_g),
-        },
-        vec![Some(cond)],
-        vec![Some((Some("y".into()), hidden.clone()))],
-        Some("choose".into()),
-    );
-    m.graphs[then_g].parent = Some(n_if);
-    m.graphs[else_g].parent = Some(n_if);
+    let (_, y, then_g, else_g) = if_node(&mut m, g, cond, "y", hidden.clone(), Some("choose"));
     let t = unary(&mut m, then_g, Op::Relu {}, vec![h], None, hidden.clone());
     m.graphs[then_g].outputs = vec![t];
     let e = unary(&mut m, else_g, Op::Neg {}, vec![h], None, hidden);
     m.graphs[else_g].outputs = vec![e];
-    let y = m.nodes[n_if].outputs[0].expect("result");
     m.graphs[g].outputs = vec![y];
     (m, g)
 }

@@ -313,8 +313,7 @@ fn accuracy_line(
     }
     let held = (samples.len() / 4).max(1);
     let back = &samples[samples.len() - held..];
-    let r = report::accuracy_split(original, compiled, &back[..1], back).map_err(|e| fail(&e))?;
-    let Some(e) = r.end_to_end else {
+    let Some(e) = report::end_to_end_only(original, compiled, back).map_err(|e| fail(&e))? else {
         return Ok("accuracy: no float output to compare\n".to_owned());
     };
     let mut line = format!(

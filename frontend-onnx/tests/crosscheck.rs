@@ -205,11 +205,14 @@ fn fixtures_import() {
         );
         // A named dim is a symbol; paddle2onnx's "?" names none (each is its own unknown).
         let dynamic = g.input.iter().any(|i| {
-            let t = format!("{:?}", i.r#type);
-            t.split("DimParam(\"").skip(1).any(|rest| {
-                rest.split('"')
-                    .next()
-                    .is_some_and(|p| p.chars().any(char::is_alphabetic))
+            let Some(ours::type_proto::Value::TensorType(t)) =
+                i.r#type.as_ref().and_then(|t| t.value.as_ref())
+            else {
+                return false;
+            };
+            t.shape.iter().flat_map(|s| &s.dim).any(|d| {
+                matches!(&d.value, Some(ours::tensor_shape_proto::dimension::Value::DimParam(p))
+                    if p.chars().any(char::is_alphabetic))
             })
         });
         assert_eq!(!m.symbols.is_empty(), dynamic, "{}", path.display());

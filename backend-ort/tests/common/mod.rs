@@ -4,7 +4,9 @@
 
 use bytes::Bytes;
 use mmq_backend_ort::proto;
-use mmq_ir::{ConstData, DType, Dim, Entry, GraphId, ModelInfo, Module, Op, Storage, Type, Value};
+use mmq_ir::{
+    ConstData, DType, Dim, Entry, GraphId, ModelInfo, Module, Node, Op, Storage, Type, Value,
+};
 use prost::Message;
 
 /// A module with one top-level graph named `name` and model facts for opset 21.
@@ -65,6 +67,34 @@ pub fn unary(
         None,
     );
     m.nodes[n].outputs[0].expect("one result")
+}
+
+/// An `If` node in `g` on `cond` with one result (`result` named, typed `ty`) and two empty
+/// branch graphs whose parent it is; returns the node, the result and the branches.
+pub fn if_node(
+    m: &mut Module,
+    g: GraphId,
+    cond: Value,
+    result: &str,
+    ty: Type,
+    name: Option<&str>,
+) -> (Node, Value, GraphId, GraphId) {
+    let then_g = m.add_graph("then", None);
+    let else_g = m.add_graph("else", None);
+    let n = m.add_node(
+        g,
+        Op::If {
+            then_branch: Some(then_g),
+            else_branch: Some(else_g),
+        },
+        vec![Some(cond)],
+        vec![Some((Some(result.into()), ty))],
+        name.map(Into::into),
+    );
+    m.graphs[then_g].parent = Some(n);
+    m.graphs[else_g].parent = Some(n);
+    let y = m.nodes[n].outputs[0].expect("If result");
+    (n, y, then_g, else_g)
 }
 
 /// Decodes a model file.

@@ -273,6 +273,21 @@ pub fn accuracy_split(
     })
 }
 
+/// Only the end-to-end figures of [`accuracy_split`] (no per-layer statistics): the main output
+/// of both modules compared on `held_back`.
+pub fn end_to_end_only(
+    original: &Module,
+    quantized: &Module,
+    held_back: &[Sample],
+) -> Result<Option<EndToEnd>, ReportError> {
+    if held_back.is_empty() {
+        return Err(ReportError::NoSamples);
+    }
+    let og = entry(original).ok_or(ReportError::NoEntry("original"))?;
+    let qg = entry(quantized).ok_or(ReportError::NoEntry("quantized"))?;
+    end_to_end(original, og, quantized, qg, held_back)
+}
+
 fn entry(m: &Module) -> Option<GraphId> {
     m.entries.first().map(|e| e.graph)
 }
