@@ -26,6 +26,11 @@ pub struct SymbolData {
     pub min: Option<i64>,
     /// Largest value, if bounded.
     pub max: Option<i64>,
+    /// An expression over other symbols that this symbol equals, where the source declared both
+    /// for one dim (an output declared `total_seq` that inference computes as `past_seq + seq`).
+    /// Inference writes the expression in place of the symbol, so both spellings compare equal;
+    /// the interpreter checks the equality when inputs bind both sides.
+    pub equals: Option<DimExpr>,
 }
 
 /// One factor of a monomial.
@@ -199,6 +204,24 @@ impl DimExpr {
     /// `ceil(self / d)`; `None` when `d <= 0`.
     pub fn ceil_div(&self, d: i64) -> Option<DimExpr> {
         self.add(&DimExpr::constant(d - 1)).floor_div(d)
+    }
+
+    /// The expression with every symbol `s` for which `f(s)` is `Some(e)` replaced by `e`, in
+    /// canonical form; `None` only if a floor division of the result is undefined.
+    pub fn substitute(&self, f: &dyn Fn(Sym) -> Option<DimExpr>) -> Option<DimExpr> {
+        let mut out = DimExpr::constant(self.constant);
+        for (atoms, c) in &self.terms {
+            let mut term = DimExpr::constant(*c);
+            for a in atoms {
+                let x = match a {
+                    Atom::Sym(s) => f(*s).unwrap_or_else(|| DimExpr::sym(*s)),
+                    Atom::Div(inner, d) => inner.substitute(f)?.floor_div(*d)?,
+                };
+                term = term.mul(&x);
+            }
+            out = out.add(&term);
+        }
+        Some(out)
     }
 
     /// Evaluates the expression with `value(sym)` for each symbol.

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use crate::arena::{Arena, entity};
 use crate::constant::{Const, ConstData};
-use crate::dim::{Sym, SymbolData};
+use crate::dim::{Dim, DimExpr, Sym, SymbolData};
 use crate::op::Op;
 use crate::types::{Ty, Type, TypeTable};
 
@@ -215,6 +215,7 @@ impl Module {
             name: name.to_owned(),
             min: None,
             max: None,
+            equals: None,
         });
         self.sym_index.insert(name.to_owned(), s);
         s
@@ -223,6 +224,77 @@ impl Module {
     /// The symbol named `name`, if declared.
     pub fn find_symbol(&self, name: &str) -> Option<Sym> {
         self.sym_index.get(name).copied()
+    }
+
+    /// Whether any symbol stands for an expression ([`SymbolData::equals`]).
+    pub fn has_symbol_equalities(&self) -> bool {
+        self.symbols.iter().any(|(_, d)| d.equals.is_some())
+    }
+
+    /// `e` with every symbol that stands for an expression replaced by it.
+    pub fn canon_expr(&self, e: &DimExpr) -> DimExpr {
+        let def = |s: Sym| self.symbols.get(s).and_then(|d| d.equals.clone());
+        e.substitute(&def).unwrap_or_else(|| e.clone())
+    }
+
+    /// [`Module::canon_expr`] on a dim.
+    pub fn canon_dim(&self, d: &Dim) -> Dim {
+        match d {
+            Dim::Expr(e) => Dim::Expr(self.canon_expr(e)),
+            Dim::Unknown => Dim::Unknown,
+        }
+    }
+
+    /// [`Module::canon_dim`] on every dim of a type.
+    pub fn canon_type(&self, t: &Type) -> Type {
+        if !self.has_symbol_equalities() {
+            return t.clone();
+        }
+        let tensor = |tt: &crate::types::TensorType| crate::types::TensorType {
+            dtype: tt.dtype,
+            shape: tt
+                .shape
+                .as_ref()
+                .map(|dims| dims.iter().map(|d| self.canon_dim(d)).collect()),
+        };
+        match t {
+            Type::Unknown => Type::Unknown,
+            Type::Tensor(tt) => Type::Tensor(tensor(tt)),
+            Type::SparseTensor(tt) => Type::SparseTensor(tensor(tt)),
+            Type::Sequence(x) => Type::Sequence(Box::new(self.canon_type(x))),
+            Type::Optional(x) => Type::Optional(Box::new(self.canon_type(x))),
+            Type::Map(k, x) => Type::Map(*k, Box::new(self.canon_type(x))),
+        }
+    }
+
+    /// Records that symbol `s` equals `e` (see [`SymbolData::equals`]) unless `s` already
+    /// stands for an expression or `e`, with the known equalities applied, mentions `s`.
+    /// Every recorded expression is rewritten with the new one, so none refers to a symbol that
+    /// stands for another. Returns whether the equality was recorded.
+    pub fn assume_equal(&mut self, s: Sym, e: &DimExpr) -> bool {
+        let Some(data) = self.symbols.get(s) else {
+            return false;
+        };
+        if data.equals.is_some() {
+            return false;
+        }
+        let e = self.canon_expr(e);
+        let mut mentioned = Vec::new();
+        e.symbols(&mut mentioned);
+        if mentioned.contains(&s) || e.as_constant().is_some() {
+            return false;
+        }
+        let keys: Vec<Sym> = self.symbols.keys().collect();
+        for k in keys {
+            if let Some(old) = self.symbols[k].equals.clone() {
+                let new = old
+                    .substitute(&|x| (x == s).then(|| e.clone()))
+                    .unwrap_or(old);
+                self.symbols[k].equals = Some(new);
+            }
+        }
+        self.symbols[s].equals = Some(e);
+        true
     }
 
     /// Interns a type.

@@ -40,6 +40,7 @@ pub fn verify_all(m: &Module) -> Vec<IrError> {
         listed: vec![Vec::new(); m.nodes.len()],
     };
     v.handles();
+    v.symbol_equalities();
     v.definitions();
     v.subgraphs();
     v.scopes();
@@ -958,6 +959,37 @@ impl Verifier<'_> {
     }
 
     /// Check 6: unique value names per top-level graph tree.
+    /// A symbol that stands for an expression ([`crate::SymbolData::equals`]) names only
+    /// declared symbols that do not stand for expressions themselves (so substitution ends).
+    fn symbol_equalities(&mut self) {
+        let m = self.m;
+        for (s, d) in m.symbols.iter() {
+            let Some(e) = &d.equals else { continue };
+            let mut mentioned = Vec::new();
+            e.symbols(&mut mentioned);
+            for x in mentioned {
+                let problem = match m.symbols.get(x) {
+                    None => Some(format!("an undeclared symbol ({x:?})")),
+                    Some(_) if x == s => Some("itself".to_owned()),
+                    Some(xd) if xd.equals.is_some() => Some(format!(
+                        "'{}', which stands for an expression itself",
+                        xd.name
+                    )),
+                    Some(_) => None,
+                };
+                if let Some(p) = problem {
+                    self.errors.push(IrError::error(
+                        Entity::Sym(s),
+                        format!(
+                            "symbol '{}' is assumed equal to an expression of {p}",
+                            d.name
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
     fn names(&mut self) {
         let m = self.m;
         let roots: Vec<GraphId> = m

@@ -260,6 +260,20 @@ impl<'m> Interpreter<'m> {
         syms.sort();
         for (&s, &v) in syms {
             let data = &self.module.symbols[s];
+            if let Some(e) = &data.equals
+                && let Some(want) = e.eval(&|x| bound.get(&x).copied())
+                && want != v
+            {
+                let name = |x: Sym| self.module.symbols[x].name.clone();
+                return Err(KernelError::Input {
+                    name: data.name.clone(),
+                    message: format!(
+                        "symbol '{}' = {v}, but the model declares it equal to {} = {want}",
+                        data.name,
+                        e.render(&name)
+                    ),
+                });
+            }
             if data.min.is_some_and(|lo| v < lo) || data.max.is_some_and(|hi| v > hi) {
                 return Err(KernelError::Input {
                     name: data.name.clone(),
@@ -475,4 +489,42 @@ fn uses_of(m: &Module, n: Node) -> Vec<Value> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::Interpreter;
+    use crate::tensor::{Data, RtValue, Tensor};
+    use mmq_ir::DType;
+
+    /// A symbol the model declares equal to an expression is checked once its inputs bind both.
+    #[test]
+    fn symbol_equalities_are_checked_on_the_inputs() {
+        let src = "sym past\nsym seq\nsym total\nassume total = past + seq\n\ngraph @g(%m: f32[total], %p: f32[past], %s: f32[seq]) -> (f32[past + seq]) {\n  %c = Concat(%p, %s) {axis = 0} : f32[past + seq]\n  %y = Add(%m, %c) : f32[past + seq]\n  return %y\n}\n";
+        let (m, _) = mmq_ir::text::parse(src).expect("parses");
+        let g = m.entries[0].graph;
+        let t = |n: usize| -> RtValue {
+            Tensor::new(DType::F32, vec![n], Data::F32(vec![1.0; n]))
+                .expect("tensor")
+                .into()
+        };
+        let inputs = |total| -> HashMap<String, RtValue> {
+            [("m", t(total)), ("p", t(2)), ("s", t(3))]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect()
+        };
+        let ok = Interpreter::new(&m).run(g, &inputs(5)).expect("runs");
+        assert_eq!(ok[0].1.as_tensor().expect("tensor").shape, vec![5]);
+        let err = Interpreter::new(&m)
+            .run(g, &inputs(6))
+            .expect_err("total = 6 but past + seq = 5")
+            .to_string();
+        assert!(
+            err.contains("'total' = 6, but the model declares it equal to past + seq = 5"),
+            "{err}"
+        );
+    }
 }

@@ -317,17 +317,43 @@ fn fixtures_compile_ort_o2() {
 
 #[test]
 fn export_matrix_compiles_ort_o2() {
-    check_fixtures(
+    let actual = check_fixtures(
         &matrix_fixtures(),
         "compile-matrix",
         MATRIX_EXPECTATIONS,
         MATRIX_ACTUAL,
     );
+    // Whatever the expectations say: every attention block of every transformer cell fuses.
+    let manifest = repo_root().join("tests/fixtures/matrix/transformers.json");
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", manifest.display()));
+    let cells: Vec<serde_json::Value> = serde_json::from_str(&text).expect("manifest is JSON");
+    let mut unfused = Vec::new();
+    for cell in &cells {
+        let name = cell["cell"].as_str().expect("cell name");
+        let key = format!("matrix/{name}");
+        let c = actual
+            .get(&key)
+            .unwrap_or_else(|| panic!("{key}: no output"));
+        if c.attention != c.src_softmax || c.softmax != 0 || c.src_softmax == 0 {
+            unfused.push(format!("{key}: {c}"));
+        }
+    }
+    assert!(
+        unfused.is_empty(),
+        "attention blocks left unfused:\n{}",
+        unfused.join("\n")
+    );
 }
 
 /// Compiles every fixture of `set`, checks the outputs and compares the counts with the
 /// expectations file `expectations` (the actual table goes to `actual_rel`).
-fn check_fixtures(set: &[Fixture], scratch: &str, expectations: &str, actual_rel: &str) {
+fn check_fixtures(
+    set: &[Fixture],
+    scratch: &str,
+    expectations: &str,
+    actual_rel: &str,
+) -> BTreeMap<String, Counts> {
     let scratch = scratch_dir(scratch);
     let outcomes: Vec<Outcome> = set
         .par_iter()
@@ -398,6 +424,7 @@ fn check_fixtures(set: &[Fixture], scratch: &str, expectations: &str, actual_rel
         failures.len(),
         failures.join("\n")
     );
+    actual
 }
 
 #[test]

@@ -88,11 +88,46 @@ pub fn infer_module(m: &mut Module) -> Vec<IrError> {
 
 /// [`infer_module`], also returning the shape values it tracked.
 pub fn infer_module_with_values(m: &mut Module) -> (Vec<IrError>, ShapeValues) {
+    let (errors, sv, learned) = infer_once(m);
+    if !learned {
+        return (errors, sv);
+    }
+    // A declared symbol turned out to stand for an expression: write the expression everywhere
+    // (values typed before it was learned included) and infer again with it known from the start.
+    canon_value_types(m);
+    let (errors, sv, _) = infer_once(m);
+    (errors, sv)
+}
+
+/// Rewrites every value type with the module's symbol equalities, except the inputs of
+/// top-level graphs: those keep the names the caller binds.
+fn canon_value_types(m: &mut Module) {
+    let inputs: HashSet<Value> = m
+        .graphs
+        .iter()
+        .filter(|(_, g)| g.parent.is_none())
+        .flat_map(|(_, g)| g.inputs.iter().copied())
+        .collect();
+    let values: Vec<Value> = m.values.keys().collect();
+    for v in values {
+        if inputs.contains(&v) || m.values[v].ty.index() >= m.types.len() {
+            continue;
+        }
+        let old = m.types[m.values[v].ty].clone();
+        let new = m.canon_type(&old);
+        if new != old {
+            m.set_type(v, new);
+        }
+    }
+}
+
+fn infer_once(m: &mut Module) -> (Vec<IrError>, ShapeValues, bool) {
     let mut cx = Infer {
         m,
         sv: ShapeValues::new(),
         errors: Vec::new(),
         done: HashSet::new(),
+        learned: false,
     };
     cx.seed_consts();
     let entries: Vec<GraphId> = cx.m.entries.iter().map(|e| e.graph).collect();
@@ -108,7 +143,7 @@ pub fn infer_module_with_values(m: &mut Module) -> (Vec<IrError>, ShapeValues) {
     for g in all {
         cx.infer_graph(g);
     }
-    (cx.errors, cx.sv)
+    (cx.errors, cx.sv, cx.learned)
 }
 
 /// The shape values of `m` as inference would track them (`m` itself is left unchanged).
@@ -303,6 +338,8 @@ struct Infer<'m> {
     sv: ShapeValues,
     errors: Vec<IrError>,
     done: HashSet<GraphId>,
+    /// Whether this run recorded a symbol equality ([`Module::assume_equal`]).
+    learned: bool,
 }
 
 impl Infer<'_> {
@@ -414,6 +451,11 @@ impl Infer<'_> {
         let found = values::propagate(&cx);
         for (i, dims) in found.into_iter().enumerate() {
             if let (Some(dims), Some(Some(v))) = (dims, node.outputs.get(i)) {
+                let dims = if self.m.has_symbol_equalities() {
+                    dims.iter().map(|d| self.m.canon_dim(d)).collect()
+                } else {
+                    dims
+                };
                 self.sv.insert(*v, dims);
             }
         }
@@ -521,6 +563,31 @@ impl Infer<'_> {
             .collect()
     }
 
+    /// Where the type a value already has names a dim by a bare symbol and inference computes
+    /// it as another expression, the source has declared the two equal: records that
+    /// ([`Module::assume_equal`]). Returns whether anything was recorded.
+    fn learn_equalities(&mut self, old: &Type, inferred: &Type) -> bool {
+        let (Some(a), Some(b)) = (old.as_tensor(), inferred.as_tensor()) else {
+            return false;
+        };
+        let (Some(x), Some(y)) = (&a.shape, &b.shape) else {
+            return false;
+        };
+        if x.len() != y.len() {
+            return false;
+        }
+        let mut learned = false;
+        for (dx, dy) in x.iter().zip(y) {
+            if let (Some(s), Some(e)) = (dx.expr().and_then(|e| e.as_sym()), dy.expr())
+                && e.as_sym() != Some(s)
+                && self.m.assume_equal(s, e)
+            {
+                learned = true;
+            }
+        }
+        learned
+    }
+
     /// Merges `inferred` into the type of `v` and records conflicts as warnings.
     fn write(&mut self, v: Value, inferred: Type) {
         let Some(data) = self.m.values.get(v) else {
@@ -530,7 +597,16 @@ impl Infer<'_> {
             return;
         }
         let old = self.m.types[data.ty].clone();
-        let (merged, conflicts) = merge(&old, &inferred, self.m);
+        let (old_c, inferred) = if self.m.has_symbol_equalities() {
+            (self.m.canon_type(&old), self.m.canon_type(&inferred))
+        } else {
+            (old.clone(), inferred)
+        };
+        if self.learn_equalities(&old_c, &inferred) {
+            self.learned = true;
+        }
+        let (merged, conflicts) = merge(&old_c, &inferred, self.m);
+        let merged = self.m.canon_type(&merged);
         for c in conflicts {
             self.errors.push(IrError::warning(
                 Entity::Value(v),

@@ -3,6 +3,7 @@ use bytes::Bytes;
 use super::*;
 use crate::attr::Attr;
 use crate::constant::{ConstData, Storage};
+use crate::dim::DimExpr;
 use crate::module::{Entry, ModelInfo};
 use crate::types::TensorType;
 
@@ -767,4 +768,73 @@ fn expand_through_where_equal_minus_one() {
     let e = b.op("Expand", vec![], &[x, shape]);
     infer_module(&mut b.m);
     assert_eq!(b.show(e), "bool[batch, 4, seq, seq]");
+}
+
+/// An exporter that names the cache length `total` on the mask input and on the cache output,
+/// while the cache is `Concat(past, new)`: `total` is recorded as `past + seq` and written in
+/// its place everywhere but the inputs, so the mask broadcasts against the scores.
+#[test]
+fn declared_symbol_equal_to_an_inferred_expression() {
+    let mut b = B::new(17);
+    let (batch, past, seq, total) = (b.sym("batch"), b.sym("past"), b.sym("seq"), b.sym("total"));
+    let mask = b.input("mask", DType::F32, vec![batch.clone(), total.clone()]);
+    let pk = b.input(
+        "past_key",
+        DType::F32,
+        vec![batch.clone(), 2.into(), past, 4.into()],
+    );
+    let k = b.input(
+        "k",
+        DType::F32,
+        vec![batch.clone(), 2.into(), seq, 4.into()],
+    );
+    // The mask is read before the concatenation that reveals what `total` is.
+    let axes = b.ints(&[1, 2], vec![2]);
+    let mask4 = b.op("Unsqueeze", vec![], &[mask, axes]);
+    let present = b.op("Concat", vec![("axis", Attr::Int(-2))], &[pk, k]);
+    b.m.set_type(
+        present,
+        Type::tensor(DType::F32, vec![batch, 2.into(), total, 4.into()]),
+    );
+    let scores = b.op(
+        "Einsum",
+        vec![("equation", Attr::String("bhqd,bhkd->bhqk".into()))],
+        &[k, present],
+    );
+    let biased = b.op("Add", vec![], &[scores, mask4]);
+    let warnings = infer_module(&mut b.m);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let t = b.m.find_symbol("total").expect("total");
+    let name = |s: crate::Sym| b.m.symbols[s].name.clone();
+    let eq = b.m.symbols[t].equals.as_ref().expect("total = past + seq");
+    assert_eq!(eq.render(&name), "past + seq");
+    assert_eq!(b.show(mask), "f32[batch, total]");
+    assert_eq!(b.show(mask4), "f32[batch, 1, 1, past + seq]");
+    assert_eq!(b.show(present), "f32[batch, 2, past + seq, 4]");
+    assert_eq!(b.show(biased), "f32[batch, 2, seq, past + seq]");
+    // Inference again changes nothing and learns nothing new.
+    let before = b.m.clone();
+    infer_module(&mut b.m);
+    assert!(b.m == before);
+}
+
+/// A declared symbol is not made equal to an expression that mentions it, nor to a constant,
+/// and one that already stands for an expression keeps it.
+#[test]
+fn symbol_equalities_stay_acyclic() {
+    let mut m = Module::new();
+    let (a, b, c) = (m.symbol("a"), m.symbol("b"), m.symbol("c"));
+    let e = |s| DimExpr::sym(s);
+    assert!(!m.assume_equal(a, &e(a).add(&DimExpr::constant(1))));
+    assert!(!m.assume_equal(a, &DimExpr::constant(3)));
+    assert!(m.assume_equal(a, &e(b).add(&e(c))));
+    assert!(!m.assume_equal(a, &e(c)));
+    // b = c * 2 rewrites a's expression, so no expression names a symbol that has one.
+    assert!(m.assume_equal(b, &e(c).scale(2)));
+    let names = m.clone();
+    let name = |s: crate::Sym| names.symbols[s].name.clone();
+    assert_eq!(m.symbols[a].equals.as_ref().unwrap().render(&name), "3 * c");
+    // c can no longer be defined through a or b: both are c in disguise.
+    assert!(!m.assume_equal(c, &e(a)));
+    assert_eq!(m.canon_dim(&Dim::sym(a)).render(&name), "3 * c");
 }

@@ -174,6 +174,7 @@ fn canonicalize_impl(m: &Module, prune: bool) -> Module {
         let new = out.symbol(&s.name);
         out.symbols[new].min = s.min;
         out.symbols[new].max = s.max;
+        out.symbols[new].equals = s.equals.clone();
     }
     let has_value = const_has_value(m);
     let mut const_value = HashMap::new();

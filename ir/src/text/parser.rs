@@ -299,7 +299,7 @@ impl Parser<'_> {
             }
             if !first && depth == 0 && t.line_start {
                 let item = matches!(&t.tok, Tok::Ident(k)
-                    if matches!(k.as_str(), "sym" | "const" | "tensor" | "graph" | "link"));
+                    if matches!(k.as_str(), "sym" | "assume" | "const" | "tensor" | "graph" | "link"));
                 if !top || item {
                     return;
                 }
@@ -330,10 +330,11 @@ impl Parser<'_> {
             let r = match self.tok() {
                 Tok::Eof => break,
                 Tok::Ident(k) if k == "sym" => self.sym_decl(),
+                Tok::Ident(k) if k == "assume" => self.assume_decl(),
                 Tok::Ident(k) if k == "const" || k == "tensor" => self.const_decl(),
                 Tok::Ident(k) if k == "graph" => self.top_graph(),
                 Tok::Ident(k) if k == "link" => self.link(),
-                _ => Err(self.unexpected("`sym`, `const`, `tensor`, `graph` or `link`")),
+                _ => Err(self.unexpected("`sym`, `assume`, `const`, `tensor`, `graph` or `link`")),
             };
             if r.is_err() {
                 self.recover(start, true);
@@ -364,6 +365,62 @@ impl Parser<'_> {
         self.m.symbols[s].max = max;
         self.declared_syms.insert(name, span.clone());
         self.spans.insert(Entity::Sym(s), span);
+        Ok(())
+    }
+
+    /// `assume NAME = EXPR`: the declared symbol `NAME` equals `EXPR`, an expression over other
+    /// declared symbols that do not stand for expressions themselves.
+    fn assume_decl(&mut self) -> PResult<()> {
+        self.bump();
+        let (name, span) = self.name("a symbol name")?;
+        let Some(s) = self
+            .m
+            .find_symbol(&name)
+            .filter(|_| self.declared_syms.contains_key(&name))
+        else {
+            let e = ParseError::new(span, format!("`assume` names undeclared symbol `{name}`"));
+            return Err(self.push_error(e));
+        };
+        self.expect_punct('=')?;
+        let start = self.span().start;
+        let e = self.dim_expr()?;
+        let at = start..self.prev_end();
+        if self.m.symbols[s].equals.is_some() {
+            let e = ParseError::new(span, format!("symbol `{name}` is assumed equal twice"));
+            return Err(self.push_error(e));
+        }
+        let mut mentioned = Vec::new();
+        e.symbols(&mut mentioned);
+        for x in mentioned {
+            let xname = self.m.symbols[x].name.clone();
+            let problem = if x == s {
+                Some(format!(
+                    "`{name}` cannot be assumed equal to an expression of itself"
+                ))
+            } else if !self.declared_syms.contains_key(&xname) {
+                Some(format!("symbol `{xname}` is not declared"))
+            } else if self.m.symbols[x].equals.is_some() {
+                Some(format!(
+                    "`{xname}` stands for an expression itself; write that expression instead"
+                ))
+            } else {
+                None
+            };
+            if let Some(msg) = problem {
+                return Err(self.push_error(ParseError::new(at, msg)));
+            }
+        }
+        if self.m.symbols.iter().any(|(_, d)| {
+            let mut v = Vec::new();
+            if let Some(x) = &d.equals {
+                x.symbols(&mut v);
+            }
+            v.contains(&s)
+        }) {
+            let msg = format!("`{name}` appears in an earlier `assume`; assume it first");
+            return Err(self.push_error(ParseError::new(span, msg)));
+        }
+        self.m.symbols[s].equals = Some(e);
         Ok(())
     }
 

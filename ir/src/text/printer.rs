@@ -132,6 +132,16 @@ impl Printer<'_> {
             }
             self.out.push('\n');
         }
+        for (_, s) in m.symbols.iter() {
+            if let Some(e) = &s.equals {
+                let _ = writeln!(
+                    self.out,
+                    "assume {} = {}",
+                    name_text(&s.name),
+                    e.render(&|x| sym_text(m, x))
+                );
+            }
+        }
         if !m.symbols.is_empty() && (!m.consts.is_empty() || !m.entries.is_empty()) {
             self.out.push('\n');
         }

@@ -1009,3 +1009,24 @@ graph @g(%x: f32[2]) -> (f32[2]) {
     let (again, _) = parse(&text).expect("pruned text parses");
     assert_eq!(print(&again), text);
 }
+
+#[test]
+fn symbol_equalities_round_trip_and_are_checked() {
+    let src = "sym past\nsym seq\nsym total\nassume total = past + seq\n\ngraph @g(%m: f32[total], %x: f32[past + seq]) -> (f32[past + seq]) {\n  %y = Add(%m, %x) : f32[past + seq]\n  return %y\n}\n";
+    let (m, _) = parse(src).expect("parses");
+    let t = m.find_symbol("total").expect("total");
+    assert!(m.symbols[t].equals.is_some());
+    assert_eq!(round_trip(&m), src);
+    assert!(crate::verify::verify(&m).is_ok());
+    let bad = |assume: &str| {
+        errors_of(&format!(
+            "sym past\nsym seq\nsym total\n{assume}\ngraph @g() -> () {{\n  return\n}}\n"
+        ))
+    };
+    assert!(bad("assume total = total + 1").contains("expression of itself"));
+    assert!(bad("assume nope = past").contains("undeclared symbol `nope`"));
+    assert!(bad("assume total = past + other").contains("`other` is not declared"));
+    assert!(bad("assume total = past\nassume total = seq").contains("assumed equal twice"));
+    assert!(bad("assume total = past\nassume seq = total").contains("stands for an expression"));
+    assert!(bad("assume total = past\nassume past = seq").contains("assume it first"));
+}

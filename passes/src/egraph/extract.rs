@@ -235,9 +235,13 @@ impl Refine {
                 }
                 let before = self.total;
                 self.trail.clear();
+                let mut through = false;
                 if !self.switch(c, j) {
                     self.undo();
-                    continue;
+                    if !self.switch_through(c, j) {
+                        continue;
+                    }
+                    through = true;
                 }
                 self.reuse_tuples();
                 if self.total < before - 1e-9 {
@@ -245,10 +249,49 @@ impl Refine {
                     self.number();
                 } else {
                     self.undo();
+                    if through {
+                        self.number();
+                    }
                 }
             }
         }
         improved
+    }
+
+    /// Selects node `j` for live class `c` where that closed a cycle through one of the node's
+    /// operands: a live operand class whose current node reads `c` is first switched to one of
+    /// its other nodes that does not (a fused op unioned with a reshape of the value it
+    /// replaces: the reshape reads the old value, the old value is to become a reshape of the
+    /// fused op). False, with nothing changed, when no such pair of switches exists; otherwise
+    /// the changes are on the trail for the caller to keep or undo.
+    fn switch_through(&mut self, c: usize, j: usize) -> bool {
+        let kids = self.kids[c][j].clone();
+        for k in kids {
+            if k == c || self.refc[k] == 0 || self.sel[k] == NONE {
+                continue;
+            }
+            if !self.reaches(&self.kids[k][self.sel[k]].clone(), c) {
+                continue;
+            }
+            for i in 0..self.kids[k].len() {
+                if i == self.sel[k] || !self.own[k][i].is_finite() {
+                    continue;
+                }
+                self.trail.clear();
+                if self.reaches(&self.kids[k][i].clone(), c) || !self.switch(k, i) {
+                    self.undo();
+                    continue;
+                }
+                // `c` may have lived only through `k`'s old node.
+                self.number();
+                if self.refc[c] > 0 && self.switch(c, j) {
+                    return true;
+                }
+                self.undo();
+                self.number();
+            }
+        }
+        false
     }
 
     /// Selects node `j` for live class `c`; false (nothing changed) when that closes a cycle or

@@ -205,6 +205,143 @@ fn build_guarded(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
     build_mha(eg, &s2, true, scaled, true)
 }
 
+/// The rank-3 shape of class `id`.
+fn shape3_of(eg: &EG, id: Id) -> Option<[Dim; 3]> {
+    let d = eg[eg.find(id)].data.ty.as_ref()?.shape()?.to_vec();
+    <[Dim; 3]>::try_from(d).ok()
+}
+
+/// Attention with batch and heads folded into one leading axis, as `torch.nn.MultiheadAttention`
+/// exports it (`bmm`): `MatMul(Softmax(QKᵀ[·c] [+ bias]), V)` with `Q [G, S, H]`,
+/// `Kᵀ [G, H, T]`, `V [G, T, Hv]` becomes `MultiHeadAttention` with one head over a batch of
+/// `G`: the same products, scale and softmax per leading index. The bias, when present, is
+/// `[G or 1, S, T]` and is given the fused op as `[G or 1, 1, S, T]`. Exact up to the kernel's
+/// rounding. Conditions: ranks 3, `H` and `Hv` known, `G` and `T` the same size in every
+/// operand, float32 or float16, the softmax over the last axis.
+fn build_mha_folded(eg: &mut EG, root: Id, s: &Subst) -> Option<Id> {
+    let last = match op(eg, s, "?sm")? {
+        Op::Softmax { axis: Some(a) } => *a == -1 || *a == 2,
+        Op::Softmax { axis: None } => eg.analysis.opset >= 13,
+        _ => false,
+    };
+    if !last {
+        return None;
+    }
+    let x = at(s, "?x");
+    // The scores and the optional additive bias.
+    let mut forms: Vec<(Id, Option<Id>)> = vec![(x, None)];
+    for (add, _) in nodes_of(eg, x, "Add") {
+        if let [a, b] = add.as_slice() {
+            forms.push((*a, Some(*b)));
+            forms.push((*b, Some(*a)));
+        }
+    }
+    let v = at(s, "?v");
+    let dtype = eg[eg.find(v)].data.ty.as_ref()?.dtype()?;
+    if !matches!(dtype, DType::F32 | DType::F16) {
+        return None;
+    }
+    let vs = shape3_of(eg, v)?;
+    let value_head = known(&vs[2])?;
+    // The result keeps rank 3 (no operand broadcast the scores to more axes).
+    shape3_of(eg, root)?;
+    for (scores, bias) in forms {
+        // `MatMul(q, kt) · c` or the bare product.
+        let mut products: Vec<(Vec<Id>, Option<f64>)> = Vec::new();
+        for (mul, _) in nodes_of(eg, scores, "Mul") {
+            let scalar_shape = |i: Id| {
+                eg[eg.find(i)]
+                    .data
+                    .ty
+                    .as_ref()
+                    .and_then(Type::shape)
+                    .is_none_or(|d| d.len() <= 3 && d.iter().all(|x| x.as_known() == Some(1)))
+            };
+            if let [p, c_id] = mul.as_slice()
+                && scalar_shape(*c_id)
+                && let Some(c) = scalar_value(eg, *c_id, 4).filter(|c| c.is_finite() && *c != 0.0)
+            {
+                for (mm, _) in nodes_of(eg, *p, "MatMul") {
+                    products.push((mm, Some(c)));
+                }
+            }
+        }
+        for (mm, _) in nodes_of(eg, scores, "MatMul") {
+            products.push((mm, None));
+        }
+        for (mm, scale) in products {
+            let [q, kt] = mm.as_slice() else { continue };
+            let (Some(qs), Some(ks)) = (shape3_of(eg, *q), shape3_of(eg, *kt)) else {
+                continue;
+            };
+            let Some(head) = known(&qs[2]) else { continue };
+            let fits = same(&qs[0], &ks[0])
+                && same(&qs[0], &vs[0])
+                && known(&ks[1]) == Some(head)
+                && same(&ks[2], &vs[1])
+                && [*q, *kt]
+                    .iter()
+                    .all(|&i| eg[eg.find(i)].data.ty.as_ref().and_then(Type::dtype) == Some(dtype));
+            if !fits {
+                continue;
+            }
+            let bias4 = match bias {
+                None => None,
+                Some(b) => {
+                    let Some(bs) = shape3_of(eg, b) else { continue };
+                    let ok = (known(&bs[0]) == Some(1) || same(&bs[0], &qs[0]))
+                        && same(&bs[1], &qs[1])
+                        && same(&bs[2], &ks[2])
+                        && eg[eg.find(b)].data.ty.as_ref().and_then(Type::dtype) == Some(dtype);
+                    if !ok {
+                        continue;
+                    }
+                    let axes = lit(eg, DType::I64, vec![1], &[1.0])?;
+                    let u = add_op(eg, Op::Unsqueeze { axes: None }, &[Some(b), Some(axes)], 1);
+                    set_ty(
+                        eg,
+                        u,
+                        Type::tensor(
+                            dtype,
+                            vec![bs[0].clone(), Dim::known(1), bs[1].clone(), bs[2].clone()],
+                        ),
+                    );
+                    Some(u)
+                }
+            };
+            let k = transpose_of(
+                eg,
+                *kt,
+                &[0, 2, 1],
+                Type::tensor(dtype, vec![ks[0].clone(), ks[2].clone(), ks[1].clone()]),
+            )?;
+            let mha = Op::Custom(CustomOp {
+                domain: "com.microsoft".into(),
+                op_type: "MultiHeadAttention".into(),
+                attrs: vec![
+                    ("num_heads".into(), Attr::Int(1)),
+                    ("scale".into(), Attr::Float(scale.unwrap_or(1.0) as f32)),
+                ],
+            });
+            let mut inputs = vec![Some(*q), Some(k), Some(v)];
+            if let Some(b) = bias4 {
+                inputs.extend([None, None, Some(b)]);
+            }
+            let y = add_op(eg, mha, &inputs, 1);
+            set_ty(
+                eg,
+                y,
+                Type::tensor(
+                    dtype,
+                    vec![qs[0].clone(), qs[1].clone(), Dim::known(value_head)],
+                ),
+            );
+            return Some(y);
+        }
+    }
+    None
+}
+
 /// The 4-D shape of `v`.
 fn shape4(eg: &EG, s: &Subst, v: &str) -> Option<[Dim; 4]> {
     let d = shape_of(eg, s, v)?;
@@ -612,6 +749,10 @@ pub(crate) fn rules() -> Vec<Rw> {
         // the guard on its output. Exact for finite inputs; see [`build_guarded`].
         rule("attn-mha-guarded", "(Transpose (MatMul (Where (IsNaN ?p ?ai) ?z ?p ?aw) ?v ?mm2) ?tp)",
              vec![for_ort()], build_guarded),
+        // Batch and heads folded into one axis (`nn.MultiheadAttention`'s `bmm`): one head
+        // over the folded batch. Exact up to the kernel's rounding; see [`build_mha_folded`].
+        rule("attn-mha-folded", "(MatMul (Softmax ?x ?sm) ?v ?mm)", vec![for_ort()],
+             build_mha_folded),
         // Attention whose scale is folded into the weights (`scale` = 1). Exact up to the
         // kernel's rounding.
         rule("attn-mha-unscaled", MHA_1, vec![for_ort()],
