@@ -315,6 +315,12 @@ fn fixtures_compile_ort_o2() {
     check_fixtures(&fixtures(), "compile-fixtures", EXPECTATIONS, ACTUAL);
 }
 
+/// Attention blocks per cell of a model family that `-O2` leaves unfused because the fused op
+/// is slower on the target: SigLIP's attention-pooling head (one probe query, batch and heads
+/// folded into one axis), which ONNX Runtime's `MultiHeadAttention` runs 1.1-3.3x slower than
+/// the unfused graph (`passes/src/rules/README.md`).
+const KEPT_UNFUSED: &[(&str, usize)] = &[("siglip", 1)];
+
 #[test]
 fn export_matrix_compiles_ort_o2() {
     let actual = check_fixtures(
@@ -323,7 +329,8 @@ fn export_matrix_compiles_ort_o2() {
         MATRIX_EXPECTATIONS,
         MATRIX_ACTUAL,
     );
-    // Whatever the expectations say: every attention block of every transformer cell fuses.
+    // Whatever the expectations say: every attention block of every transformer cell fuses,
+    // except the blocks left unfused on purpose.
     let manifest = repo_root().join("tests/fixtures/matrix/transformers.json");
     let text = std::fs::read_to_string(&manifest)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", manifest.display()));
@@ -335,7 +342,11 @@ fn export_matrix_compiles_ort_o2() {
         let c = actual
             .get(&key)
             .unwrap_or_else(|| panic!("{key}: no output"));
-        if c.attention != c.src_softmax || c.softmax != 0 || c.src_softmax == 0 {
+        let kept = KEPT_UNFUSED
+            .iter()
+            .find(|(family, _)| cell["family"].as_str() == Some(family))
+            .map_or(0, |(_, n)| *n);
+        if c.attention + kept != c.src_softmax || c.softmax != kept || c.src_softmax == 0 {
             unfused.push(format!("{key}: {c}"));
         }
     }
