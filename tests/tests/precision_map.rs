@@ -70,7 +70,9 @@ fn clip_map_resolves_on_the_clip_fixture() {
         all("Gather", Modality::Text, Scheme::Int8);
         all("LayerNormalization", Modality::Vision, Scheme::Fp16);
         if optimize {
-            all("SkipLayerNormalization", Modality::Text, Scheme::Fp16);
+            // The ORT cost model keeps residual norms unfused (SkipLayerNormalization is
+            // slower on the CPU provider), so the text norms are plain LayerNormalization.
+            all("LayerNormalization", Modality::Text, Scheme::Fp16);
             all("MultiHeadAttention", Modality::Vision, Scheme::Float);
         } else {
             all("Softmax", Modality::Vision, Scheme::Float);

@@ -204,7 +204,8 @@ impl Refine {
     fn run(mut self, sel: &mut HashMap<Id, usize>) {
         if self.total.is_finite() {
             for _sweep in 0..4 {
-                if !self.sweep() {
+                let moved = self.sweep();
+                if !self.release_tuples() && !moved {
                     break;
                 }
             }
@@ -313,6 +314,67 @@ impl Refine {
             self.remove(k);
         }
         true
+    }
+
+    /// The converse of [`Refine::reuse_tuples`]: for each live multi-result node, switches
+    /// every live class that reads one of its results (`get.N`) to another of its nodes at
+    /// once, cheapest own cost first, and keeps the move when the DAG's cost drops. One class
+    /// at a time cannot get there: the node stays live as long as any reader is left (a fused
+    /// skip norm whose sum output also feeds the next block).
+    fn release_tuples(&mut self) -> bool {
+        let mut tuples: Vec<usize> = self
+            .gets
+            .iter()
+            .map(|&(_, _, t)| t)
+            .filter(|&t| self.refc[t] > 0)
+            .collect();
+        tuples.sort_unstable();
+        tuples.dedup();
+        let mut improved = false;
+        for t in tuples {
+            let readers: Vec<usize> = self
+                .gets
+                .iter()
+                .filter(|&&(c, j, tt)| tt == t && self.refc[c] > 0 && self.sel[c] == j)
+                .map(|&(c, _, _)| c)
+                .collect();
+            if readers.is_empty() {
+                continue;
+            }
+            let before = self.total;
+            self.trail.clear();
+            let mut all = true;
+            for c in readers {
+                if self.refc[c] == 0 {
+                    continue;
+                }
+                let mut alts: Vec<usize> = (0..self.kids[c].len())
+                    .filter(|&i| i != self.sel[c] && self.own[c][i].is_finite())
+                    .collect();
+                alts.sort_by(|&a, &b| self.own[c][a].total_cmp(&self.own[c][b]));
+                let mut switched = false;
+                for i in alts {
+                    let mark = self.trail.len();
+                    if self.switch(c, i) {
+                        switched = true;
+                        self.number();
+                        break;
+                    }
+                    self.undo_to(mark);
+                }
+                if !switched {
+                    all = false;
+                    break;
+                }
+            }
+            if all && self.total < before - 1e-9 {
+                improved = true;
+            } else {
+                self.undo();
+            }
+            self.number();
+        }
+        improved
     }
 
     fn reuse_tuples(&mut self) {
