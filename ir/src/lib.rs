@@ -45,7 +45,8 @@ pub use diag::{Entity, IrError, Severity};
 pub use dim::{Dim, DimExpr, Sym, SymbolData};
 pub use dtype::DType;
 pub use module::{
-    Entry, GraphData, GraphId, Link, ModelInfo, Module, Node, NodeData, Value, ValueData, ValueDef,
+    At, Entry, GraphData, GraphId, Link, ModelInfo, Module, Node, NodeData, Value, ValueData,
+    ValueDef,
 };
 pub use op::{CustomOp, Op};
 pub use types::{TensorType, Ty, Type, TypeTable};

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 
 use egg::{EGraph, Id, Language};
-use mmq_ir::{GraphId, Module, Node, Op, Type, Value, ValueDef};
+use mmq_ir::{At, GraphId, Module, Node, Op, Type, Value, ValueDef};
 
 use super::facts::Facts;
 use super::lang::{TNode, kind_of};
@@ -247,9 +247,8 @@ pub(crate) fn write_back(
                             })
                             .collect();
                         created += 1;
-                        let node = m.add_node(graph, op, inputs, slots, None);
-                        // add_node appended it to the graph; the list is rebuilt below.
-                        m.graphs[graph].nodes.pop();
+                        // The graph's list is rebuilt below.
+                        let node = m.insert_node(graph, At::Unlisted, op, inputs, slots, None);
                         fresh.push((c, m.nodes[node].outputs.clone(), node));
                         node
                     }
@@ -352,14 +351,14 @@ pub(crate) fn write_back(
         } else {
             let ty = m.value_type(old).clone();
             let name = m.values[old].name.clone();
-            let idn = m.add_node(
+            let idn = m.insert_node(
                 graph,
+                At::Unlisted,
                 Op::Identity {},
                 vec![Some(w)],
                 vec![Some((name, ty))],
                 None,
             );
-            m.graphs[graph].nodes.pop();
             nodes.push(idn);
             created += 1;
             let o = m.nodes[idn].outputs[0].expect("identity result");

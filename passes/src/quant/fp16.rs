@@ -28,7 +28,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use half::f16;
-use mmq_ir::{Const, ConstData, DType, GraphId, Module, Node, Op, Storage, Type, Value, ValueDef};
+use mmq_ir::{At, Const, ConstData, DType, GraphId, Module, Op, Storage, Type, Value, ValueDef};
 use rayon::prelude::*;
 
 use crate::pass::{Pass, PassError, PassOptions, PassReport, Target};
@@ -204,29 +204,6 @@ fn cast_to_f32() -> Op {
     }
 }
 
-/// Replaces every read of `old` in `graphs` (node inputs and graph outputs) by `new`, except
-/// in node `skip`.
-fn replace_reads(m: &mut Module, graphs: &[GraphId], old: Value, new: Value, skip: Node) {
-    for &g in graphs {
-        for o in m.graphs[g].outputs.iter_mut() {
-            if *o == old {
-                *o = new;
-            }
-        }
-        for i in 0..m.graphs[g].nodes.len() {
-            let n = m.graphs[g].nodes[i];
-            if n == skip {
-                continue;
-            }
-            for x in m.nodes[n].inputs.iter_mut() {
-                if *x == Some(old) {
-                    *x = Some(new);
-                }
-            }
-        }
-    }
-}
-
 impl Pass for Fp16Pass {
     fn name(&self) -> &str {
         "fp16"
@@ -264,21 +241,18 @@ impl Pass for Fp16Pass {
                         };
                         // The Cast is the first node of the top-level graph, so every graph
                         // of the tree can read it.
-                        let cast = m.add_node(
+                        let cast = m.insert_node(
                             root,
+                            At::Start,
                             cast_to_f32(),
                             vec![Some(v16)],
                             vec![Some((vname, ty))],
                             None,
                         );
-                        let list = &mut m.graphs[root].nodes;
-                        list.pop();
-                        list.insert(0, cast);
                         let Some(out) = m.nodes[cast].outputs[0] else {
                             return Err(fail("Cast without a result".into()));
                         };
-                        let tree = m.graph_tree(root);
-                        replace_reads(m, &tree, v, out, cast);
+                        m.replace_uses(v, out, root, &[cast]);
                     }
                     ValueDef::Output { node, .. } => {
                         let c16 = match attributes.get(&c) {
@@ -303,22 +277,18 @@ impl Pass for Fp16Pass {
                         };
                         m.set_type(v, ty16);
                         m.values[v].name = vname.as_ref().map(|n| format!("{n}_fp16"));
-                        let cast = m.add_node(
+                        let cast = m.insert_node(
                             graph,
+                            At::After(node),
                             cast_to_f32(),
                             vec![Some(v)],
                             vec![Some((vname, ty))],
                             None,
                         );
-                        let list = &mut m.graphs[graph].nodes;
-                        list.pop();
-                        let pos = list.iter().position(|&x| x == node).map_or(0, |p| p + 1);
-                        list.insert(pos, cast);
                         let Some(out) = m.nodes[cast].outputs[0] else {
                             return Err(fail("Cast without a result".into()));
                         };
-                        let tree = m.graph_tree(graph);
-                        replace_reads(m, &tree, v, out, cast);
+                        m.replace_uses(v, out, graph, &[cast]);
                     }
                     ValueDef::Input { .. } => continue,
                 }

@@ -37,7 +37,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use mmq_ir::{ConstData, DType, GraphId, Module, Node, Op, Storage, Type, Value, ValueDef};
+use mmq_ir::{At, ConstData, DType, GraphId, Module, Node, Op, Storage, Type, Value, ValueDef};
 use mmq_kernels::Tensor;
 use mmq_kernels::quant::quantize_value;
 
@@ -358,8 +358,10 @@ impl Builder {
         inputs: Vec<Value>,
         outs: Vec<(String, Type)>,
     ) -> Vec<Value> {
-        let n = m.add_node(
+        // Listed when the pass rebuilds the graph's list from `before` and `after`.
+        let n = m.insert_node(
             self.graph,
+            At::Unlisted,
             op,
             inputs.into_iter().map(Some).collect(),
             outs.into_iter()
@@ -367,7 +369,6 @@ impl Builder {
                 .collect(),
             None,
         );
-        m.graphs[self.graph].nodes.pop();
         if after {
             self.after.entry(at).or_default().push(n);
         } else {
@@ -795,45 +796,16 @@ fn conv_static(
     let dname = b.name(m, y, "dequantized");
     let ty = retyped(m, y, DType::F32);
     let d = b.node(m, n, true, dq(None), vec![qv, sv, zv], vec![(dname, ty)])[0];
-    replace_uses(m, b.graph, y, d, &[qv]);
+    let quantize: Vec<Node> = match m.values[qv].def {
+        ValueDef::Output { node, .. } => vec![node],
+        _ => Vec::new(),
+    };
+    m.replace_uses(y, d, b.graph, &quantize);
     // The dequantized value takes the source name, so graph outputs and later references keep it.
     let yname = m.values[y].name.take();
     m.values[y].name = m.values[d].name.take();
     m.values[d].name = yname;
     Ok(())
-}
-
-/// Replaces every use of `old` in `graph` (and its subgraphs, and its outputs) by `new`, except
-/// in the nodes producing `skip`.
-fn replace_uses(m: &mut Module, graph: GraphId, old: Value, new: Value, skip: &[Value]) {
-    let skip_nodes: Vec<Node> = skip
-        .iter()
-        .filter_map(|&v| match m.values[v].def {
-            ValueDef::Output { node, .. } => Some(node),
-            _ => None,
-        })
-        .collect();
-    let mut nodes = Vec::new();
-    for g in m.graph_tree(graph) {
-        nodes.extend(m.graphs[g].nodes.iter().copied());
-        for o in m.graphs[g].outputs.iter_mut() {
-            if *o == old {
-                *o = new;
-            }
-        }
-    }
-    // Nodes created by the pass are not in the graph's list yet; the Q node is the only one
-    // reading `old` and it is skipped.
-    for n in nodes {
-        if skip_nodes.contains(&n) {
-            continue;
-        }
-        for i in m.nodes[n].inputs.iter_mut() {
-            if *i == Some(old) {
-                *i = Some(new);
-            }
-        }
-    }
 }
 
 fn matmul_dynamic(m: &mut Module, b: &mut Builder, n: Node, s: &Site) -> Result<(), PassError> {

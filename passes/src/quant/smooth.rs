@@ -35,7 +35,9 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use mmq_ir::{Attr, Const, ConstData, DType, GraphId, Module, Node, Op, Storage, Value, ValueDef};
+use mmq_ir::{
+    At, Attr, Const, ConstData, DType, GraphId, Module, Node, Op, Storage, Value, ValueDef,
+};
 use mmq_kernels::Tensor;
 
 use crate::dce::Dce;
@@ -456,24 +458,23 @@ pub fn migrate(m: &mut Module, site: &Site, s: &[f32]) -> Result<Placement, Stri
         &inv,
     );
     let ty = m.value_type(site.x).clone();
-    let mul = m.add_node(
+    // The Mul goes right before the first product (in list order).
+    let list = &m.graphs[site.graph].nodes;
+    let first = site
+        .consumers
+        .iter()
+        .filter_map(|c| list.iter().position(|&n| n == c.node))
+        .min()
+        .map_or(At::End, |p| At::Before(list[p]));
+    let mul = m.insert_node(
         site.graph,
+        first,
         Op::Mul {},
         vec![Some(site.x), Some(inv_v)],
         vec![Some((Some(fresh_name(m, &base)), ty))],
         Some(format!("{base}_smooth_mul")),
     );
     let out = m.nodes[mul].outputs[0].ok_or_else(|| "the new Mul has no result".to_owned())?;
-    // Move the Mul (appended last) right before the first product.
-    let list = &mut m.graphs[site.graph].nodes;
-    list.pop();
-    let first = site
-        .consumers
-        .iter()
-        .filter_map(|c| list.iter().position(|&n| n == c.node))
-        .min()
-        .unwrap_or(list.len());
-    list.insert(first, mul);
     for c in &site.consumers {
         m.nodes[c.node].inputs[0] = Some(out);
     }

@@ -40,8 +40,8 @@ use std::os::unix::fs::FileExt;
 
 use bytes::Bytes;
 use mmq_ir::{
-    Attr, Const, ConstData, CustomOp, DType, Dim, GraphId, Module, Node, Op, Storage, Type, Value,
-    ValueDef,
+    At, Attr, Const, ConstData, CustomOp, DType, Dim, GraphId, Module, Node, Op, Storage, Type,
+    Value, ValueDef,
 };
 use mmq_kernels::quant::{quantize_float, round_saturate};
 use rayon::prelude::*;
@@ -476,7 +476,7 @@ fn add_consts(m: &mut Module, q: Quantized, job: &Job, base: &str, bs: usize) ->
     }
 }
 
-/// Appends a node to `graph` and moves it right before `before`.
+/// Adds a one-result node to `graph` right before `before`; its result.
 fn insert_before(
     m: &mut Module,
     graph: GraphId,
@@ -485,11 +485,7 @@ fn insert_before(
     inputs: Vec<Option<Value>>,
     out: (Option<String>, Type),
 ) -> Value {
-    let node = m.add_node(graph, op, inputs, vec![Some(out)], None);
-    let list = &mut m.graphs[graph].nodes;
-    list.pop();
-    let pos = list.iter().position(|&x| x == before).unwrap_or(list.len());
-    list.insert(pos, node);
+    let node = m.insert_node(graph, At::Before(before), op, inputs, vec![Some(out)], None);
     m.nodes[node].outputs[0].unwrap_or_else(|| unreachable!("one declared output"))
 }
 
