@@ -122,12 +122,14 @@ fn canon_value_types(m: &mut Module) {
 }
 
 fn infer_once(m: &mut Module) -> (Vec<IrError>, ShapeValues, bool) {
+    let equalities = m.has_symbol_equalities();
     let mut cx = Infer {
         m,
         sv: ShapeValues::new(),
         errors: Vec::new(),
         done: HashSet::new(),
         learned: false,
+        equalities,
     };
     cx.seed_consts();
     let entries: Vec<GraphId> = cx.m.entries.iter().map(|e| e.graph).collect();
@@ -340,6 +342,9 @@ struct Infer<'m> {
     done: HashSet<GraphId>,
     /// Whether this run recorded a symbol equality ([`Module::assume_equal`]).
     learned: bool,
+    /// Whether the module has any symbol equality (then every written type is rewritten with
+    /// them).
+    equalities: bool,
 }
 
 impl Infer<'_> {
@@ -451,7 +456,7 @@ impl Infer<'_> {
         let found = values::propagate(&cx);
         for (i, dims) in found.into_iter().enumerate() {
             if let (Some(dims), Some(Some(v))) = (dims, node.outputs.get(i)) {
-                let dims = if self.m.has_symbol_equalities() {
+                let dims = if self.equalities {
                     dims.iter().map(|d| self.m.canon_dim(d)).collect()
                 } else {
                     dims
@@ -597,16 +602,21 @@ impl Infer<'_> {
             return;
         }
         let old = self.m.types[data.ty].clone();
-        let (old_c, inferred) = if self.m.has_symbol_equalities() {
+        let (old_c, inferred) = if self.equalities {
             (self.m.canon_type(&old), self.m.canon_type(&inferred))
         } else {
             (old.clone(), inferred)
         };
         if self.learn_equalities(&old_c, &inferred) {
             self.learned = true;
+            self.equalities = true;
         }
         let (merged, conflicts) = merge(&old_c, &inferred, self.m);
-        let merged = self.m.canon_type(&merged);
+        let merged = if self.equalities {
+            self.m.canon_type(&merged)
+        } else {
+            merged
+        };
         for c in conflicts {
             self.errors.push(IrError::warning(
                 Entity::Value(v),
