@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import shutil
@@ -1013,6 +1014,21 @@ def render_matrix(results: dict[str, dict[str, Any]], threads: list[int]) -> str
 # --------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def work_dir(args, prefix: str):
+    """`--keep DIR` (created, kept), else a temporary directory removed afterwards."""
+    if args.keep:
+        root = Path(args.keep).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        yield root
+        return
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_measure"]:  # internal: one fixture's latency and accuracy
@@ -1076,13 +1092,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in notes:
         log(n)
 
-    if args.keep:
-        root = Path(args.keep).resolve()
-        root.mkdir(parents=True, exist_ok=True)
-    else:
-        root = Path(tempfile.mkdtemp(prefix="compare_ort."))
     results: dict[str, dict[str, Any]] = {}
-    try:
+    with work_dir(args, "compare_ort.") as root:
         for s in todo:
             try:
                 results[s.name] = compare_one(s, root / s.name.replace("/", "_"), args)
@@ -1096,9 +1107,6 @@ def main(argv: list[str] | None = None) -> int:
                    "config_notes": notes, "goal": GOAL, "rounds": args.rounds,
                    "warmup": args.warmup, "repeat": args.repeat, "fixtures": results}
             Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
-    finally:
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
@@ -1114,14 +1122,9 @@ def run_matrix(args, p: argparse.ArgumentParser) -> int:
     for n in notes + skipped:
         log(n)
 
-    if args.keep:
-        root = Path(args.keep).resolve()
-        root.mkdir(parents=True, exist_ok=True)
-    else:
-        root = Path(tempfile.mkdtemp(prefix="compare_ort_matrix."))
     results: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
-    try:
+    with work_dir(args, "compare_ort_matrix.") as root:
         for i, s in enumerate(todo, 1):
             log(f"[{i}/{len(todo)}] {s.name}")
             try:
@@ -1141,9 +1144,6 @@ def run_matrix(args, p: argparse.ArgumentParser) -> int:
                    "threads": args.threads_list, "onnxruntime": onnxruntime.__version__,
                    "cpu_count": os.cpu_count(), "cells": results}
             Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
-    finally:
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

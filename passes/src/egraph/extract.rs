@@ -344,6 +344,8 @@ impl Refine {
             let before = self.total;
             self.trail.clear();
             let mut all = true;
+            // Whether a switch renumbered the DAG (then undoing it must renumber again).
+            let mut moved = false;
             for c in readers {
                 if self.refc[c] == 0 {
                     continue;
@@ -357,6 +359,7 @@ impl Refine {
                     let mark = self.trail.len();
                     if self.switch(c, i) {
                         switched = true;
+                        moved = true;
                         self.number();
                         break;
                     }
@@ -371,8 +374,10 @@ impl Refine {
                 improved = true;
             } else {
                 self.undo();
+                if moved {
+                    self.number();
+                }
             }
-            self.number();
         }
         improved
     }
