@@ -332,7 +332,7 @@ def run_mmq(scheme: str, model: Path, out: Path, calib: Path, report: Path, args
     rec: dict[str, Any] = {"seconds": seconds, "command": cmd}
     if "{report}" in template and report.exists():
         try:
-            e2e = json.loads(report.read_text()).get("end_to_end") or {}
+            e2e = (json.loads(report.read_text()).get("accuracy") or {}).get("end_to_end") or {}
             rec["report_cosine_mean"] = e2e.get("cosine_mean")
             rec["report_top1"] = e2e.get("top1_agreement")
         except (OSError, ValueError) as e:

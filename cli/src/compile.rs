@@ -1,13 +1,22 @@
-//! `mmq compile`: import, run the pipeline of a level, export for the target.
+//! `mmq compile`: arguments into [`CompileOptions`], [`mmq_compiler::compile`], and what to
+//! print.
 
 use std::fmt::Write as _;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
-use mmq_ir::Module;
-use mmq_passes::{DumpAfter, OptLevel, PassOptions, PipelineReport, Target};
+use indicatif::{ProgressBar, ProgressStyle};
+use mmq_compiler::{
+    Accuracy, CalibrationSource, CompileOptions, CompileReport, Int4Options, Precision, Progress,
+    QuantScheme, Stage, load,
+};
+use mmq_ir::modality::Modality;
+use mmq_passes::quant::calibrate::Observer;
+use mmq_passes::quant::place::Placement;
+use mmq_passes::{DumpAfter, OptLevel, TargetRef};
 
-use crate::diagnostics::Failure;
-use crate::load;
+use crate::failure::Failure;
 
 /// The code generation targets of `mmq compile`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -16,6 +25,52 @@ pub enum CompileTarget {
     Ort,
     /// TensorRT.
     Trt,
+}
+
+/// `--quant`: one scheme, or `mixed` with a precision map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum QuantArg {
+    /// Static W8A8 (calibrated).
+    Int8,
+    /// INT8 weights, activations quantized at run time.
+    Int8Dynamic,
+    /// Weight-only INT4 blocks (MatMulNBits).
+    Int4,
+    /// FP8 E4M3 weights (activations too with --calib).
+    Fp8,
+    /// Float16 weights widened by a Cast that ONNX Runtime folds at load.
+    Fp16,
+    /// Per-node schemes from --precision-map.
+    Mixed,
+}
+
+impl QuantArg {
+    /// The library's scheme (`None` for `mixed`).
+    fn scheme(self) -> Option<QuantScheme> {
+        match self {
+            QuantArg::Int8 => Some(QuantScheme::Int8),
+            QuantArg::Int8Dynamic => Some(QuantScheme::Int8Dynamic),
+            QuantArg::Int4 => Some(QuantScheme::Int4),
+            QuantArg::Fp8 => Some(QuantScheme::Fp8),
+            QuantArg::Fp16 => Some(QuantScheme::Fp16),
+            QuantArg::Mixed => None,
+        }
+    }
+}
+
+/// `--placement`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlacementArg {
+    /// The target's cost model keeps a unit integer only where it is estimated faster.
+    Cost,
+    /// Every eligible node.
+    All,
+}
+
+/// Parses `--observer`.
+pub fn parse_observer(s: &str) -> Result<Observer, String> {
+    s.parse()
+        .map_err(|e: mmq_passes::quant::calibrate::CalibError| e.to_string())
 }
 
 /// What `mmq compile` was asked to do.
@@ -32,18 +87,24 @@ pub struct CompileArgs {
     pub dump_after: Option<String>,
     /// Print a table of pass times and counters to stderr.
     pub time_passes: bool,
-    /// Write the accuracy report (compiled vs imported module) here as JSON and print its table.
+    /// Write the compile report (passes, accuracy) here as JSON and print the accuracy table.
     pub report: Option<PathBuf>,
     /// Skip the end-to-end accuracy line a quantizing run prints by default.
     pub no_accuracy: bool,
-    /// `--quant SCHEME`, run after the pipeline.
-    pub quant: Option<String>,
-    /// Calibration samples and observer for static schemes.
-    pub calib: crate::int8::CalibArgs,
+    /// `--quant SCHEME`.
+    pub quant: Option<QuantArg>,
+    /// `--calib DIR`.
+    pub calib: Option<PathBuf>,
+    /// `--calib-random N`.
+    pub calib_random: Option<usize>,
+    /// `--observer`.
+    pub observer: Observer,
+    /// `--placement`.
+    pub placement: PlacementArg,
     /// `--precision-map MAP.toml` for `--quant mixed` (implies it).
     pub precision_map: Option<PathBuf>,
     /// `--modality INPUT=KIND` overrides.
-    pub modality: Vec<(String, mmq_ir::modality::Modality)>,
+    pub modality: Vec<(String, Modality)>,
     /// `--block`: INT4 block size.
     pub block: usize,
     /// `--asym`: asymmetric INT4 blocks.
@@ -58,81 +119,146 @@ pub struct CompileArgs {
     pub auto_map: Option<PathBuf>,
 }
 
-/// Runs `compile`; returns what to print on stderr.
-pub fn run(args: &CompileArgs) -> Result<String, Failure> {
+/// The end-to-end cosine a quantized model should keep; below it the accuracy line says how to
+/// get further.
+const ACCURACY_GOAL: f64 = 0.99;
+
+/// The precision plan the flags name, and the precision map's rendered warnings.
+fn precision(args: &CompileArgs) -> Result<(Precision, String), Failure> {
+    if let Some(cosine) = args.auto {
+        return Ok((Precision::Auto { cosine }, String::new()));
+    }
+    match (args.quant, &args.precision_map) {
+        (None, None) => Ok((Precision::Float, String::new())),
+        (Some(QuantArg::Mixed), None) => Err(Failure::usage(
+            "--quant mixed needs --precision-map MAP.toml".to_owned(),
+        )),
+        (Some(q), Some(_)) if q != QuantArg::Mixed => Err(Failure::usage(format!(
+            "--precision-map needs --quant mixed, not --quant {}",
+            q.scheme().map_or("mixed", QuantScheme::name)
+        ))),
+        (_, Some(path)) => {
+            let (map, warnings) = mmq_compiler::precision_map::load(path)?;
+            Ok((Precision::Map(Box::new(map)), warnings))
+        }
+        (Some(q), None) => Ok((
+            q.scheme().map_or(Precision::Float, Precision::Scheme),
+            String::new(),
+        )),
+    }
+}
+
+/// The options the flags name.
+fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, Failure> {
     let target = match args.target {
-        CompileTarget::Ort => Target::Ort,
+        CompileTarget::Ort => TargetRef::ORT,
         CompileTarget::Trt => {
             return Err(Failure::user(
                 "error: target 'trt' is not supported yet (use --target ort)\n".to_owned(),
             ));
         }
     };
-    crate::int8::check_scale_flags(
-        args.quant.as_deref(),
-        args.precision_map.is_some(),
-        args.smoothquant,
-        args.awq,
-    )?;
-    let quantizing = args.quant.is_some() || args.precision_map.is_some() || args.auto.is_some();
-    let mut pm = if quantizing {
-        mmq_passes::pipeline_before_quant(target, args.level)
-    } else {
-        mmq_passes::pipeline(target, args.level)
-    };
-    pm.time = args.time_passes;
-    if let Some(d) = &args.dump_after {
-        let d = DumpAfter::parse(d);
-        if let DumpAfter::Pass(name) = &d
-            && !pm.names().iter().any(|p| d.matches(p))
-        {
-            let names = pm.names();
-            let known = if names.is_empty() {
-                format!("-O{} runs no passes", args.level.digit())
-            } else {
-                format!("passes at -O{}: {}", args.level.digit(), names.join(", "))
-            };
-            return Err(Failure {
-                rendered: format!("error: --dump-after {name}: no such pass ({known}, or all)\n"),
-                code: 2,
-            });
+    let calibration = match (&args.calib, args.calib_random) {
+        (Some(_), Some(_)) => {
+            return Err(Failure::usage(
+                "--calib and --calib-random cannot be used together".into(),
+            ));
         }
-        pm.dump_after = Some(d);
-    }
+        (Some(dir), None) => CalibrationSource::Dir(dir.clone()),
+        (None, Some(count)) => CalibrationSource::Random { count, seed: 0 },
+        (None, None) => CalibrationSource::Default,
+    };
+    Ok(CompileOptions {
+        target,
+        level: args.level,
+        precision,
+        calibration,
+        observer: args.observer,
+        placement: match args.placement {
+            PlacementArg::Cost => Placement::Cost,
+            PlacementArg::All => Placement::All,
+        },
+        smoothquant: args.smoothquant,
+        awq: args.awq,
+        int4: Int4Options {
+            block: args.block,
+            symmetric: !args.asym,
+        },
+        modality: args.modality.clone(),
+        accuracy: if args.report.is_some() {
+            Accuracy::Full
+        } else if args.no_accuracy {
+            Accuracy::Off
+        } else {
+            Accuracy::EndToEnd
+        },
+        dump_after: args.dump_after.as_deref().map(DumpAfter::parse),
+        verify: cfg!(debug_assertions),
+        progress: progress_bar(),
+    })
+}
 
+/// A progress bar on a terminal (calibration), nothing otherwise.
+fn progress_bar() -> Option<mmq_compiler::ProgressFn> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar: Mutex<Option<ProgressBar>> = Mutex::new(None);
+    Some(Arc::new(move |p: Progress<'_>| {
+        let mut bar = bar.lock().unwrap_or_else(|e| e.into_inner());
+        match p {
+            Progress::Start { what, total } => {
+                let b = match total {
+                    Some(n) => ProgressBar::new(n as u64),
+                    None => ProgressBar::no_length(),
+                };
+                if let Ok(style) = ProgressStyle::with_template(&format!(
+                    "{what} {{bar:30}} {{pos}}/{{len}} samples {{elapsed}}"
+                )) {
+                    b.set_style(style);
+                }
+                if let Some(old) = bar.replace(b) {
+                    old.finish_and_clear();
+                }
+            }
+            Progress::Advance => {
+                if let Some(b) = bar.as_ref() {
+                    b.inc(1);
+                }
+            }
+            Progress::Finish => {
+                if let Some(b) = bar.take() {
+                    b.finish_and_clear();
+                }
+            }
+        }
+    }))
+}
+
+/// Runs `compile`; returns what to print on stderr.
+pub fn run(args: &CompileArgs) -> Result<String, Failure> {
+    let (precision, warnings) = precision(args)?;
+    let options = options(args, precision)?;
+    options.check().map_err(Failure::usage)?;
     // Fail before the work, not after it, when a single output cannot be written there.
     if args.inputs.len() == 1 {
-        let dir = match args.output.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        if !dir.is_dir() {
-            return Err(Failure::user(format!(
-                "error: cannot write {}: the directory {} does not exist\n",
-                args.output.display(),
-                dir.display()
-            )));
-        }
+        mmq_compiler::export::check_output(&args.output)?;
     }
-    let loaded = load::load(&args.inputs)?;
-    loaded.verify()?;
-    let mut module = loaded.module;
+    let mut module = load::load(&args.inputs)?.verified()?;
     if module.entries.is_empty() {
         return Err(Failure::user("error: the module has no graph\n".to_owned()));
     }
-    let measure = quantizing && !args.no_accuracy && args.report.is_none();
-    let original = (args.report.is_some() || measure).then(|| module.clone());
-    let opts = PassOptions {
-        target,
-        explain: false,
-    };
-    let result = pm.run(&mut module, &opts);
-    let report = match result {
-        Ok(r) => r,
-        Err(e) => return Err(Failure::user(format!("error: {e}\n"))),
-    };
+    let mut stderr = warnings;
+    let report = mmq_compiler::compile(&mut module, &options).map_err(|e| match e {
+        mmq_compiler::CompileError::Accuracy(msg) if args.report.is_some() => {
+            Failure::user(format!("error: --report: {msg}\n"))
+        }
+        mmq_compiler::CompileError::Accuracy(msg) => Failure::user(format!(
+            "error: measuring accuracy: {msg} (--no-accuracy skips it)\n"
+        )),
+        e => Failure::from(e),
+    })?;
 
-    let mut stderr = String::new();
     for pass in &report.passes {
         if let Some(dump) = &pass.dump {
             let _ = writeln!(stderr, "// ----- after {} -----", pass.name);
@@ -140,299 +266,141 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
         }
     }
     if args.time_passes {
-        stderr.push_str(&counter_table(&report, true));
-    }
-    let quant = match (args.quant.as_deref(), &args.precision_map) {
-        (None, Some(_)) => Some("mixed"),
-        (Some(q), Some(_)) if q != "mixed" => {
-            return Err(Failure {
-                rendered: format!("error: --precision-map needs --quant mixed, not --quant {q}\n"),
-                code: 2,
-            });
+        stderr.push_str(&counter_table(
+            report
+                .passes
+                .iter()
+                .map(|p| (p.name.as_str(), p.ms, &p.counters, &p.notes)),
+            Some(report.total_ms),
+        ));
+    } else {
+        // The quantization passes always say what they did.
+        for p in report
+            .stage(Stage::Quantize)
+            .chain(report.stage(Stage::Finish))
+        {
+            let counters = counter_list(&p.counters);
+            if !counters.is_empty() {
+                let _ = writeln!(stderr, "{}: {}", p.name, counters.join(" "));
+            }
+            for note in &p.notes {
+                let _ = writeln!(stderr, "{}: {note}", p.name);
+            }
         }
-        (q, _) => q,
-    };
-    if let Some(target) = args.auto {
+    }
+    if let Some(auto) = &report.auto {
         let map = args
             .auto_map
             .clone()
-            .unwrap_or_else(|| crate::auto::default_map_path(&args.output));
-        stderr.push_str(&crate::auto::run(
-            &mut module,
-            &crate::auto::AutoArgs {
-                target,
-                map,
-                overrides: &args.modality,
-                calib: &args.calib,
-                block: args.block,
-                asym: args.asym,
-            },
-            &opts,
-        )?);
+            .unwrap_or_else(|| args.output.with_extension("precision.toml"));
+        write_atomic(&map, auto.map.as_bytes())
+            .map_err(|e| Failure::user(format!("error: --auto-map: {e}\n")))?;
+        let _ = writeln!(stderr, "auto: wrote precision map {}", map.display());
     }
-    match quant {
-        None => {}
-        Some("mixed") => {
-            stderr.push_str(&crate::precision::run_mixed(
-                &mut module,
-                args.precision_map.as_deref(),
-                &args.modality,
-                &args.calib,
-                &opts,
-            )?);
-        }
-        Some(scheme @ ("int8" | "int8-dynamic")) => {
-            if let Some(alpha) = args.smoothquant {
-                stderr.push_str(&crate::int8::smooth(
-                    &mut module,
-                    alpha,
-                    &args.calib,
-                    &opts,
-                )?);
-            }
-            stderr.push_str(&crate::int8::run(&mut module, scheme, &args.calib, &opts)?);
-        }
-        Some("fp16") => {
-            stderr.push_str(&crate::compile::run_passes(
-                &mut module,
-                vec![Box::new(mmq_passes::quant::fp16::Fp16Pass::new())],
-                &opts,
-            )?);
-        }
-        Some(scheme @ ("int4" | "fp8")) => {
-            if args.awq {
-                stderr.push_str(&crate::weight_only::awq(
-                    &mut module,
-                    args.block,
-                    args.asym,
-                    &args.calib,
-                    &opts,
-                )?);
-            }
-            stderr.push_str(&crate::weight_only::run(
-                &mut module,
-                scheme,
-                args.block,
-                args.asym,
-                &args.calib,
-                &opts,
-            )?);
-        }
-        Some(other) => {
-            return Err(Failure {
-                rendered: format!(
-                    "error: --quant {other}: unknown scheme (expected int8, int8-dynamic, int4, fp8, fp16, mixed)\n"
-                ),
-                code: 2,
-            });
-        }
+    stderr.push_str(&accuracy_text(&report, args.report.is_some()));
+    if let Some(path) = &args.report {
+        write_atomic(path, (report.to_json() + "\n").as_bytes())
+            .map_err(|e| Failure::user(format!("error: --report: {e}\n")))?;
     }
-    if quantizing {
-        stderr.push_str(&run_passes(
-            &mut module,
-            mmq_passes::after_quant(args.level),
-            &opts,
-        )?);
-    }
-    if let (Some(path), Some(original)) = (&args.report, &original) {
-        stderr.push_str(&accuracy_report(original, &module, &args.calib, path)?);
-    }
-    if let (true, Some(original)) = (measure, &original) {
-        stderr.push_str(&accuracy_line(original, &module, &args.calib)?);
-    }
-
-    if module.entries.len() == 1 {
-        write_onnx(&module, &args.output)?;
-    } else {
-        std::fs::create_dir_all(&args.output).map_err(|e| {
-            Failure::user(format!(
-                "error: cannot create directory {}: {e}\n",
-                args.output.display()
-            ))
-        })?;
-        for (i, entry) in module.entries.iter().enumerate() {
-            let stem = args
-                .inputs
-                .get(i)
-                .and_then(|p| p.file_stem())
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| module.graphs[entry.graph].name.clone());
-            let path = args.output.join(format!("{stem}.onnx"));
-            write_graph(&module, entry.graph, &path)?;
-        }
-    }
+    mmq_compiler::export::write(&module, &args.inputs, &args.output)?;
     Ok(stderr)
 }
 
-/// Random samples for the accuracy report when no calibration samples are given.
-const REPORT_SAMPLES: usize = 8;
-
-/// The end-to-end cosine a quantized model should keep; below it the accuracy line says how to
-/// get further.
-const ACCURACY_GOAL: f64 = 0.99;
-
-/// The samples of the accuracy figures: `--calib DIR`, else `--calib-random N`, else
-/// [`REPORT_SAMPLES`] random ones (the random ones with the seed calibration uses).
-fn accuracy_samples(
-    original: &Module,
-    calib: &crate::int8::CalibArgs,
-) -> Result<Vec<mmq_passes::quant::report::Sample>, String> {
-    use mmq_passes::quant::calibrate;
-    let graph = original.entries[0].graph;
-    match &calib.dir {
-        Some(dir) => calibrate::dir_samples(dir)
-            .map_err(|e| e.to_string())?
-            .collect::<Result<_, _>>(),
-        None => {
-            let n = calib.random.unwrap_or(REPORT_SAMPLES);
-            calibrate::random_samples(original, graph, n, 0)
-                .map_err(|e| e.to_string())?
-                .collect::<Result<_, _>>()
+/// The accuracy table (`--report`) or line (a quantizing run) of `report`.
+fn accuracy_text(report: &CompileReport, full: bool) -> String {
+    match &report.accuracy {
+        None => String::new(),
+        Some(mmq_compiler::AccuracyReport::Full(r)) if full => r.table(),
+        Some(a) => {
+            let Some(e) = a.end_to_end() else {
+                return "accuracy: no float output to compare\n".to_owned();
+            };
+            let mut line = format!(
+                "accuracy: '{}' cosine {:.4} (min {:.4}) against the unquantized model on {} \
+                 held-back sample(s)",
+                e.output, e.cosine_mean, e.cosine_min, e.samples
+            );
+            if e.cosine_min < ACCURACY_GOAL {
+                line.push_str(&format!(
+                    "; below {ACCURACY_GOAL}: --auto {ACCURACY_GOAL} keeps the most sensitive layers in \
+                     higher precision until it holds (--report OUT.json shows each layer)"
+                ));
+            }
+            line.push('\n');
+            line
         }
     }
-    .map_err(|e| e.to_string())
 }
 
-/// One line with the end-to-end cosine of the main output on the held-back quarter of the
-/// accuracy samples (the per-layer figures of `--report` are not computed), and, below
-/// [`ACCURACY_GOAL`], the flag that gets further.
-fn accuracy_line(
-    original: &Module,
-    compiled: &Module,
-    calib: &crate::int8::CalibArgs,
-) -> Result<String, Failure> {
-    use mmq_passes::quant::report;
-    let fail = |e: &dyn std::fmt::Display| {
-        Failure::user(format!(
-            "error: measuring accuracy: {e} (--no-accuracy skips it)\n"
-        ))
+/// Writes `bytes` to a temporary file beside `path` and renames it into place.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
     };
-    let samples = accuracy_samples(original, calib).map_err(|e| fail(&e))?;
-    if samples.is_empty() {
-        return Err(fail(&"no samples"));
-    }
-    let held = (samples.len() / 4).max(1);
-    let back = &samples[samples.len() - held..];
-    let Some(e) = report::end_to_end_only(original, compiled, back).map_err(|e| fail(&e))? else {
-        return Ok("accuracy: no float output to compare\n".to_owned());
-    };
-    let mut line = format!(
-        "accuracy: '{}' cosine {:.4} (min {:.4}) against the unquantized model on {} held-back \
-         sample(s)",
-        e.output, e.cosine_mean, e.cosine_min, e.samples
-    );
-    if e.cosine_min < ACCURACY_GOAL {
-        line.push_str(&format!(
-            "; below {ACCURACY_GOAL}: --auto {ACCURACY_GOAL} keeps the most sensitive layers in \
-             higher precision until it holds (--report OUT.json shows each layer)"
-        ));
-    }
-    line.push('\n');
-    Ok(line)
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(fail)?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        fail(e)
+    })
 }
 
-/// Runs both modules on the calibration samples (`--calib DIR`, else `--calib-random N`, else
-/// [`REPORT_SAMPLES`] random ones; the random ones with the seed calibration uses), the last
-/// quarter held back for the end-to-end figures; writes the JSON report to `path`, returns the
-/// table.
-fn accuracy_report(
-    original: &Module,
-    compiled: &Module,
-    calib: &crate::int8::CalibArgs,
-    path: &Path,
-) -> Result<String, Failure> {
-    use mmq_passes::quant::report;
-    let fail = |e: &dyn std::fmt::Display| Failure::user(format!("error: --report: {e}\n"));
-    let samples = accuracy_samples(original, calib).map_err(|e| fail(&e))?;
-    let r = report::accuracy(original, compiled, &samples).map_err(|e| fail(&e))?;
-    std::fs::write(path, r.to_json() + "\n")
-        .map_err(|e| fail(&format!("cannot write {}: {e}", path.display())))?;
-    Ok(r.table())
-}
-
-/// Writes the first entry graph of `m` as ONNX (atomically; large weights external).
-pub fn write_onnx(m: &Module, path: &Path) -> Result<(), Failure> {
-    let Some(entry) = m.entries.first() else {
-        return Err(Failure::user("error: the module has no graph\n".to_owned()));
-    };
-    write_graph(m, entry.graph, path)
-}
-
-fn write_graph(m: &Module, graph: mmq_ir::GraphId, path: &Path) -> Result<(), Failure> {
-    mmq_backend_ort::write_model(m, graph, path, &mmq_backend_ort::ExportOptions::default())
-        .map(|_| ())
-        .map_err(|e| Failure::user(format!("error: cannot write {}: {e}\n", path.display())))
-}
-
-/// One row per pass: name, milliseconds (when `times`), and its counters.
-pub fn counter_table(report: &PipelineReport, times: bool) -> String {
-    let width = report
-        .passes
-        .iter()
-        .map(|p| p.name.len())
+/// One row per pass: name, milliseconds (when `total` is given), and its counters; then each
+/// pass's notes.
+pub fn counter_table<'a>(
+    passes: impl Iterator<
+        Item = (
+            &'a str,
+            f64,
+            &'a std::collections::BTreeMap<String, usize>,
+            &'a Vec<String>,
+        ),
+    > + Clone,
+    total: Option<f64>,
+) -> String {
+    let width = passes
+        .clone()
+        .map(|p| p.0.len())
         .max()
         .unwrap_or(0)
         .max("pass".len());
     let mut s = String::new();
-    if times {
+    if total.is_some() {
         let _ = writeln!(s, "{:<width$} {:>10}  counters", "pass", "ms");
     } else {
         let _ = writeln!(s, "{:<width$}  counters", "pass");
     }
-    for p in &report.passes {
-        let counters = counter_list(&p.report);
+    for (name, ms, counters, _) in passes.clone() {
+        let counters = counter_list(counters);
         let counters = if counters.is_empty() {
             "-".to_owned()
         } else {
             counters.join(" ")
         };
-        if times {
-            let ms = p.time.as_secs_f64() * 1e3;
-            let _ = writeln!(s, "{:<width$} {ms:>10.3}  {counters}", p.name);
+        if total.is_some() {
+            let _ = writeln!(s, "{name:<width$} {ms:>10.3}  {counters}");
         } else {
-            let _ = writeln!(s, "{:<width$}  {counters}", p.name);
+            let _ = writeln!(s, "{name:<width$}  {counters}");
         }
     }
-    if times {
-        let total = report.total_time().as_secs_f64() * 1e3;
+    if let Some(total) = total {
         let _ = writeln!(s, "{:<width$} {total:>10.3}", "total");
     }
-    for p in &report.passes {
-        for note in &p.report.notes {
-            let _ = writeln!(s, "{}: {note}", p.name);
+    for (name, _, _, notes) in passes {
+        for note in notes {
+            let _ = writeln!(s, "{name}: {note}");
         }
     }
     s
 }
 
-/// Runs `passes` on `module` and lists each pass's counters (`name: k=v ...`, passes that
-/// counted nothing left out) and notes.
-pub fn run_passes(
-    module: &mut mmq_ir::Module,
-    passes: Vec<Box<dyn mmq_passes::Pass>>,
-    opts: &mmq_passes::PassOptions,
-) -> Result<String, Failure> {
-    let report = mmq_passes::PassManager::new(passes)
-        .run(module, opts)
-        .map_err(|e| Failure::user(format!("error: {e}\n")))?;
-    let mut out = String::new();
-    for p in &report.passes {
-        let counters = counter_list(&p.report);
-        if !counters.is_empty() {
-            let _ = writeln!(out, "{}: {}", p.name, counters.join(" "));
-        }
-        for note in &p.report.notes {
-            let _ = writeln!(out, "{}: {note}", p.name);
-        }
-    }
-    Ok(out)
-}
-
-/// A pass's counters as `name=count` items.
-fn counter_list(report: &mmq_passes::PassReport) -> Vec<String> {
-    report
-        .counters
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect()
+/// Counters as `name=count` items.
+fn counter_list(counters: &std::collections::BTreeMap<String, usize>) -> Vec<String> {
+    counters.iter().map(|(k, v)| format!("{k}={v}")).collect()
 }

@@ -1,18 +1,18 @@
 //! `mmq inspect`: the `.mmir` dump, a JSON summary, a DOT graph, statistics.
 
-use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::PathBuf;
 
+use mmq_compiler::inspect::{op_counts, op_key, summary_json, weight_bytes_by_dtype};
+use mmq_compiler::load;
 use mmq_ir::modality::Modality;
 use mmq_ir::text::type_text;
-use mmq_ir::{Dim, GraphId, Module, Value, ValueDef};
-use serde_json::{Value as Json, json};
+use mmq_ir::{Module, Value, ValueDef};
+use serde_json::json;
 
 use crate::Format;
-use crate::diagnostics::Failure;
-use crate::load;
-use crate::precision;
+use crate::failure::Failure;
+use crate::modality;
 
 /// What `inspect` prints besides the module.
 pub struct InspectOptions {
@@ -31,7 +31,7 @@ pub fn run(inputs: &[PathBuf], format: Format, o: &InspectOptions) -> Result<Str
     let loaded = load::load(inputs)?;
     let m = &loaded.module;
     let labels = if o.stats || o.labels || !o.modality.is_empty() {
-        precision::analyze_all(m, &o.modality)?
+        modality::analyze_all(m, &o.modality)?
     } else {
         Vec::new()
     };
@@ -40,7 +40,7 @@ pub fn run(inputs: &[PathBuf], format: Format, o: &InspectOptions) -> Result<Str
             let opts = mmq_ir::text::PrintOptions {
                 loc: o.loc,
                 node_notes: if o.labels {
-                    precision::node_notes(&labels)
+                    modality::node_notes(&labels)
                 } else {
                     Default::default()
                 },
@@ -49,7 +49,7 @@ pub fn run(inputs: &[PathBuf], format: Format, o: &InspectOptions) -> Result<Str
             let mut out = mmq_ir::text::print_with(m, &opts);
             if o.stats {
                 out.push_str(&stats_text(m));
-                out.push_str(&precision::stats_text(m, &labels, human_bytes));
+                out.push_str(&modality::stats_text(m, &labels, human_bytes));
             }
             out
         }
@@ -57,7 +57,7 @@ pub fn run(inputs: &[PathBuf], format: Format, o: &InspectOptions) -> Result<Str
             let mut j = summary_json(m);
             if o.stats {
                 j["weight_bytes_by_dtype"] = json!(weight_bytes_by_dtype(m));
-                j["modality"] = precision::stats_json(m, &labels);
+                j["modality"] = modality::stats_json(m, &labels);
             }
             let mut s = serde_json::to_string_pretty(&j).unwrap_or_default();
             s.push('\n');
@@ -65,86 +65,6 @@ pub fn run(inputs: &[PathBuf], format: Format, o: &InspectOptions) -> Result<Str
         }
         Format::Dot => dot(m),
     })
-}
-
-fn dim_json(m: &Module, d: &Dim) -> Json {
-    match d.as_known() {
-        Some(n) => json!(n),
-        None => json!(render_dim(m, d)),
-    }
-}
-
-fn render_dim(m: &Module, d: &Dim) -> String {
-    d.render(&|s| m.symbols[s].name.clone())
-}
-
-fn value_json(m: &Module, v: Value) -> Json {
-    let ty = m.value_type(v);
-    let (dtype, shape) = match ty.as_tensor() {
-        Some(t) => (
-            t.dtype.map_or(Json::Null, |d| json!(d.name())),
-            t.shape.as_ref().map_or(Json::Null, |s| {
-                Json::Array(s.iter().map(|d| dim_json(m, d)).collect())
-            }),
-        ),
-        None => (json!(type_text(m, ty)), Json::Null),
-    };
-    json!({"name": m.values[v].name.clone().unwrap_or_default(), "dtype": dtype, "shape": shape})
-}
-
-fn op_key(op: &mmq_ir::Op) -> String {
-    match op.domain() {
-        "" => op.op_type().to_owned(),
-        d => format!("{d}.{}", op.op_type()),
-    }
-}
-
-/// Op counts over a graph and its subgraphs.
-fn op_counts(m: &Module, g: GraphId) -> BTreeMap<String, usize> {
-    let mut ops = BTreeMap::new();
-    for sub in m.graph_tree(g) {
-        for &n in &m.graphs[sub].nodes {
-            *ops.entry(op_key(&m.nodes[n].op)).or_insert(0) += 1;
-        }
-    }
-    ops
-}
-
-fn summary_json(m: &Module) -> Json {
-    let symbols: Vec<Json> = m
-        .symbols
-        .iter()
-        .map(|(_, s)| json!({"name": s.name, "min": s.min, "max": s.max}))
-        .collect();
-    let graphs: Vec<Json> = m
-        .entries
-        .iter()
-        .map(|e| {
-            let g = &m.graphs[e.graph];
-            let ops = op_counts(m, e.graph);
-            json!({
-                "name": g.name,
-                "inputs": g.inputs.iter().map(|&v| value_json(m, v)).collect::<Vec<_>>(),
-                "outputs": g.outputs.iter().map(|&v| value_json(m, v)).collect::<Vec<_>>(),
-                "nodes": ops.values().sum::<usize>(),
-                "ops": ops,
-            })
-        })
-        .collect();
-    json!({
-        "symbols": symbols,
-        "graphs": graphs,
-        "constants": m.consts.len(),
-        "weight_bytes": m.weight_bytes(),
-    })
-}
-
-fn weight_bytes_by_dtype(m: &Module) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for (_, c) in m.consts.iter() {
-        *out.entry(c.dtype.name().to_owned()).or_insert(0) += c.byte_len();
-    }
-    out
 }
 
 fn human_bytes(n: u64) -> String {

@@ -3,16 +3,12 @@
 //! The only crate that prints. Exit codes: 0 success, 1 user error (bad input, unsupported
 //! construct) with a diagnostic on stderr, 2 usage error.
 
-mod auto;
 mod compile;
-mod diagnostics;
+mod failure;
 mod inspect;
-mod int8;
-mod load;
+mod modality;
 mod opt;
-mod precision;
 mod run;
-mod weight_only;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -20,7 +16,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::diagnostics::Failure;
+use mmq_compiler::load;
+
+use crate::failure::Failure;
 
 #[derive(Parser)]
 #[command(
@@ -55,7 +53,7 @@ enum Command {
         labels: bool,
         /// Set an input's modality instead of guessing it from its name, dtype and shape
         /// (repeatable).
-        #[arg(long, value_name = "INPUT=KIND", value_parser = precision::parse_modality_arg)]
+        #[arg(long, value_name = "INPUT=KIND", value_parser = modality::parse_modality_arg)]
         modality: Vec<(String, mmq_ir::modality::Modality)>,
     },
     /// Import an ONNX model, verify it, and export it again without optimization.
@@ -138,19 +136,19 @@ enum Command {
         /// Print the time and counters of each pass to stderr.
         #[arg(long)]
         time_passes: bool,
-        /// Compare the compiled model with the original in the interpreter (per-layer SQNR and
-        /// cosine, end-to-end cosine and top-1 agreement); write JSON here, print a table.
+        /// Write the compile report here as JSON (each pass with its time, counters, notes and
+        /// e-graph sizes; the accuracy of the compiled model against the original in the
+        /// interpreter: per-layer SQNR and cosine, end-to-end cosine and top-1 agreement) and
+        /// print the accuracy table.
         #[arg(long, value_name = "OUT.json")]
         report: Option<PathBuf>,
         /// Do not measure accuracy after quantizing (by default a quantizing run prints the
         /// end-to-end cosine of the main output on held-back samples).
         #[arg(long)]
         no_accuracy: bool,
-        /// Quantize after the pipeline: int8 (static W8A8, calibrated), int8-dynamic, int4
-        /// (weight-only, MatMulNBits), fp8 (E4M3 weights; activations too with --calib), fp16
-        /// (float16 weights widened by a Cast that ONNX Runtime folds at load).
-        #[arg(long, value_name = "SCHEME")]
-        quant: Option<String>,
+        /// Quantize after the optimization passes.
+        #[arg(long, value_enum, value_name = "SCHEME")]
+        quant: Option<compile::QuantArg>,
         /// Calibration samples: a folder of .npz files, one sample each, keyed by input name.
         #[arg(long, value_name = "DIR")]
         calib: Option<PathBuf>,
@@ -172,24 +170,25 @@ enum Command {
         #[arg(long)]
         awq: bool,
         /// How activation ranges are chosen: minmax, ema[:MOMENTUM], percentile[:P], entropy, mse.
-        #[arg(long, value_name = "OBSERVER", default_value = "minmax")]
-        observer: String,
+        #[arg(long, value_name = "OBSERVER", default_value = "minmax",
+              value_parser = compile::parse_observer)]
+        observer: mmq_passes::quant::calibrate::Observer,
         /// Which INT8 units stay integer: `cost` (the target's cost model keeps a unit only
         /// where it is estimated faster than float) or `all` (every eligible node).
-        #[arg(long, value_enum, default_value_t = PlacementArg::Cost)]
-        placement: PlacementArg,
+        #[arg(long, value_enum, default_value_t = compile::PlacementArg::Cost)]
+        placement: compile::PlacementArg,
         /// Per-node schemes for --quant mixed: ordered rules on node-name globs, op kinds and
         /// modality (see docs/quantization.md). Implies --quant mixed.
         #[arg(long, value_name = "MAP.toml")]
         precision_map: Option<PathBuf>,
         /// Set an input's modality instead of guessing it from its name, dtype and shape
         /// (repeatable; precision-map rules match on modality).
-        #[arg(long, value_name = "INPUT=KIND", value_parser = precision::parse_modality_arg)]
+        #[arg(long, value_name = "INPUT=KIND", value_parser = modality::parse_modality_arg)]
         modality: Vec<(String, mmq_ir::modality::Modality)>,
         /// Choose a scheme per node (int4, int8 or float for MatMul/Gemm, int8 or float for
         /// Conv): the most compressed that keeps the end-to-end cosine of the main output at or
         /// above COSINE on the calibration samples. Writes the choice as a precision map.
-        #[arg(long, value_name = "COSINE", value_parser = auto::parse_target,
+        #[arg(long, value_name = "COSINE", value_parser = parse_cosine,
               allow_negative_numbers = true, conflicts_with_all = ["quant", "precision_map"])]
         auto: Option<f64>,
         /// Where --auto writes its precision map (default: the output with extension
@@ -210,10 +209,13 @@ enum OptTarget {
     Generic,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum PlacementArg {
-    Cost,
-    All,
+/// Parses `--auto TARGET`: a cosine in `[0, 1]`.
+fn parse_cosine(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if (0.0..=1.0).contains(&t) => Ok(t),
+        Ok(t) => Err(format!("{t} is not a cosine in [0, 1] (for example 0.99)")),
+        Err(_) => Err(format!("'{s}' is not a number (for example 0.99)")),
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -283,8 +285,8 @@ fn main() -> ExitCode {
             rules,
             explain,
             target: match target {
-                OptTarget::Ort => mmq_passes::Target::Ort,
-                OptTarget::Generic => mmq_passes::Target::Generic,
+                OptTarget::Ort => mmq_passes::TargetRef::ORT,
+                OptTarget::Generic => mmq_passes::TargetRef::GENERIC,
             },
             output,
         })
@@ -324,15 +326,10 @@ fn main() -> ExitCode {
             report,
             no_accuracy,
             quant,
-            calib: int8::CalibArgs {
-                dir: calib,
-                random: calib_random,
-                observer,
-                placement: match placement {
-                    PlacementArg::Cost => mmq_passes::quant::place::Placement::Cost,
-                    PlacementArg::All => mmq_passes::quant::place::Placement::All,
-                },
-            },
+            calib,
+            calib_random,
+            observer,
+            placement,
             precision_map,
             modality,
             block,

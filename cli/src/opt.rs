@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use mmq_passes::{ConstFold, Dce, Pass, PassManager, PassOptions, PipelineReport, RewritePass};
 
-use crate::diagnostics::Failure;
-use crate::load;
+use crate::failure::Failure;
+use mmq_compiler::load;
 
 /// What `mmq opt` was asked to do.
 pub struct OptArgs {
@@ -17,7 +17,7 @@ pub struct OptArgs {
     /// Print rule firings and counters to stderr.
     pub explain: bool,
     /// The target.
-    pub target: mmq_passes::Target,
+    pub target: mmq_passes::TargetRef,
     /// Output file (`.mmir` or `.onnx`); stdout (`.mmir`) without it.
     pub output: Option<PathBuf>,
 }
@@ -59,11 +59,12 @@ pub fn run(args: &OptArgs) -> Result<(String, String), Failure> {
     let text = mmq_ir::text::print(&module);
     match (&args.output, output_kind) {
         (Some(path), Some(OutputKind::Text)) => {
-            write_atomic(path, text.as_bytes())?;
+            crate::compile::write_atomic(path, text.as_bytes())
+                .map_err(|e| Failure::user(format!("error: {e}\n")))?;
             Ok((String::new(), stderr))
         }
         (Some(path), Some(OutputKind::Onnx)) => {
-            crate::compile::write_onnx(&module, path)?;
+            mmq_compiler::export::write(&module, &[], path)?;
             Ok((String::new(), stderr))
         }
         _ => Ok((text, stderr)),
@@ -97,26 +98,6 @@ fn output_kind(path: &Path) -> Result<OutputKind, Failure> {
     }
 }
 
-/// Writes `bytes` to a temporary file beside `path` and renames it into place.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
-    let fail =
-        |e: std::io::Error| Failure::user(format!("error: cannot write {}: {e}\n", path.display()));
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(fail)?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        fail(e)
-    })
-}
-
 /// Each firing (rule and the nodes it matched), then a table of counters per pass.
 fn explain(report: &PipelineReport) -> String {
     let mut s = String::new();
@@ -130,6 +111,16 @@ fn explain(report: &PipelineReport) -> String {
             let _ = writeln!(s, "{}: {} at {nodes}", pass.name, f.rule);
         }
     }
-    s.push_str(&crate::compile::counter_table(report, false));
+    s.push_str(&crate::compile::counter_table(
+        report.passes.iter().map(|p| {
+            (
+                p.name.as_str(),
+                p.time.as_secs_f64() * 1e3,
+                &p.report.counters,
+                &p.report.notes,
+            )
+        }),
+        None,
+    ));
     s
 }

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use mmq_kernels::{Data, Interpreter, RtValue, Tensor};
 
-use crate::diagnostics::Failure;
-use crate::load;
+use crate::failure::Failure;
+use mmq_compiler::load;
 
 /// What `mmq run` was asked to do.
 pub struct RunArgs {

@@ -218,3 +218,127 @@ np.savez(sys.argv[2], x=rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
         "{ops}"
     );
 }
+
+/// The quantization passes run in the one pass manager: `--time-passes` lists them with the
+/// optimization passes, and `--dump-after int8` prints the module right after INT8, before
+/// `fuse-act` runs.
+#[test]
+fn time_passes_and_dump_after_see_the_quantization_passes() {
+    let dir = scratch("quant-int8-time-dump");
+    let fx = fixture("qat_cnn");
+    let (code, _, err) = run_in(
+        &dir,
+        &[
+            "compile",
+            &fx,
+            "--target",
+            "ort",
+            "-o",
+            "out.onnx",
+            "--quant",
+            "int8",
+            "--calib-random",
+            "2",
+            "--no-accuracy",
+            "--time-passes",
+            "--dump-after",
+            "int8",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let table: Vec<&str> = err
+        .lines()
+        .skip_while(|l| !l.starts_with("pass "))
+        .take_while(|l| !l.starts_with("total"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let at = |name: &str| {
+        table
+            .iter()
+            .position(|p| *p == name)
+            .unwrap_or_else(|| panic!("{name} not in {table:?}\n{err}"))
+    };
+    assert!(at("rewrite(simplify)") < at("int8"), "{table:?}");
+    assert!(at("int8") < at("rewrite(fuse-act)"), "{table:?}");
+    let row = err
+        .lines()
+        .find(|l| l.starts_with("int8 "))
+        .expect("int8 row");
+    assert!(row.contains("quantized-matmul="), "{row}");
+    let dump = err
+        .split("// ----- after int8 -----")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no dump after int8:\n{err}"));
+    assert!(dump.contains("QuantizeLinear"), "{dump}");
+    assert!(!dump.contains("// ----- after"), "one dump only");
+    assert!(dir.join("out.onnx").exists());
+
+    // A pass that does not run is refused with the list that does.
+    let (code, _, err) = run_in(
+        &dir,
+        &[
+            "compile",
+            &fx,
+            "--target",
+            "ort",
+            "-o",
+            "o2.onnx",
+            "--quant",
+            "int8-dynamic",
+            "--dump-after",
+            "int8",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("no such pass") && err.contains("int8-dynamic"),
+        "{err}"
+    );
+}
+
+/// The command line is a front end of the library: the same model and options give the same
+/// bytes through `mmq compile` and through `mmq_compiler::compile` + `export::write`.
+#[test]
+fn the_command_and_the_library_write_the_same_bytes() {
+    use mmq_compiler::{CalibrationSource, CompileOptions, Precision, QuantScheme};
+    let dir = scratch("quant-int8-library");
+    let fx = fixture("clip");
+    let (code, _, err) = run_in(
+        &dir,
+        &[
+            "compile",
+            &fx,
+            "--target",
+            "ort",
+            "-o",
+            "cli.onnx",
+            "--quant",
+            "int8",
+            "--calib-random",
+            "3",
+            "--smoothquant",
+            "0.5",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let mut m = mmq_compiler::load::load(&[fx.clone().into()])
+        .and_then(|l| l.verified())
+        .expect("loads");
+    let options = CompileOptions {
+        precision: Precision::Scheme(QuantScheme::Int8),
+        calibration: CalibrationSource::Random { count: 3, seed: 0 },
+        smoothquant: Some(0.5),
+        ..CompileOptions::default()
+    };
+    let report = mmq_compiler::compile(&mut m, &options).expect("compiles");
+    let names: Vec<&str> = report.passes.iter().map(|p| p.name.as_str()).collect();
+    assert!(
+        names.contains(&"smoothquant") && names.contains(&"int8"),
+        "{names:?}"
+    );
+    let lib = dir.join("lib.onnx");
+    mmq_compiler::export::write(&m, &[], &lib).expect("writes");
+    let a = std::fs::read(dir.join("cli.onnx")).expect("cli output");
+    let b = std::fs::read(&lib).expect("library output");
+    assert!(a == b, "cli {} bytes vs library {} bytes", a.len(), b.len());
+}

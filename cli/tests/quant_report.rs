@@ -1,11 +1,12 @@
-//! `mmq compile --report OUT.json`: the accuracy report of the compiled model against the
-//! imported one (JSON and table), with and without quantization, and its error cases.
+//! `mmq compile --report OUT.json`: the compile report, with the accuracy of the compiled model
+//! against the imported one (JSON and table), with and without quantization, and its error cases.
 
 mod common;
 
 use common::{fixture, run_in, scratch};
 
-/// Compiles `name` with `extra` flags and `--report`; returns the parsed report and stderr.
+/// Compiles `name` with `extra` flags and `--report`; checks the pass list of the compile
+/// report and returns its accuracy section and stderr.
 fn report(name: &str, tag: &str, extra: &[&str]) -> (serde_json::Value, String) {
     let dir = scratch(&format!("report-{name}-{tag}"));
     let fx = fixture(name);
@@ -16,7 +17,30 @@ fn report(name: &str, tag: &str, extra: &[&str]) -> (serde_json::Value, String) 
     let (code, _, err) = run_in(&dir, &args);
     assert_eq!(code, 0, "{name} {extra:?}: {err}");
     let text = std::fs::read_to_string(dir.join("r.json")).expect("report written");
-    (serde_json::from_str(&text).expect("report is JSON"), err)
+    let full: serde_json::Value = serde_json::from_str(&text).expect("report is JSON");
+    assert_eq!(full["target"], "ort", "{text}");
+    let passes = full["passes"].as_array().expect("passes");
+    let names: Vec<&str> = passes.iter().filter_map(|p| p["name"].as_str()).collect();
+    assert!(names.contains(&"const-fold"), "{names:?}");
+    if extra.contains(&"int8") {
+        let int8 = passes
+            .iter()
+            .find(|p| p["name"] == "int8")
+            .expect("int8 pass");
+        assert_eq!(int8["stage"], "quantize");
+        assert!(f(&int8["ms"]) >= 0.0);
+        assert!(
+            int8["counters"].as_object().is_some_and(|c| !c.is_empty()),
+            "{int8}"
+        );
+    }
+    let rewrites = passes
+        .iter()
+        .filter(|p| p["egraphs"].as_array().is_some_and(|e| !e.is_empty()));
+    for p in rewrites {
+        assert!(f(&p["egraphs"][0]["nodes"]) > 0.0, "{p}");
+    }
+    (full["accuracy"].clone(), err)
 }
 
 fn f(v: &serde_json::Value) -> f64 {

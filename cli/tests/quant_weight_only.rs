@@ -86,7 +86,10 @@ fn bad_block_and_asym_are_usage_errors() {
             &["--quant", "fp8", "--asym"][..],
             "--asym applies to --quant int4 only",
         ),
-        (&["--quant", "int5"][..], "unknown scheme"),
+        (
+            &["--quant", "int5"][..],
+            "possible values: int8, int8-dynamic",
+        ),
     ] {
         let mut args = vec!["compile", vit.as_str(), "--target", "ort", "-o", "out.onnx"];
         args.extend_from_slice(extra);

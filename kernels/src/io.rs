@@ -67,6 +67,11 @@ pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>, NpyError> {
     Ok(out)
 }
 
+/// Parses the bytes of one `.npy` array (as `numpy.save` writes them).
+pub fn npy_from_bytes(bytes: &[u8]) -> Result<Tensor, String> {
+    npy_from_reader(bytes)
+}
+
 /// Parses `.npy` bytes from a reader.
 fn npy_from_reader(r: impl Read) -> Result<Tensor, String> {
     let npy = NpyFile::new(r).map_err(|e| format!("not a .npy array: {e}"))?;
@@ -164,8 +169,8 @@ fn to_row_major(data: Data, shape: &[usize]) -> Data {
     }
 }
 
-/// The `.npy` bytes of a tensor; `None` message when NumPy has no dtype for it.
-fn npy_bytes(t: &Tensor) -> Result<Vec<u8>, String> {
+/// The `.npy` bytes of a tensor (what `numpy.load` reads); an error names a dtype NumPy lacks.
+pub fn npy_bytes(t: &Tensor) -> Result<Vec<u8>, String> {
     let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
     let mut buf = Vec::new();
     fn put<T: npyz::Serialize + npyz::AutoSerialize + Clone>(

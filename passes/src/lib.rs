@@ -12,6 +12,7 @@ pub mod manager;
 pub mod pass;
 pub mod quant;
 mod rules;
+pub mod target;
 
 pub use canonicalize::Canonicalize;
 pub use const_fold::ConstFold;
@@ -21,4 +22,5 @@ pub use manager::{
     DumpAfter, OptLevel, ParseOptLevelError, PassManager, PassRun, PipelineReport, after_quant,
     pipeline, pipeline_before_quant,
 };
-pub use pass::{Firing, Pass, PassError, PassOptions, PassReport, Target};
+pub use pass::{EGraphStats, Firing, Pass, PassError, PassOptions, PassReport};
+pub use target::{Target, TargetRef};

@@ -10,7 +10,8 @@ use crate::canonicalize::Canonicalize;
 use crate::const_fold::ConstFold;
 use crate::dce::Dce;
 use crate::egraph::RewritePass;
-use crate::pass::{Pass, PassError, PassOptions, PassReport, Target};
+use crate::pass::{Pass, PassError, PassOptions, PassReport};
+use crate::target::TargetRef;
 
 /// An optimization level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -142,7 +143,7 @@ pub struct PassManager {
     pub time: bool,
     /// Print the module after the selected passes into [`PassRun::dump`].
     pub dump_after: Option<DumpAfter>,
-    target: Target,
+    target: TargetRef,
 }
 
 impl fmt::Debug for PassManager {
@@ -202,7 +203,7 @@ impl Pass for Unavailable {
 ///
 /// The list is the same for every target today; target-specific choices happen inside the
 /// rewrite passes (cost model, available fused ops), which read [`PassOptions::target`].
-pub fn pipeline(target: Target, level: OptLevel) -> PassManager {
+pub fn pipeline(target: TargetRef, level: OptLevel) -> PassManager {
     let mut passes: Vec<Box<dyn Pass>> = Vec::new();
     if level >= OptLevel::O1 {
         passes.push(Box::new(Canonicalize));
@@ -226,7 +227,7 @@ pub fn pipeline(target: Target, level: OptLevel) -> PassManager {
 /// fusion (`fuse-act`: Conv/Gemm + Relu/... into FusedConv/FusedGemm) waits for
 /// [`after_quant`], so the quantization passes still see the plain `Conv` and `Gemm` nodes they
 /// quantize; the nodes they leave in float are fused afterwards.
-pub fn pipeline_before_quant(target: Target, level: OptLevel) -> PassManager {
+pub fn pipeline_before_quant(target: TargetRef, level: OptLevel) -> PassManager {
     let mut pm = pipeline(target, level);
     if level >= OptLevel::O2 {
         pm.passes = std::mem::take(&mut pm.passes)
@@ -261,7 +262,7 @@ impl PassManager {
             verify: cfg!(debug_assertions),
             time: false,
             dump_after: None,
-            target: Target::default(),
+            target: TargetRef::default(),
         }
     }
 
@@ -270,13 +271,18 @@ impl PassManager {
         self.passes.push(pass);
     }
 
+    /// The passes, in order (to build a longer pipeline from this one).
+    pub fn into_passes(self) -> Vec<Box<dyn Pass>> {
+        self.passes
+    }
+
     /// The pass names in order.
     pub fn names(&self) -> Vec<&str> {
         self.passes.iter().map(|p| p.name()).collect()
     }
 
     /// The target the pipeline was built for.
-    pub fn target(&self) -> Target {
+    pub fn target(&self) -> TargetRef {
         self.target
     }
 
@@ -464,13 +470,13 @@ mod tests {
 
     #[test]
     fn pipelines_are_explicit_lists() {
-        assert!(pipeline(Target::Ort, OptLevel::O0).names().is_empty());
+        assert!(pipeline(TargetRef::ORT, OptLevel::O0).names().is_empty());
         assert_eq!(
-            pipeline(Target::Ort, OptLevel::O1).names(),
+            pipeline(TargetRef::ORT, OptLevel::O1).names(),
             ["canonicalize", "const-fold", "dce"]
         );
         assert_eq!(
-            pipeline(Target::Generic, OptLevel::O2).names(),
+            pipeline(TargetRef::GENERIC, OptLevel::O2).names(),
             [
                 "canonicalize",
                 "const-fold",
@@ -490,7 +496,7 @@ mod tests {
         let mut m = sample();
         let before = m.clone();
         let text = mmq_ir::text::print(&m);
-        let report = pipeline(Target::Ort, OptLevel::O0)
+        let report = pipeline(TargetRef::ORT, OptLevel::O0)
             .run(&mut m, &PassOptions::default())
             .expect("runs");
         assert!(report.passes.is_empty());
@@ -501,7 +507,7 @@ mod tests {
     #[test]
     fn o1_dumps_and_times_each_pass() {
         let mut m = sample();
-        let mut pm = pipeline(Target::Ort, OptLevel::O1);
+        let mut pm = pipeline(TargetRef::ORT, OptLevel::O1);
         pm.verify = true;
         pm.time = true;
         pm.dump_after = Some(DumpAfter::Pass("const-fold".into()));
@@ -537,7 +543,7 @@ mod tests {
     #[test]
     fn o2_runs_clean() {
         let mut m = sample();
-        let mut pm = pipeline(Target::Ort, OptLevel::O2);
+        let mut pm = pipeline(TargetRef::ORT, OptLevel::O2);
         pm.verify = true;
         let report = pm.run(&mut m, &PassOptions::default()).expect("runs");
         assert_eq!(report.passes.len(), 9);

@@ -4,32 +4,13 @@ use std::collections::BTreeMap;
 
 use mmq_ir::{IrError, Module};
 
-/// The code generation target a pipeline optimizes for. Target-specific decisions (cost model,
-/// which fused ops exist, emitted op forms) are keyed by it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum Target {
-    /// Standard ONNX ops only (no contrib ops); what the reference interpreter runs.
-    #[default]
-    Generic,
-    /// ONNX Runtime (CPU): standard ops plus the `com.microsoft` contrib ops it runs.
-    Ort,
-}
-
-impl Target {
-    /// The target's name as the command line spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Target::Generic => "generic",
-            Target::Ort => "ort",
-        }
-    }
-}
+use crate::target::TargetRef;
 
 /// Options every pass sees.
 #[derive(Clone, Debug, Default)]
 pub struct PassOptions {
-    /// The target.
-    pub target: Target,
+    /// The target (its cost model, fused ops and forms; see [`crate::target`]).
+    pub target: TargetRef,
     /// Record each rule firing with the nodes it rewrote (`mmq opt --explain`).
     pub explain: bool,
 }
@@ -55,6 +36,23 @@ pub struct PassReport {
     pub firings: Vec<Firing>,
     /// Free-form facts about the run (e-graph size, iterations, stop reason).
     pub notes: Vec<String>,
+    /// The e-graph of each graph a rewrite pass ran on.
+    pub egraphs: Vec<EGraphStats>,
+}
+
+/// The size of one e-graph run.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct EGraphStats {
+    /// The graph's name.
+    pub graph: String,
+    /// Iterations run.
+    pub iterations: usize,
+    /// E-nodes at the end.
+    pub nodes: usize,
+    /// E-classes at the end.
+    pub classes: usize,
+    /// Why the run stopped (`Saturated`, `IterationLimit(n)`, `NodeLimit(n)`).
+    pub stop: String,
 }
 
 impl PassReport {

@@ -207,15 +207,15 @@ pub fn cosine(a: &[f64], b: &[f64]) -> f64 {
 /// A fixture (`tests/fixtures/NAME/model.onnx`) after the `-O2` pipeline for ONNX Runtime, the
 /// form the quantization passes see in `mmq compile`.
 pub fn load_fixture_o2(name: &str) -> mmq_ir::Module {
-    use mmq_passes::{OptLevel, PassOptions, Target, pipeline};
+    use mmq_passes::{OptLevel, PassOptions, TargetRef, pipeline};
     let path = repo_root().join(format!("tests/fixtures/{name}/model.onnx"));
     let mut m = mmq_onnx::load_files(&[path.as_path()], &mmq_onnx::LoadOptions::default())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let opts = PassOptions {
-        target: Target::Ort,
+        target: TargetRef::ORT,
         explain: false,
     };
-    pipeline(Target::Ort, OptLevel::O2)
+    pipeline(TargetRef::ORT, OptLevel::O2)
         .run(&mut m, &opts)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     m

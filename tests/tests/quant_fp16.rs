@@ -16,12 +16,12 @@ use std::path::Path;
 use mmq_ir::{ConstData, DType, Dim, Entry, ModelInfo, Module, Op, Storage, Type, ValueDef};
 use mmq_kernels::{Interpreter, RtValue, Tensor};
 use mmq_passes::quant::fp16::Fp16Pass;
-use mmq_passes::{PassManager, PassOptions, PassReport, Target};
+use mmq_passes::{PassManager, PassOptions, PassReport, TargetRef};
 use mmq_tests::{cosine, oracle, repo_root, scratch_dir};
 
 fn opts() -> PassOptions {
     PassOptions {
-        target: Target::Ort,
+        target: TargetRef::ORT,
         explain: false,
     }
 }

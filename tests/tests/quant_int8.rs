@@ -306,7 +306,7 @@ mod sources {
     use mmq_passes::quant::calibrate::{self, Observer};
     use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
     use mmq_passes::quant::place::Placement;
-    use mmq_passes::{PassManager, PassOptions, Target};
+    use mmq_passes::{PassManager, PassOptions, TargetRef};
     use mmq_tests::{cosine, oracle, scratch_dir};
 
     pub(super) fn f32_ty(dims: &[i64]) -> Type {
@@ -537,7 +537,7 @@ mod sources {
         let mut pm = PassManager::new(vec![Box::new(pass)]);
         pm.verify = true;
         let opts = PassOptions {
-            target: Target::Ort,
+            target: TargetRef::ORT,
             explain: false,
         };
         let r = pm.run(&mut q, &opts).expect("int8 pass runs");
@@ -724,7 +724,7 @@ mod placement {
     use mmq_passes::quant::calibrate::{self, Observer};
     use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
     use mmq_passes::quant::place::Placement;
-    use mmq_passes::{PassManager, PassOptions, PassReport, Target};
+    use mmq_passes::{PassManager, PassOptions, PassReport, TargetRef};
 
     use super::sources::{f32_data, f32_ty, matmul, module};
 
@@ -761,7 +761,7 @@ mod placement {
         )]);
         pm.verify = true;
         let opts = PassOptions {
-            target: Target::Ort,
+            target: TargetRef::ORT,
             explain: false,
         };
         let r = pm.run(&mut q, &opts).expect("int8 runs");
@@ -894,7 +894,7 @@ mod placement {
                 symmetric: false,
             });
             let opts = PassOptions {
-                target: Target::Ort,
+                target: TargetRef::ORT,
                 explain: false,
             };
             let r = PassManager::new(vec![Box::new(pass)])

@@ -11,12 +11,12 @@ use std::path::Path;
 use mmq_ir::Module;
 use mmq_kernels::{Interpreter, RtValue, Tensor};
 use mmq_passes::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass, WeightScheme};
-use mmq_passes::{Pass, PassOptions, Target};
+use mmq_passes::{Pass, PassOptions, TargetRef};
 use mmq_tests::{cosine, oracle, repo_root, scratch_dir};
 
 fn opts() -> PassOptions {
     PassOptions {
-        target: Target::Ort,
+        target: TargetRef::ORT,
         explain: false,
     }
 }

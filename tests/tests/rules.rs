@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use mmq_ir::{DType, Dim, Module, Type, text};
 use mmq_kernels::{Interpreter, RtValue, Tensor};
-use mmq_passes::{ConstFold, Dce, Pass, PassOptions, RewritePass, Target, rule_sets};
+use mmq_passes::{ConstFold, Dce, Pass, PassOptions, RewritePass, TargetRef, rule_sets};
 use mmq_tests::repo_root;
 
 struct Fixture {
@@ -29,7 +29,7 @@ struct Fixture {
     name: String,
     src: String,
     sets: Vec<String>,
-    target: Target,
+    target: TargetRef,
     expect: Vec<String>,
     bound: f64,
 }
@@ -64,7 +64,7 @@ fn parse_fixture(root: &Path, path: PathBuf) -> Fixture {
         name,
         src: src.clone(),
         sets: Vec::new(),
-        target: Target::Generic,
+        target: TargetRef::GENERIC,
         expect: Vec::new(),
         bound: 1e-5,
     };
@@ -85,8 +85,8 @@ fn parse_fixture(root: &Path, path: PathBuf) -> Fixture {
             "rules" => f.sets = list(),
             "target" => {
                 f.target = match v.trim() {
-                    "ort" => Target::Ort,
-                    "generic" => Target::Generic,
+                    "ort" => TargetRef::ORT,
+                    "generic" => TargetRef::GENERIC,
                     t => panic!("{}: unknown target {t}", path.display()),
                 }
             }

@@ -9,7 +9,7 @@ use mmq_ir::{ConstData, DType, Module, Op, Storage, Type, Value};
 use mmq_kernels::Tensor;
 
 use super::lang::TNode;
-use crate::pass::Target;
+use crate::target::TargetRef;
 
 /// Constants with at most this many elements have their contents in the analysis.
 pub(crate) const SMALL_CONST: usize = 64;
@@ -65,7 +65,7 @@ pub(crate) struct Data {
 #[derive(Debug, Default)]
 pub(crate) struct Facts {
     /// The target (rules that emit target-specific ops check it).
-    pub target: Target,
+    pub target: TargetRef,
     /// Attribute sets ([`TNode::Attrs`] leaves).
     pub ops: Vec<Op>,
     op_index: HashMap<String, u32>,
@@ -86,7 +86,7 @@ pub(crate) struct Facts {
 
 impl Facts {
     /// Empty tables for `target`.
-    pub(crate) fn new(target: Target) -> Self {
+    pub(crate) fn new(target: TargetRef) -> Self {
         Facts {
             target,
             ..Default::default()

@@ -21,7 +21,7 @@ use std::time::Duration;
 use egg::{Runner, SimpleScheduler, StopReason};
 use mmq_ir::Module;
 
-use crate::pass::{Firing, Pass, PassError, PassOptions, PassReport};
+use crate::pass::{EGraphStats, Firing, Pass, PassError, PassOptions, PassReport};
 use crate::rules::{Rw, rule_set};
 
 /// Names of every rule set, in the order `-O2` runs them.
@@ -142,14 +142,21 @@ impl Pass for RewritePass {
                     *applied.entry(rule.as_str().to_owned()).or_default() += n;
                 }
             }
+            let stats = EGraphStats {
+                graph: module.graphs[g].name.clone(),
+                iterations: runner.iterations.len(),
+                nodes: runner.egraph.total_number_of_nodes(),
+                classes: runner.egraph.number_of_classes(),
+                stop: runner
+                    .stop_reason
+                    .as_ref()
+                    .map_or_else(|| "none".to_owned(), |r| format!("{r:?}")),
+            };
             report.notes.push(format!(
-                "graph '{}': {} iterations, {} e-nodes, {} e-classes, stop: {:?}",
-                module.graphs[g].name,
-                runner.iterations.len(),
-                runner.egraph.total_number_of_nodes(),
-                runner.egraph.number_of_classes(),
-                runner.stop_reason
+                "graph '{}': {} iterations, {} e-nodes, {} e-classes, stop: {}",
+                stats.graph, stats.iterations, stats.nodes, stats.classes, stats.stop
             ));
+            report.egraphs.push(stats);
             built.egraph = runner.egraph;
             if opts.explain {
                 report.firings.extend(firings(module, &built));

@@ -3,7 +3,8 @@
 use mmq_ir::{Module, text};
 
 use crate::RewritePass;
-use crate::pass::{Pass, PassOptions, Target};
+use crate::pass::{Pass, PassOptions};
+use crate::target::TargetRef;
 
 pub(crate) fn parse(src: &str) -> Module {
     let (mut m, _) = text::parse(src).unwrap_or_else(|e| panic!("{e:?}"));
@@ -15,7 +16,11 @@ pub(crate) fn parse(src: &str) -> Module {
     m
 }
 
-pub(crate) fn rewrite(src: &str, sets: &[&str], target: Target) -> (String, Vec<(String, usize)>) {
+pub(crate) fn rewrite(
+    src: &str,
+    sets: &[&str],
+    target: TargetRef,
+) -> (String, Vec<(String, usize)>) {
     let mut m = parse(src);
     let opts = PassOptions {
         target,
@@ -42,7 +47,7 @@ fn identity_and_transpose_pairs_collapse() {
   return %d
 }
 ";
-    let (out, fired) = rewrite(src, &["simplify"], Target::Generic);
+    let (out, fired) = rewrite(src, &["simplify"], TargetRef::GENERIC);
     assert!(out.matches("Transpose").count() == 1, "{out}");
     assert!(!out.contains("Identity"), "{out}");
     assert!(fired.iter().any(|(r, _)| r == "identity-elim"), "{fired:?}");
@@ -68,7 +73,7 @@ fn captured_values_are_defined_before_their_reader() {
   return %y, %b
 }
 ";
-    let (out, fired) = rewrite(src, &["simplify"], Target::Generic);
+    let (out, fired) = rewrite(src, &["simplify"], TargetRef::GENERIC);
     assert!(fired.iter().any(|(r, _)| r == "identity-elim"), "{fired:?}");
     let relu = out.find("Relu(").expect("Relu kept");
     let iff = out.find("If(").expect("If kept");

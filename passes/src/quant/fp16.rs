@@ -31,7 +31,7 @@ use half::f16;
 use mmq_ir::{At, Const, ConstData, DType, GraphId, Module, Op, Storage, Type, Value, ValueDef};
 use rayon::prelude::*;
 
-use crate::pass::{Pass, PassError, PassOptions, PassReport, Target};
+use crate::pass::{Pass, PassError, PassOptions, PassReport};
 use crate::quant::int8::NodeFilter;
 use crate::quant::weight_only::const_source;
 
@@ -40,21 +40,12 @@ use crate::quant::weight_only::const_source;
 pub enum Fp16Form {
     /// Weights stored as float16 and widened to float32 by a `Cast` that the runtime folds at
     /// load: half the bytes on disk and in the loaded file, float32 compute. ONNX Runtime's CPU
-    /// provider has few float16 kernels, so this is the form for [`Target::Ort`].
+    /// provider has few float16 kernels, so this is the form for ONNX Runtime.
     ///
     /// A GPU target (CUDA, TensorRT) would compute in float16 instead: activations cast to
     /// float16 at the selected region's boundary and the ops themselves run in float16. No
     /// such target exists yet.
     WeightStorage,
-}
-
-impl Fp16Form {
-    /// The form FP16 takes on `target`.
-    pub fn for_target(target: Target) -> Self {
-        match target {
-            Target::Ort | Target::Generic => Fp16Form::WeightStorage,
-        }
-    }
 }
 
 /// The FP16 pass (see the module documentation).
@@ -211,7 +202,7 @@ impl Pass for Fp16Pass {
 
     fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
         let mut report = PassReport::default();
-        match Fp16Form::for_target(opts.target) {
+        match opts.target.fp16_form() {
             Fp16Form::WeightStorage => {}
         }
         let roots: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
@@ -347,8 +338,8 @@ mod tests {
 
     #[test]
     fn every_target_stores_weights() {
-        for t in [Target::Ort, Target::Generic] {
-            assert_eq!(Fp16Form::for_target(t), Fp16Form::WeightStorage);
+        for t in crate::target::TargetRef::ALL {
+            assert_eq!(t.fp16_form(), Fp16Form::WeightStorage);
         }
     }
 }

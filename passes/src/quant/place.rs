@@ -31,7 +31,7 @@ use crate::egraph::cost::CostModel;
 use crate::egraph::extract;
 use crate::egraph::facts::Facts;
 use crate::egraph::lang::{TNode, kind_of};
-use crate::pass::Target;
+use crate::target::{PlaceRates, TargetRef};
 
 /// The size assumed for a dimension that is not known at compile time.
 pub const SYMBOLIC_DIM: f64 = 1.0;
@@ -76,7 +76,7 @@ pub(crate) fn place(
     m: &mut Module,
     graph: GraphId,
     units: &[Unit],
-    target: Target,
+    target: TargetRef,
     sizes: &HashMap<Value, usize>,
 ) -> Decision {
     if units.is_empty() {
@@ -212,42 +212,10 @@ fn static_elements(eg: &EG, id: Id) -> Option<f64> {
 /// (products, Q, DQ); one unit for any other op (the same in both forms of a unit, whatever the
 /// target can run: the graph may already hold the target's fused ops).
 pub(crate) struct PlaceCost {
-    target: Target,
+    target: TargetRef,
     /// Element counts seen on the calibration samples, by class.
     observed: HashMap<Id, f64>,
 }
-
-/// Rates of one target (microseconds).
-struct Rates {
-    /// Dispatch cost of one float kernel.
-    kernel: f64,
-    /// Dispatch cost of one integer product (it also converts its result to float).
-    int_kernel: f64,
-    /// Dispatch cost of a standalone quantization or dequantization.
-    q_kernel: f64,
-    /// One float multiply-accumulate.
-    float_mac: f64,
-    /// One 8-bit multiply-accumulate.
-    int_mac: f64,
-    /// Quantizing or dequantizing one element in a standalone kernel.
-    element: f64,
-    /// A Q/DQ absorbed into the integer kernel next to it.
-    absorbed: f64,
-}
-
-/// ONNX Runtime's CPU provider on one x86-64 core without VNNI, fitted to single-product
-/// timings (`tools/place_rates.py`: float `MatMul` against `Q → MatMulIntegerToFloat` for M×K×N
-/// from 17×32×32 to 512×768×768, the fixed costs from the smallest, the rates from the slopes):
-/// integer products win from about 64×64×256 up and lose at 64×64×64 and below.
-const ORT_CPU: Rates = Rates {
-    kernel: 1.5,
-    int_kernel: 3.5,
-    q_kernel: 2.5,
-    float_mac: 1.0 / 60_000.0,
-    int_mac: 1.0 / 150_000.0,
-    element: 1.0 / 2_000.0,
-    absorbed: 0.05,
-};
 
 impl PlaceCost {
     /// Elements of class `id`: as observed on the calibration samples, else from its type.
@@ -259,11 +227,8 @@ impl PlaceCost {
             .or_else(|| static_elements(eg, id))
     }
 
-    fn rates(&self) -> &'static Rates {
-        // One table today; a target with other kernels gets its own.
-        match self.target {
-            Target::Ort | Target::Generic => &ORT_CPU,
-        }
+    fn rates(&self) -> &'static PlaceRates {
+        self.target.place_rates()
     }
 
     /// Multiply-accumulates of a product whose result is `class`.

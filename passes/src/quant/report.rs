@@ -566,7 +566,7 @@ impl Report {
 }
 
 /// `name` cut to `width` characters, keeping its end (where layer names differ).
-fn shorten(name: &str, width: usize) -> String {
+pub fn shorten(name: &str, width: usize) -> String {
     let n = name.chars().count();
     if n <= width {
         return name.to_owned();

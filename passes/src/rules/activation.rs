@@ -6,7 +6,6 @@ use egg::Subst;
 use mmq_ir::{Attr, CustomOp, Op};
 
 use super::*;
-use crate::pass::Target;
 
 /// A `com.microsoft` op.
 fn ms(op_type: &str, attrs: Vec<(&str, Attr)>) -> Op {
@@ -89,13 +88,7 @@ fn gelu_tanh_consts() -> Cond {
 
 /// `com.microsoft.FastGelu(x)` (ort) or `Gelu approximate="tanh"` (generic, opset ≥ 20).
 fn build_fast_gelu(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
-    let o = match eg.analysis.target {
-        Target::Ort => ms("FastGelu", vec![]),
-        Target::Generic if eg.analysis.opset >= 20 => Op::Gelu {
-            approximate: Some("tanh".into()),
-        },
-        Target::Generic => return None,
-    };
+    let o = eg.analysis.target.gelu(true, eg.analysis.opset)?;
     Some(add_op(eg, o, &[Some(at(s, "?x"))], 1))
 }
 
@@ -179,11 +172,7 @@ pub(crate) fn rules() -> Vec<Rw> {
                     near(eg, s, "?cm", std::f64::consts::FRAC_1_SQRT_2, 1e-3)
                 })],
             |eg, _, s| {
-                let o = match eg.analysis.target {
-                    Target::Ort => ms("Gelu", vec![]),
-                    Target::Generic if eg.analysis.opset >= 20 => Op::Gelu { approximate: None },
-                    Target::Generic => return None,
-                };
+                let o = eg.analysis.target.gelu(false, eg.analysis.opset)?;
                 Some(add_op(eg, o, &[Some(at(s, "?x"))], 1))
             }),
         // 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))) -> com.microsoft.FastGelu (ort) or

@@ -297,9 +297,9 @@ pub(crate) fn is_all(v: &'static str, x: f64) -> Cond {
     when(move |eg, s| all_eq(eg, s, v, x))
 }
 
-/// Condition: the target is ONNX Runtime (the rule emits `com.microsoft` ops).
+/// Condition: the target runs `com.microsoft` ops (the rule emits them).
 pub(crate) fn for_ort() -> Cond {
-    when(|eg, _| eg.analysis.target == crate::pass::Target::Ort)
+    when(|eg, _| eg.analysis.target.runs_domain("com.microsoft"))
 }
 
 // ---- building -------------------------------------------------------------------------

@@ -8,7 +8,6 @@ use egg::{Id, Language, Subst};
 use mmq_ir::{Attr, CustomOp, DType, Op, Type};
 
 use super::*;
-use crate::pass::Target;
 
 /// The two spellings of a mean over the last axis: axes as attribute (before opset 18) or as
 /// a constant operand (from 18).
@@ -108,19 +107,6 @@ fn eps_and_square(eg: &EG, s: &Subst) -> Option<f32> {
 /// A tensor of `n` ones of `dtype` (the scale of a normalization without one).
 fn ones(eg: &mut EG, dtype: DType, n: i64) -> Option<Id> {
     lit(eg, dtype, vec![n], &vec![1.0; usize::try_from(n).ok()?])
-}
-
-/// ONNX Runtime's RMS normalization op, which it registers in the default domain.
-fn simplified_ln(epsilon: f32) -> Op {
-    Op::Custom(CustomOp {
-        domain: String::new(),
-        op_type: "SimplifiedLayerNormalization".into(),
-        attrs: vec![
-            ("axis".into(), Attr::Int(-1)),
-            ("epsilon".into(), Attr::Float(epsilon)),
-            ("stash_type".into(), Attr::Int(1)),
-        ],
-    })
 }
 
 /// A `com.microsoft` op with an `epsilon` attribute.
@@ -239,7 +225,7 @@ fn scale_pending(eg: &EG, root: Id, s: &Subst) -> bool {
 /// Shared conditions of the skip fusions: ONNX Runtime, the norm over the last axis of a 2-D
 /// or 3-D input, both summands of the same type, gamma (and beta, bias) 1-D of the hidden size.
 fn skip_ok(eg: &EG, root: Id, s: &Subst, a: &str, b: &str, vecs: &[&str]) -> Option<f32> {
-    if eg.analysis.target != Target::Ort || scale_pending(eg, root, s) {
+    if !eg.analysis.target.runs_domain("com.microsoft") || scale_pending(eg, root, s) {
         return None;
     }
     let r = rank(eg, s, a)?;
@@ -293,12 +279,7 @@ pub(crate) fn rules() -> Vec<Rw> {
             |eg, _, s| {
                 let eps = eps_and_square(eg, s)?;
                 let h = hidden(eg, s, "?x")?;
-                let o = match eg.analysis.target {
-                    Target::Ort => simplified_ln(eps),
-                    Target::Generic if eg.analysis.opset >= 23 => Op::RMSNormalization {
-                        axis: Some(-1), epsilon: Some(eps), stash_type: Some(1) },
-                    Target::Generic => return None,
-                };
+                let o = eg.analysis.target.rms_norm(eps, eg.analysis.opset)?;
                 let scale = ones(eg, dtype_of(eg, s, "?x")?, h)?;
                 Some(add_op(eg, o, &[Some(at(s, "?x")), Some(scale)], 1))
             }),

@@ -6,21 +6,47 @@ use codespan_reporting::files::SimpleFiles;
 use mmq_ir::Module;
 use mmq_ir::text::SpanMap;
 
-use crate::diagnostics::{self, Failure};
+use crate::diagnostics;
+
+/// Loading or verifying failed: the rendered diagnostics.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", rendered.trim_end())]
+pub struct LoadError {
+    /// Every diagnostic, rendered (ends with a newline).
+    pub rendered: String,
+    /// Whether the inputs were given wrongly (exit code 2 on the command line).
+    pub usage: bool,
+}
+
+impl LoadError {
+    fn user(rendered: String) -> LoadError {
+        LoadError {
+            rendered,
+            usage: false,
+        }
+    }
+}
 
 /// Where the module came from, for locating diagnostics.
 pub enum Origin {
+    /// ONNX files.
     Onnx(Vec<PathBuf>),
+    /// A `.mmir` file, its text and the spans of its entities.
     Text {
+        /// The source.
         files: SimpleFiles<String, String>,
+        /// Its id in `files`.
         file: usize,
+        /// Where each entity is defined.
         spans: SpanMap,
     },
 }
 
 /// A loaded module.
 pub struct Loaded {
+    /// The module.
     pub module: Module,
+    /// Where it came from.
     pub origin: Origin,
 }
 
@@ -29,13 +55,13 @@ fn is_text(path: &Path) -> bool {
 }
 
 /// Loads the inputs: one `.mmir` file, or one or more ONNX files.
-pub fn load(paths: &[PathBuf]) -> Result<Loaded, Failure> {
+pub fn load(paths: &[PathBuf]) -> Result<Loaded, LoadError> {
     load_opts(paths, &mmq_ir::text::ParseOptions::default())
 }
 
 /// [`load`], opening a `.mmir` file's external weights (resolved next to the file) so that the
 /// module can be run.
-pub fn load_with_weights(paths: &[PathBuf]) -> Result<Loaded, Failure> {
+pub fn load_with_weights(paths: &[PathBuf]) -> Result<Loaded, LoadError> {
     let data_dir = paths.first().and_then(|p| p.parent()).map(|d| {
         if d.as_os_str().is_empty() {
             PathBuf::from(".")
@@ -46,12 +72,12 @@ pub fn load_with_weights(paths: &[PathBuf]) -> Result<Loaded, Failure> {
     load_opts(paths, &mmq_ir::text::ParseOptions { data_dir })
 }
 
-fn load_opts(paths: &[PathBuf], opts: &mmq_ir::text::ParseOptions) -> Result<Loaded, Failure> {
+fn load_opts(paths: &[PathBuf], opts: &mmq_ir::text::ParseOptions) -> Result<Loaded, LoadError> {
     if paths.iter().any(|p| is_text(p)) {
         if paths.len() != 1 {
-            return Err(Failure {
+            return Err(LoadError {
                 rendered: "error: a .mmir file must be the only input\n".to_owned(),
-                code: 2,
+                usage: true,
             });
         }
         return load_text(&paths[0], opts);
@@ -62,13 +88,13 @@ fn load_opts(paths: &[PathBuf], opts: &mmq_ir::text::ParseOptions) -> Result<Loa
             module,
             origin: Origin::Onnx(paths.to_vec()),
         }),
-        Err(e) => Err(Failure::user(format!("error: {e}\n"))),
+        Err(e) => Err(LoadError::user(format!("error: {e}\n"))),
     }
 }
 
-fn load_text(path: &Path, opts: &mmq_ir::text::ParseOptions) -> Result<Loaded, Failure> {
+fn load_text(path: &Path, opts: &mmq_ir::text::ParseOptions) -> Result<Loaded, LoadError> {
     let src = std::fs::read_to_string(path)
-        .map_err(|e| Failure::user(format!("error: cannot read {}: {e}\n", path.display())))?;
+        .map_err(|e| LoadError::user(format!("error: cannot read {}: {e}\n", path.display())))?;
     let mut files = SimpleFiles::new();
     let file = files.add(path.display().to_string(), src);
     let parsed = mmq_ir::text::parse_with(
@@ -85,14 +111,14 @@ fn load_text(path: &Path, opts: &mmq_ir::text::ParseOptions) -> Result<Loaded, F
                 .iter()
                 .map(|e| diagnostics::render(&files, &mmq_ir::text::to_diagnostic(e, file)))
                 .collect();
-            Err(Failure::user(rendered))
+            Err(LoadError::user(rendered))
         }
     }
 }
 
 impl Loaded {
     /// Runs the verifier; renders every error (warnings are reported only alongside errors).
-    pub fn verify(&self) -> Result<(), Failure> {
+    pub fn verify(&self) -> Result<(), LoadError> {
         let Err(errors) = mmq_ir::verify::verify(&self.module) else {
             return Ok(());
         };
@@ -115,6 +141,12 @@ impl Loaded {
                 })
                 .collect(),
         };
-        Err(Failure::user(rendered))
+        Err(LoadError::user(rendered))
+    }
+
+    /// The module, after [`Loaded::verify`].
+    pub fn verified(self) -> Result<Module, LoadError> {
+        self.verify()?;
+        Ok(self.module)
     }
 }

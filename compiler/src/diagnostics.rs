@@ -1,30 +1,9 @@
-//! Rendering errors for the terminal: the one place where diagnostics become text.
+//! Rendering diagnostics as text (the command line prints it; the Python package raises it).
 
 use codespan_reporting::diagnostic::{Diagnostic, Label};
 use codespan_reporting::files::SimpleFiles;
 use codespan_reporting::term::{self, Config};
 use mmq_ir::{Entity, IrError, Module, Severity, ValueDef};
-
-/// A failed command: the text for stderr and the exit code.
-pub struct Failure {
-    pub rendered: String,
-    pub code: u8,
-}
-
-impl Failure {
-    /// A user error (exit 1) with already rendered text.
-    pub fn user(rendered: String) -> Failure {
-        Failure { rendered, code: 1 }
-    }
-
-    /// A usage error (exit 2): `error: MESSAGE`.
-    pub fn usage(message: String) -> Failure {
-        Failure {
-            rendered: format!("error: {message}\n"),
-            code: 2,
-        }
-    }
-}
 
 /// Renders one codespan diagnostic.
 pub fn render(files: &SimpleFiles<String, String>, diag: &Diagnostic<usize>) -> String {

@@ -1,0 +1,239 @@
+//! Where calibration samples come from: one [`CalibrationSource`] for every pass that needs
+//! samples (static INT8, FP8 activations, SmoothQuant, AWQ, mixed precision, `--auto`, the
+//! accuracy figures).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use mmq_ir::{GraphId, Module};
+use mmq_passes::quant::calibrate::{self, CalibError, Sample};
+
+/// Samples drawn when no source is given.
+pub const DEFAULT_RANDOM_SAMPLES: usize = 16;
+
+/// The samples the passes calibrate on.
+#[derive(Clone, Default)]
+pub enum CalibrationSource {
+    /// [`DEFAULT_RANDOM_SAMPLES`] random samples with seed 0: what a run that names no source
+    /// gets.
+    #[default]
+    Default,
+    /// A folder of `.npz` files, one sample each (arrays named after the graph inputs), read in
+    /// name order, one at a time.
+    Dir(PathBuf),
+    /// `count` random samples drawn from the input types (see
+    /// [`calibrate::random_samples`]) with generator seed `seed`.
+    Random {
+        /// How many.
+        count: usize,
+        /// The generator seed.
+        seed: u64,
+    },
+    /// Samples from any iterator (a data reader). It is drained on first use and its samples
+    /// are kept, so every pass that needs them sees the same ones.
+    Stream(Arc<SampleStream>),
+}
+
+impl fmt::Debug for CalibrationSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CalibrationSource::Default => f.write_str("Default"),
+            CalibrationSource::Dir(d) => f.debug_tuple("Dir").field(d).finish(),
+            CalibrationSource::Random { count, seed } => f
+                .debug_struct("Random")
+                .field("count", count)
+                .field("seed", seed)
+                .finish(),
+            CalibrationSource::Stream(_) => f.write_str("Stream(..)"),
+        }
+    }
+}
+
+/// A boxed iterator of samples.
+pub type Samples<'m> = Box<dyn Iterator<Item = Result<Sample, CalibError>> + 'm>;
+
+/// The iterator behind [`CalibrationSource::Stream`] and the samples it gave so far.
+pub struct SampleStream {
+    state: Mutex<StreamState>,
+}
+
+struct StreamState {
+    rest: Option<Box<dyn Iterator<Item = Result<Sample, String>> + Send>>,
+    seen: Vec<Sample>,
+}
+
+impl SampleStream {
+    /// A stream over samples already in memory.
+    pub fn of(samples: Vec<Sample>) -> SampleStream {
+        SampleStream {
+            state: Mutex::new(StreamState {
+                rest: None,
+                seen: samples,
+            }),
+        }
+    }
+
+    /// The sample at `index`, pulling from the iterator when it has not been reached yet.
+    fn get(&self, index: usize) -> Option<Result<Sample, CalibError>> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while st.seen.len() <= index {
+            let next = st.rest.as_mut()?.next();
+            match next {
+                Some(Ok(s)) => st.seen.push(s),
+                Some(Err(message)) => {
+                    st.rest = None;
+                    return Some(Err(CalibError::Module(format!(
+                        "calibration sample {}: {message}",
+                        st.seen.len()
+                    ))));
+                }
+                None => {
+                    st.rest = None;
+                    return None;
+                }
+            }
+        }
+        Some(Ok(st.seen[index].clone()))
+    }
+}
+
+impl CalibrationSource {
+    /// A source over any iterator of samples (input name → value); an `Err` item stops
+    /// calibration with its message.
+    pub fn stream<I>(samples: I) -> CalibrationSource
+    where
+        I: IntoIterator<Item = Result<Sample, String>>,
+        I::IntoIter: Send + 'static,
+    {
+        CalibrationSource::Stream(Arc::new(SampleStream {
+            state: Mutex::new(StreamState {
+                rest: Some(Box::new(samples.into_iter())),
+                seen: Vec::new(),
+            }),
+        }))
+    }
+
+    /// Whether the caller named the samples (a folder, a count or an iterator) rather than
+    /// leaving the default.
+    pub fn is_given(&self) -> bool {
+        !matches!(self, CalibrationSource::Default)
+    }
+
+    /// Checks what can be checked before the work (a count of zero).
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            CalibrationSource::Random { count: 0, .. } => {
+                Err("--calib-random: need at least one sample".to_owned())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// How many samples the source gives, when known before reading them.
+    pub fn len_hint(&self) -> Option<usize> {
+        match self {
+            CalibrationSource::Default => Some(DEFAULT_RANDOM_SAMPLES),
+            CalibrationSource::Random { count, .. } => Some(*count),
+            CalibrationSource::Dir(dir) => Some(npz_files(dir)),
+            CalibrationSource::Stream(s) => {
+                let st = s.state.lock().unwrap_or_else(|e| e.into_inner());
+                st.rest.is_none().then_some(st.seen.len())
+            }
+        }
+    }
+
+    /// The samples for `graph` of `m`, streamed (a folder is read one file at a time).
+    pub fn samples<'m>(&'m self, m: &'m Module, graph: GraphId) -> Result<Samples<'m>, CalibError> {
+        Ok(match self {
+            CalibrationSource::Default => Box::new(calibrate::random_samples(
+                m,
+                graph,
+                DEFAULT_RANDOM_SAMPLES,
+                0,
+            )?),
+            CalibrationSource::Random { count, seed } => {
+                Box::new(calibrate::random_samples(m, graph, *count, *seed)?)
+            }
+            CalibrationSource::Dir(dir) => Box::new(calibrate::dir_samples(dir)?),
+            CalibrationSource::Stream(s) => {
+                let s = Arc::clone(s);
+                Box::new((0..).map_while(move |i| s.get(i)))
+            }
+        })
+    }
+
+    /// [`CalibrationSource::samples`], all read.
+    pub fn collect(&self, m: &Module, graph: GraphId) -> Result<Vec<Sample>, CalibError> {
+        self.samples(m, graph)?.collect()
+    }
+}
+
+/// The `.npz` files in `dir` (0 when it cannot be read: reading the samples says why).
+fn npz_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "npz"))
+            })
+            .count()
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mmq_kernels::{RtValue, Tensor};
+
+    fn sample(x: f32) -> Sample {
+        let t = Tensor::from_f32(vec![1], vec![x]).expect("tensor");
+        [("x".to_owned(), RtValue::from(t))].into_iter().collect()
+    }
+
+    #[test]
+    fn a_stream_is_read_once_and_replayed() {
+        let pulled = Arc::new(Mutex::new(0usize));
+        let p = Arc::clone(&pulled);
+        let src = CalibrationSource::stream((0..3).map(move |i| {
+            *p.lock().expect("lock") += 1;
+            Ok(sample(i as f32))
+        }));
+        assert_eq!(src.len_hint(), None);
+        let m = Module::new();
+        let g = GraphId::from_index(0);
+        let first: Vec<Sample> = src.collect(&m, g).expect("samples");
+        let second: Vec<Sample> = src.collect(&m, g).expect("samples");
+        assert_eq!(first.len(), 3);
+        assert_eq!(second.len(), 3);
+        assert_eq!(
+            *pulled.lock().expect("lock"),
+            3,
+            "the iterator is drained once"
+        );
+        assert_eq!(src.len_hint(), Some(3));
+        let xs = |v: &[Sample]| -> Vec<f32> {
+            v.iter()
+                .map(|s| s["x"].as_tensor().expect("tensor").to_f32().expect("f32")[0])
+                .collect()
+        };
+        assert_eq!(xs(&first), [0.0, 1.0, 2.0]);
+        assert_eq!(xs(&second), xs(&first));
+    }
+
+    #[test]
+    fn a_failing_item_stops_with_its_message() {
+        let src = CalibrationSource::stream(vec![Ok(sample(1.0)), Err("bad shape".to_owned())]);
+        let m = Module::new();
+        let err = src.collect(&m, GraphId::from_index(0)).expect_err("fails");
+        assert!(err.to_string().contains("sample 1: bad shape"), "{err}");
+    }
+
+    #[test]
+    fn zero_random_samples_is_refused() {
+        let src = CalibrationSource::Random { count: 0, seed: 0 };
+        assert!(src.check().is_err());
+        assert!(CalibrationSource::Default.check().is_ok());
+    }
+}

@@ -1,0 +1,64 @@
+//! Writing a compiled module: one ONNX file per entry graph, each written atomically.
+
+use std::path::{Path, PathBuf};
+
+use mmq_backend_ort::ExportOptions;
+use mmq_ir::Module;
+
+/// Writing failed: what and where.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ExportError(pub String);
+
+/// Checks, before any work, that a single output can be written at `output` (its directory
+/// exists).
+pub fn check_output(output: &Path) -> Result<(), ExportError> {
+    let dir = match output.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(ExportError(format!(
+            "cannot write {}: the directory {} does not exist",
+            output.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Writes `m`: its one entry graph to the file `output`, or, with several entry graphs, one
+/// file per graph into the directory `output`, named after `inputs` (the files they were
+/// loaded from) or the graph. Returns the files written.
+pub fn write(m: &Module, inputs: &[PathBuf], output: &Path) -> Result<Vec<PathBuf>, ExportError> {
+    match m.entries.as_slice() {
+        [] => Err(ExportError("the module has no graph".to_owned())),
+        [entry] => {
+            write_graph(m, entry.graph, output)?;
+            Ok(vec![output.to_owned()])
+        }
+        entries => {
+            std::fs::create_dir_all(output).map_err(|e| {
+                ExportError(format!("cannot create directory {}: {e}", output.display()))
+            })?;
+            let mut written = Vec::new();
+            for (i, entry) in entries.iter().enumerate() {
+                let stem = inputs
+                    .get(i)
+                    .and_then(|p| p.file_stem())
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| m.graphs[entry.graph].name.clone());
+                let path = output.join(format!("{stem}.onnx"));
+                write_graph(m, entry.graph, &path)?;
+                written.push(path);
+            }
+            Ok(written)
+        }
+    }
+}
+
+fn write_graph(m: &Module, graph: mmq_ir::GraphId, path: &Path) -> Result<(), ExportError> {
+    mmq_backend_ort::write_model(m, graph, path, &ExportOptions::default())
+        .map(|_| ())
+        .map_err(|e| ExportError(format!("cannot write {}: {e}", path.display())))
+}

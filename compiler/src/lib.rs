@@ -1,0 +1,244 @@
+//! The mmq compile API: every front end (the `mmq` command, the Python package, tests) compiles
+//! through [`compile`].
+//!
+//! ```no_run
+//! use mmq_compiler::{CompileOptions, Precision, QuantScheme, compile, load};
+//!
+//! let mut module = load::load(&["model.onnx".into()])?.verified()?;
+//! let options = CompileOptions {
+//!     precision: Precision::Scheme(QuantScheme::Int8),
+//!     ..CompileOptions::default()
+//! };
+//! let report = compile(&mut module, &options)?;
+//! println!("{}", report.to_json());
+//! mmq_compiler::export::write(&module, &[], "model.int8.onnx".as_ref())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod calibration;
+pub mod diagnostics;
+pub mod export;
+pub mod inspect;
+pub mod load;
+mod options;
+pub mod precision_map;
+mod report;
+mod steps;
+
+use std::sync::{Arc, Mutex};
+
+use mmq_ir::Module;
+use mmq_passes::quant::calibrate::Sample;
+use mmq_passes::{Pass, PassError, PassOptions};
+
+pub use calibration::{CalibrationSource, DEFAULT_RANDOM_SAMPLES};
+pub use options::{
+    Accuracy, CompileOptions, Int4Options, Precision, Progress, ProgressFn, QuantScheme,
+};
+pub use report::{AccuracyReport, CompileReport, PassSummary, Stage};
+pub use steps::AutoOutcome;
+
+/// A compilation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// The options do not fit together (a usage error).
+    #[error("{0}")]
+    Options(String),
+    /// The module has no entry graph.
+    #[error("the module has no graph")]
+    NoGraph,
+    /// A pass failed (its name and what went wrong).
+    #[error("{0}")]
+    Pass(#[from] PassError),
+    /// Measuring accuracy failed.
+    #[error("{0}")]
+    Accuracy(String),
+}
+
+impl CompileError {
+    /// Whether the caller asked for something impossible (exit code 2 on the command line).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, CompileError::Options(_))
+    }
+}
+
+/// Samples for the accuracy figures when the calibration source is the default: fewer than
+/// calibration draws, with the same seed.
+const ACCURACY_SAMPLES: usize = 8;
+
+/// The passes of a compilation, in order, with the stage of each.
+fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Box<dyn Pass>)> {
+    let quantizing = options.precision.quantizes();
+    let optimize = if quantizing {
+        mmq_passes::pipeline_before_quant(options.target, options.level)
+    } else {
+        mmq_passes::pipeline(options.target, options.level)
+    };
+    let mut out: Vec<(Stage, Box<dyn Pass>)> = optimize
+        .into_passes()
+        .into_iter()
+        .map(|p| (Stage::Optimize, p))
+        .collect();
+    if !quantizing {
+        return out;
+    }
+    let ctx = Arc::clone(ctx);
+    let mut quant: Vec<Box<dyn Pass>> = Vec::new();
+    match &options.precision {
+        Precision::Float => {}
+        Precision::Scheme(s @ (QuantScheme::Int8 | QuantScheme::Int8Dynamic)) => {
+            if let Some(alpha) = options.smoothquant {
+                quant.push(Box::new(steps::SmoothStep {
+                    ctx: Arc::clone(&ctx),
+                    alpha,
+                }));
+            }
+            quant.push(Box::new(steps::Int8Step {
+                ctx,
+                dynamic: *s == QuantScheme::Int8Dynamic,
+            }));
+        }
+        Precision::Scheme(s @ (QuantScheme::Int4 | QuantScheme::Fp8)) => {
+            if options.awq {
+                quant.push(Box::new(steps::AwqStep {
+                    ctx: Arc::clone(&ctx),
+                }));
+            }
+            quant.push(Box::new(steps::WeightOnlyStep::new(
+                ctx,
+                *s == QuantScheme::Fp8,
+            )));
+        }
+        Precision::Scheme(QuantScheme::Fp16) => quant.push(steps::fp16()),
+        Precision::Map(map) => quant.push(Box::new(steps::MixedStep {
+            ctx,
+            map: (**map).clone(),
+        })),
+        Precision::Auto { cosine } => quant.push(Box::new(steps::AutoStep {
+            ctx,
+            target: *cosine,
+        })),
+    }
+    out.extend(quant.into_iter().map(|p| (Stage::Quantize, p)));
+    out.extend(
+        mmq_passes::after_quant(options.level)
+            .into_iter()
+            .map(|p| (Stage::Finish, p)),
+    );
+    out
+}
+
+/// The names of the passes a compilation with `options` runs, in order (what `dump_after`
+/// can select).
+pub fn pass_names(options: &CompileOptions) -> Vec<String> {
+    let ctx = Arc::new(context(options));
+    passes(options, &ctx)
+        .iter()
+        .map(|(_, p)| p.name().to_owned())
+        .collect()
+}
+
+fn context(options: &CompileOptions) -> steps::Context {
+    steps::Context {
+        calibration: options.calibration.clone(),
+        observer: options.observer,
+        placement: options.placement,
+        int4: options.int4,
+        modality: options.modality.clone(),
+        progress: options.progress.clone(),
+        auto: Mutex::new(None),
+    }
+}
+
+/// Compiles `module` in place: the optimization passes of the level, the quantization passes
+/// of the precision plan (calibrating on the current module as they run), the passes that
+/// finish a quantized module, all in one pass manager; then the accuracy figures asked for.
+pub fn compile(
+    module: &mut Module,
+    options: &CompileOptions,
+) -> Result<CompileReport, CompileError> {
+    options.check().map_err(CompileError::Options)?;
+    if module.entries.is_empty() {
+        return Err(CompileError::NoGraph);
+    }
+    if let Some(mmq_passes::DumpAfter::Pass(name)) = &options.dump_after {
+        let names = pass_names(options);
+        let d = mmq_passes::DumpAfter::Pass(name.clone());
+        if !names.iter().any(|p| d.matches(p)) {
+            let known = if names.is_empty() {
+                format!("-O{} runs no passes", options.level.digit())
+            } else {
+                format!(
+                    "passes at -O{}: {}",
+                    options.level.digit(),
+                    names.join(", ")
+                )
+            };
+            return Err(CompileError::Options(format!(
+                "--dump-after {name}: no such pass ({known}, or all)"
+            )));
+        }
+    }
+    let quantizing = options.precision.quantizes();
+    let measure = match options.accuracy {
+        Accuracy::Off => None,
+        Accuracy::EndToEnd if !quantizing => None,
+        a => Some(a),
+    };
+    let original = measure.map(|_| module.clone());
+
+    let ctx = Arc::new(context(options));
+    let passes = passes(options, &ctx);
+    let stages: Vec<Stage> = passes.iter().map(|(s, _)| *s).collect();
+    let mut pm = mmq_passes::PassManager::new(passes.into_iter().map(|(_, p)| p).collect());
+    pm.verify = options.verify;
+    pm.dump_after = options.dump_after.clone();
+    let run = pm.run(
+        module,
+        &PassOptions {
+            target: options.target,
+            explain: false,
+        },
+    )?;
+    let mut report = CompileReport::new(options, &run, &stages);
+    report.auto = ctx.auto.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let (Some(mode), Some(original)) = (measure, &original) {
+        report.accuracy = Some(accuracy(original, module, options, mode)?);
+    }
+    Ok(report)
+}
+
+/// The accuracy samples: the calibration source, or [`ACCURACY_SAMPLES`] random ones.
+fn accuracy_samples(original: &Module, options: &CompileOptions) -> Result<Vec<Sample>, String> {
+    let graph = original.entries[0].graph;
+    let source = match &options.calibration {
+        CalibrationSource::Default => CalibrationSource::Random {
+            count: ACCURACY_SAMPLES,
+            seed: 0,
+        },
+        s => s.clone(),
+    };
+    source.collect(original, graph).map_err(|e| e.to_string())
+}
+
+fn accuracy(
+    original: &Module,
+    compiled: &Module,
+    options: &CompileOptions,
+    mode: Accuracy,
+) -> Result<AccuracyReport, CompileError> {
+    use mmq_passes::quant::report;
+    let fail = |e: &dyn std::fmt::Display| CompileError::Accuracy(e.to_string());
+    let samples = accuracy_samples(original, options).map_err(|e| fail(&e))?;
+    if mode == Accuracy::Full {
+        let r = report::accuracy(original, compiled, &samples).map_err(|e| fail(&e))?;
+        return Ok(AccuracyReport::Full(r));
+    }
+    if samples.is_empty() {
+        return Err(fail(&"no samples"));
+    }
+    let held = (samples.len() / 4).max(1);
+    let back = &samples[samples.len() - held..];
+    let e = report::end_to_end_only(original, compiled, back).map_err(|e| fail(&e))?;
+    Ok(AccuracyReport::EndToEnd { end_to_end: e })
+}

@@ -1,0 +1,278 @@
+//! What a compilation is asked to do.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use mmq_ir::modality::Modality;
+use mmq_passes::quant::calibrate::Observer;
+use mmq_passes::quant::place::Placement;
+use mmq_passes::quant::precision::PrecisionMap;
+use mmq_passes::{DumpAfter, OptLevel, TargetRef};
+
+use crate::calibration::CalibrationSource;
+
+/// One quantization scheme for the whole model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantScheme {
+    /// Static W8A8: weights per channel, activations calibrated per tensor.
+    Int8,
+    /// Weights INT8, activations quantized at run time.
+    Int8Dynamic,
+    /// Weight-only INT4 blocks (`MatMulNBits`).
+    Int4,
+    /// FP8 E4M3 weights; activations too when calibration samples are given.
+    Fp8,
+    /// Float16 weights widened by a `Cast` the runtime folds at load.
+    Fp16,
+}
+
+impl QuantScheme {
+    /// Every scheme, in the order help texts list them.
+    pub const ALL: [QuantScheme; 5] = [
+        QuantScheme::Int8,
+        QuantScheme::Int8Dynamic,
+        QuantScheme::Int4,
+        QuantScheme::Fp8,
+        QuantScheme::Fp16,
+    ];
+
+    /// The scheme's name as `--quant` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantScheme::Int8 => "int8",
+            QuantScheme::Int8Dynamic => "int8-dynamic",
+            QuantScheme::Int4 => "int4",
+            QuantScheme::Fp8 => "fp8",
+            QuantScheme::Fp16 => "fp16",
+        }
+    }
+}
+
+impl fmt::Display for QuantScheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for QuantScheme {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        QuantScheme::ALL
+            .into_iter()
+            .find(|q| q.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown scheme '{s}' (expected {}, or a precision map)",
+                    QuantScheme::ALL.map(QuantScheme::name).join(", ")
+                )
+            })
+    }
+}
+
+/// The precision plan of a compilation: what `--quant`, `--precision-map` and `--auto` become.
+#[derive(Clone, Debug, Default)]
+pub enum Precision {
+    /// No quantization.
+    #[default]
+    Float,
+    /// One scheme for every node it applies to.
+    Scheme(QuantScheme),
+    /// Per-node schemes from a precision map (`--quant mixed --precision-map MAP.toml`).
+    Map(Box<PrecisionMap>),
+    /// The most compressed per-node schemes that keep the end-to-end cosine of the main output
+    /// at or above `cosine` on the calibration samples; the chosen map is in the report.
+    Auto {
+        /// The target cosine, in `[0, 1]`.
+        cosine: f64,
+    },
+}
+
+impl Precision {
+    /// Whether the plan quantizes anything.
+    pub fn quantizes(&self) -> bool {
+        !matches!(self, Precision::Float)
+    }
+
+    /// The single scheme, for the checks that pair options with one.
+    fn name(&self) -> Option<&'static str> {
+        match self {
+            Precision::Float => None,
+            Precision::Scheme(s) => Some(s.name()),
+            Precision::Map(_) => Some("mixed"),
+            Precision::Auto { .. } => Some("auto"),
+        }
+    }
+}
+
+/// INT4 block settings (`--quant int4`, `--awq`, and the INT4 candidates of `--auto`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Int4Options {
+    /// Block size along K: 32, 64 or 128 (16 and 256 also work).
+    pub block: usize,
+    /// Symmetric blocks (no zero points).
+    pub symmetric: bool,
+}
+
+impl Default for Int4Options {
+    fn default() -> Self {
+        Int4Options {
+            block: 32,
+            symmetric: true,
+        }
+    }
+}
+
+/// How much accuracy measurement a compilation does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Accuracy {
+    /// None.
+    Off,
+    /// When the plan quantizes: the end-to-end cosine of the main output on the held-back
+    /// quarter of the samples.
+    #[default]
+    EndToEnd,
+    /// Per-layer SQNR and cosine plus the end-to-end figures (also when nothing is quantized).
+    Full,
+}
+
+/// A progress event of a long step (calibration), for a progress bar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress<'a> {
+    /// A step starts; `total` samples when known.
+    Start {
+        /// What runs (`calibrating`).
+        what: &'a str,
+        /// How many samples.
+        total: Option<usize>,
+    },
+    /// One more sample is done.
+    Advance,
+    /// The step ended.
+    Finish,
+}
+
+/// A progress callback.
+pub type ProgressFn = Arc<dyn Fn(Progress<'_>) + Send + Sync>;
+
+/// Everything a compilation is asked to do.
+#[derive(Clone)]
+pub struct CompileOptions {
+    /// The target.
+    pub target: TargetRef,
+    /// The optimization level.
+    pub level: OptLevel,
+    /// What is quantized, and how.
+    pub precision: Precision,
+    /// The samples calibration and accuracy measurement run on.
+    pub calibration: CalibrationSource,
+    /// How activation ranges are chosen.
+    pub observer: Observer,
+    /// Which INT8 units stay integer.
+    pub placement: Placement,
+    /// SmoothQuant strength before INT8 (`None`: no SmoothQuant).
+    pub smoothquant: Option<f32>,
+    /// AWQ scales before INT4.
+    pub awq: bool,
+    /// INT4 block settings.
+    pub int4: Int4Options,
+    /// Modality overrides (input name, label) for precision maps and `--auto`.
+    pub modality: Vec<(String, Modality)>,
+    /// Accuracy measurement after compiling.
+    pub accuracy: Accuracy,
+    /// Keep the module text after the selected passes in the report.
+    pub dump_after: Option<DumpAfter>,
+    /// Verify the module before the first pass and after each one (on in debug builds).
+    pub verify: bool,
+    /// Called as calibration advances.
+    pub progress: Option<ProgressFn>,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            target: TargetRef::ORT,
+            level: OptLevel::O2,
+            precision: Precision::Float,
+            calibration: CalibrationSource::Default,
+            observer: Observer::MinMax,
+            placement: Placement::Cost,
+            smoothquant: None,
+            awq: false,
+            int4: Int4Options::default(),
+            modality: Vec::new(),
+            accuracy: Accuracy::EndToEnd,
+            dump_after: None,
+            verify: cfg!(debug_assertions),
+            progress: None,
+        }
+    }
+}
+
+impl fmt::Debug for CompileOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompileOptions")
+            .field("target", &self.target)
+            .field("level", &self.level)
+            .field("precision", &self.precision)
+            .field("calibration", &self.calibration)
+            .field("observer", &self.observer)
+            .field("placement", &self.placement)
+            .field("smoothquant", &self.smoothquant)
+            .field("awq", &self.awq)
+            .field("int4", &self.int4)
+            .field("modality", &self.modality)
+            .field("accuracy", &self.accuracy)
+            .field("dump_after", &self.dump_after)
+            .field("verify", &self.verify)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CompileOptions {
+    /// Checks that the options fit together; the message names the command-line flags (the
+    /// Python keywords have the same names).
+    pub fn check(&self) -> Result<(), String> {
+        self.calibration.check()?;
+        let scheme = self.precision.name();
+        let named = |s: Option<&str>| s.map_or("no --quant".to_owned(), |s| format!("--quant {s}"));
+        if let Some(alpha) = self.smoothquant {
+            if !(0.0..=1.0).contains(&alpha) {
+                return Err(format!(
+                    "--smoothquant {alpha}: alpha must be in [0, 1] (0.5 is usual)"
+                ));
+            }
+            if !matches!(scheme, Some("int8" | "int8-dynamic")) {
+                return Err(format!(
+                    "--smoothquant needs --quant int8 or int8-dynamic, not {}",
+                    named(scheme)
+                ));
+            }
+        }
+        if self.awq && scheme != Some("int4") {
+            return Err(format!("--awq needs --quant int4, not {}", named(scheme)));
+        }
+        let int4 = matches!(
+            self.precision,
+            Precision::Scheme(QuantScheme::Int4) | Precision::Auto { .. }
+        );
+        if int4 && !matches!(self.int4.block, 16 | 32 | 64 | 128 | 256) {
+            return Err(format!(
+                "--block {}: expected 32, 64 or 128 (16 and 256 also work)",
+                self.int4.block
+            ));
+        }
+        if matches!(self.precision, Precision::Scheme(QuantScheme::Fp8)) && !self.int4.symmetric {
+            return Err("--asym applies to --quant int4 only".to_owned());
+        }
+        if let Precision::Auto { cosine } = self.precision
+            && !(0.0..=1.0).contains(&cosine)
+        {
+            return Err(format!(
+                "--auto {cosine}: not a cosine in [0, 1] (for example 0.99)"
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,740 @@
+//! The quantization passes of a compilation: each calibrates on the current module when it runs,
+//! then quantizes, so they sit in the same pass manager as the optimization passes (timed,
+//! dumped and verified like them).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use mmq_ir::modality::{Labels, Modality};
+use mmq_ir::{GraphId, Module, Node, Value};
+use mmq_passes::quant::auto::{self, AutoError, Candidate, Choice, Reference};
+use mmq_passes::quant::calibrate::{self, CalibError, ChannelStats, Observer, Ranges, Sample};
+use mmq_passes::quant::fp16::Fp16Pass;
+use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
+use mmq_passes::quant::place::Placement;
+use mmq_passes::quant::precision::{Granularity, NodePlan, Plan, PrecisionMap, Scheme, Settings};
+use mmq_passes::quant::smooth::Site;
+use mmq_passes::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass, WeightScheme};
+use mmq_passes::{Pass, PassError, PassManager, PassOptions, PassReport};
+
+use crate::calibration::{CalibrationSource, Samples};
+use crate::options::{Int4Options, Progress, ProgressFn};
+
+/// What the quantization passes share: the samples, the observer, the progress callback, and
+/// where `--auto` leaves its choice.
+pub(crate) struct Context {
+    pub calibration: CalibrationSource,
+    pub observer: Observer,
+    pub placement: Placement,
+    pub int4: Int4Options,
+    pub modality: Vec<(String, Modality)>,
+    pub progress: Option<ProgressFn>,
+    pub auto: Mutex<Option<AutoOutcome>>,
+}
+
+/// What `--auto` chose.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AutoOutcome {
+    /// The chosen precision map as TOML (it parses back to the map the model was compiled with).
+    pub map: String,
+    /// The target cosine.
+    pub target: f64,
+    /// The cosine the search reached on the calibration samples.
+    pub searched_cosine: f64,
+    /// The compiled model's cosine measured the same way.
+    pub compiled_cosine: f64,
+}
+
+type Shared = Arc<Context>;
+
+fn failed(pass: &str, message: impl std::fmt::Display) -> PassError {
+    PassError::Failed {
+        pass: pass.to_owned(),
+        message: message.to_string(),
+    }
+}
+
+/// The single entry graph (calibration runs one model at a time).
+fn one_graph(m: &Module, pass: &str, what: &str) -> Result<GraphId, PassError> {
+    match m.entries.as_slice() {
+        [e] => Ok(e.graph),
+        [] => Err(failed(pass, "the module has no graph")),
+        _ => Err(failed(
+            pass,
+            format!("{what} one model at a time; compile the files separately"),
+        )),
+    }
+}
+
+impl Context {
+    /// The samples for `graph`, reporting progress as they are consumed.
+    fn samples<'m>(&'m self, m: &'m Module, graph: GraphId) -> Result<Samples<'m>, CalibError> {
+        let inner = self.calibration.samples(m, graph)?;
+        Ok(match &self.progress {
+            None => inner,
+            Some(p) => {
+                p(Progress::Start {
+                    what: "calibrating",
+                    total: self.calibration.len_hint(),
+                });
+                let p = Arc::clone(p);
+                Box::new(Tracked { inner, progress: p })
+            }
+        })
+    }
+
+    /// Every sample, in memory (for passes that read them several times).
+    fn all_samples(&self, m: &Module, graph: GraphId) -> Result<Vec<Sample>, CalibError> {
+        self.samples(m, graph)?.collect()
+    }
+
+    /// The ranges of `values` under `observer`.
+    fn ranges(
+        &self,
+        m: &Module,
+        graph: GraphId,
+        values: &[Value],
+        observer: Observer,
+    ) -> Result<Ranges, CalibError> {
+        calibrate::calibrate(m, graph, values, self.samples(m, graph)?, observer)
+    }
+
+    /// Per-channel statistics of the activations `sites` read.
+    fn site_stats(
+        &self,
+        m: &Module,
+        pass: &str,
+        sites: &[Site],
+        max_rows: usize,
+    ) -> Result<HashMap<Value, ChannelStats>, PassError> {
+        let graph = one_graph(m, pass, &format!("--{pass} calibrates"))?;
+        let values: Vec<Value> = sites.iter().map(|s| s.x).collect();
+        if values.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let samples = self
+            .samples(m, graph)
+            .map_err(|e| failed(pass, format!("calibration: {e}")))?;
+        calibrate::channel_stats(m, graph, &values, samples, max_rows)
+            .map_err(|e| failed(pass, format!("calibration: {e}")))
+    }
+}
+
+/// Samples that report each one consumed, and the end.
+struct Tracked<'m> {
+    inner: Samples<'m>,
+    progress: ProgressFn,
+}
+
+impl Iterator for Tracked<'_> {
+    type Item = Result<Sample, CalibError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let next = self.inner.next();
+        match next {
+            Some(_) => (self.progress)(Progress::Advance),
+            None => (self.progress)(Progress::Finish),
+        }
+        next
+    }
+}
+
+impl Drop for Tracked<'_> {
+    fn drop(&mut self) {
+        (self.progress)(Progress::Finish);
+    }
+}
+
+/// Runs `pass` and puts `notes` before its own.
+fn run_with_notes(
+    pass: &dyn Pass,
+    m: &mut Module,
+    opts: &PassOptions,
+    notes: Vec<String>,
+) -> Result<PassReport, PassError> {
+    let mut report = pass.run(m, opts)?;
+    report.notes.splice(0..0, notes);
+    Ok(report)
+}
+
+/// `--quant int8` (calibrated) and `--quant int8-dynamic`.
+pub(crate) struct Int8Step {
+    pub ctx: Shared,
+    pub dynamic: bool,
+}
+
+impl Pass for Int8Step {
+    fn name(&self) -> &str {
+        if self.dynamic { "int8-dynamic" } else { "int8" }
+    }
+
+    fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
+        let mut notes = Vec::new();
+        let scheme = if self.dynamic {
+            Int8Scheme::Dynamic
+        } else {
+            let acts = Int8Pass::activations(m, None);
+            let graph = one_graph(m, self.name(), "--quant int8 calibrates")?;
+            let values: Vec<Value> = acts.into_iter().flat_map(|(_, v)| v).collect();
+            let ranges = self
+                .ctx
+                .ranges(m, graph, &values, self.ctx.observer)
+                .map_err(|e| failed(self.name(), format!("calibration: {e}")))?;
+            notes.push(format!(
+                "calibrated {} activations on {} samples ({})",
+                ranges.len(),
+                ranges.samples,
+                self.ctx.observer
+            ));
+            Int8Scheme::Static {
+                ranges,
+                symmetric: false,
+            }
+        };
+        let pass = Int8Pass::new(scheme).with_placement(self.ctx.placement);
+        run_with_notes(&pass, m, opts, notes)
+    }
+}
+
+/// `--smoothquant ALPHA`: per-channel activation maxima, then SmoothQuant.
+pub(crate) struct SmoothStep {
+    pub ctx: Shared,
+    pub alpha: f32,
+}
+
+impl Pass for SmoothStep {
+    fn name(&self) -> &str {
+        "smoothquant"
+    }
+
+    fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
+        use mmq_passes::quant::smooth::{self, SmoothQuantPass};
+        let sites = smooth::sites(m);
+        let stats = self.ctx.site_stats(m, self.name(), &sites, 0)?;
+        SmoothQuantPass::new(self.alpha, stats).run(m, opts)
+    }
+}
+
+fn int4_config(int4: Int4Options) -> WeightOnlyConfig {
+    WeightOnlyConfig {
+        scheme: WeightScheme::Int4,
+        block_size: int4.block,
+        symmetric: int4.symmetric,
+        ..WeightOnlyConfig::default()
+    }
+}
+
+/// `--awq`: activation statistics and row samples, then the AWQ scales.
+pub(crate) struct AwqStep {
+    pub ctx: Shared,
+}
+
+impl Pass for AwqStep {
+    fn name(&self) -> &str {
+        "awq"
+    }
+
+    fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
+        use mmq_passes::quant::awq::{self, AwqPass, MAX_ROWS};
+        let sites = awq::sites(m);
+        let stats = self.ctx.site_stats(m, self.name(), &sites, MAX_ROWS)?;
+        AwqPass::new(int4_config(self.ctx.int4), stats).run(m, opts)
+    }
+}
+
+/// `--quant int4` and `--quant fp8` (FP8 activations too when samples were named).
+pub(crate) struct WeightOnlyStep {
+    pub ctx: Shared,
+    pub fp8: bool,
+    name: &'static str,
+}
+
+impl WeightOnlyStep {
+    pub fn new(ctx: Shared, fp8: bool) -> Self {
+        WeightOnlyStep {
+            ctx,
+            fp8,
+            name: if fp8 { "quant-fp8" } else { "quant-int4" },
+        }
+    }
+}
+
+impl Pass for WeightOnlyStep {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
+        let mut notes = Vec::new();
+        let mut pass = if self.fp8 {
+            WeightOnlyPass::new(WeightOnlyConfig {
+                scheme: WeightScheme::Fp8,
+                ..WeightOnlyConfig::default()
+            })
+        } else {
+            WeightOnlyPass::new(int4_config(self.ctx.int4))
+        };
+        if self.fp8 && self.ctx.calibration.is_given() {
+            let graph = one_graph(m, self.name, "--quant fp8 calibrates")?;
+            let values = pass.activation_inputs(m, graph);
+            let r = self
+                .ctx
+                .ranges(m, graph, &values, self.ctx.observer)
+                .map_err(|e| failed(self.name, format!("calibration: {e}")))?;
+            let ranges: HashMap<Value, (f32, f32)> = values
+                .iter()
+                .filter_map(|&v| r.get(v).map(|r| (v, (r.min, r.max))))
+                .collect();
+            notes.push(format!(
+                "calibrated {} activations ({})",
+                ranges.len(),
+                self.ctx.observer
+            ));
+            pass = pass.with_activation_ranges(ranges);
+        }
+        run_with_notes(&pass, m, opts, notes)
+    }
+}
+
+/// `--quant fp16`.
+pub(crate) fn fp16() -> Box<dyn Pass> {
+    Box::new(Fp16Pass::new())
+}
+
+/// Runs `passes` as one step and folds their reports into one: counters of the same name
+/// summed, notes prefixed with the pass name.
+fn run_nested(
+    m: &mut Module,
+    passes: Vec<Box<dyn Pass>>,
+    opts: &PassOptions,
+    report: &mut PassReport,
+) -> Result<(), PassError> {
+    let mut pm = PassManager::new(passes);
+    pm.verify = false;
+    let inner = pm.run(m, opts)?;
+    for p in inner.passes {
+        for (k, v) in p.report.counters {
+            report.count(&k, v);
+        }
+        report.changed |= p.report.changed;
+        report.notes.extend(
+            p.report
+                .notes
+                .into_iter()
+                .map(|n| format!("{}: {n}", p.name)),
+        );
+        report.egraphs.extend(p.report.egraphs);
+    }
+    Ok(())
+}
+
+/// Labels the module's one entry graph and plans `map` on it.
+fn plan(
+    ctx: &Context,
+    m: &Module,
+    map: &PrecisionMap,
+    pass: &str,
+    notes: &mut Vec<String>,
+) -> Result<(GraphId, Labels, Plan), PassError> {
+    let graph = one_graph(m, pass, "--quant mixed quantizes")?;
+    let labels = mmq_ir::modality::analyze(m, graph, &ctx.modality).map_err(|e| failed(pass, e))?;
+    let plan = map.plan(m, graph, &labels);
+    notes.push(format!("precision map on graph @{}:", m.graphs[graph].name));
+    for line in plan.describe(map).lines() {
+        notes.push(format!("  {line}"));
+    }
+    for i in plan.unused_rules() {
+        notes.push(format!(
+            "warning: {} matches no node of graph @{}",
+            map.rules[i].label(),
+            m.graphs[graph].name
+        ));
+    }
+    Ok((graph, labels, plan))
+}
+
+/// Activation ranges for the calibrated nodes of `plan`, one calibration run on `samples` per
+/// observer the plan uses; a note per run.
+fn plan_ranges(
+    m: &Module,
+    graph: GraphId,
+    plan: &Plan,
+    samples: &[Sample],
+    notes: &mut Vec<String>,
+) -> Result<Ranges, CalibError> {
+    let calibrated: Vec<(Node, &NodePlan)> =
+        plan.iter().filter(|(_, p)| p.scheme.calibrated()).collect();
+    let mut observers: Vec<Observer> = Vec::new();
+    for (_, p) in &calibrated {
+        if let Some(o) = p.calibration
+            && !observers.contains(&o)
+        {
+            observers.push(o);
+        }
+    }
+    let mut ranges = Ranges::default();
+    for &o in &observers {
+        let same = plan.filter_where(|p| p.scheme.calibrated() && p.calibration == Some(o));
+        let mut values: Vec<Value> = Int8Pass::activations(m, Some(&same))
+            .into_iter()
+            .flat_map(|(_, v)| v)
+            .collect();
+        // FP8 nodes: their first (float) operand.
+        for (n, p) in &calibrated {
+            if p.scheme == Scheme::Fp8
+                && p.calibration == Some(o)
+                && let Some(Some(v)) = m.nodes[*n].inputs.first()
+                && !values.contains(v)
+            {
+                values.push(*v);
+            }
+        }
+        if values.is_empty() {
+            continue;
+        }
+        let r = calibrate::calibrate(m, graph, &values, samples.iter().cloned().map(Ok), o)?;
+        for &v in &values {
+            if let Some(x) = r.get(v) {
+                ranges.insert(v, x);
+            }
+        }
+        ranges.samples = r.samples;
+        notes.push(format!(
+            "calibrated {} activations on {} samples ({o})",
+            r.len(),
+            r.samples
+        ));
+    }
+    Ok(ranges)
+}
+
+/// The scheme passes that quantize the nodes of `plan` (made for `m`; run them on `m` or on a
+/// copy of it), static INT8 with `ranges`.
+fn plan_passes(
+    m: &Module,
+    plan: &Plan,
+    ranges: &Ranges,
+    placement: Placement,
+) -> Vec<Box<dyn Pass>> {
+    let mut passes: Vec<Box<dyn Pass>> = Vec::new();
+    for symmetric in [false, true] {
+        let f = plan.filter_where(move |p| p.scheme == Scheme::Int8 && p.symmetric == symmetric);
+        passes.push(Box::new(
+            Int8Pass::new(Int8Scheme::Static {
+                ranges: ranges.clone(),
+                symmetric,
+            })
+            .with_filter(f)
+            .with_placement(placement),
+        ));
+    }
+    passes.push(Box::new(
+        Int8Pass::new(Int8Scheme::Dynamic)
+            .with_filter(plan.filter(Scheme::Int8Dynamic))
+            .with_placement(placement),
+    ));
+    let mut groups: Vec<(usize, bool)> = Vec::new();
+    for (_, p) in plan.iter().filter(|(_, p)| p.scheme == Scheme::Int4) {
+        if let Some(Granularity::PerGroup { block }) = p.granularity
+            && !groups.contains(&(block as usize, p.symmetric))
+        {
+            groups.push((block as usize, p.symmetric));
+        }
+    }
+    for (block_size, symmetric) in groups {
+        let f = plan.filter_where(move |p| {
+            p.scheme == Scheme::Int4
+                && p.symmetric == symmetric
+                && p.granularity
+                    == Some(Granularity::PerGroup {
+                        block: block_size as u32,
+                    })
+        });
+        passes.push(Box::new(
+            WeightOnlyPass::new(int4_config(Int4Options {
+                block: block_size,
+                symmetric,
+            }))
+            .with_filter(f),
+        ));
+    }
+    let fp8_ranges: HashMap<Value, (f32, f32)> = plan
+        .iter()
+        .filter(|(_, p)| p.scheme == Scheme::Fp8)
+        .filter_map(|(n, _)| {
+            let v = (*m.nodes[n].inputs.first()?)?;
+            ranges.get(v).map(|r| (v, (r.min, r.max)))
+        })
+        .collect();
+    // Only when the plan has FP8 nodes: the pass refuses models below opset 19 outright.
+    if !plan.nodes_with(Scheme::Fp8).is_empty() {
+        passes.push(Box::new(
+            WeightOnlyPass::new(WeightOnlyConfig {
+                scheme: WeightScheme::Fp8,
+                ..Default::default()
+            })
+            .with_filter(plan.filter(Scheme::Fp8))
+            .with_activation_ranges(fp8_ranges),
+        ));
+    }
+    // Last: a weight shared with a node of another scheme is that scheme's by now.
+    passes.push(Box::new(
+        Fp16Pass::new().with_filter(plan.filter(Scheme::Fp16)),
+    ));
+    passes
+}
+
+/// Quantizes `m` by `map`: labels, plans, calibrates what the plan needs, runs the scheme
+/// passes on the nodes the plan gives them (one nested pass manager, so node handles stay those
+/// of the plan).
+fn run_map(
+    ctx: &Context,
+    m: &mut Module,
+    map: &PrecisionMap,
+    pass: &str,
+    opts: &PassOptions,
+    report: &mut PassReport,
+) -> Result<(), PassError> {
+    let (graph, _, plan) = plan(ctx, m, map, pass, &mut report.notes)?;
+    let calibrated = plan
+        .iter()
+        .any(|(_, p)| p.scheme.calibrated() && p.calibration.is_some());
+    let calib = |e: CalibError| failed(pass, format!("calibration: {e}"));
+    let samples = if calibrated {
+        ctx.all_samples(m, graph).map_err(calib)?
+    } else {
+        Vec::new()
+    };
+    let ranges = plan_ranges(m, graph, &plan, &samples, &mut report.notes).map_err(calib)?;
+    let passes = plan_passes(m, &plan, &ranges, ctx.placement);
+    run_nested(m, passes, opts, report)
+}
+
+/// `--quant mixed --precision-map MAP.toml`.
+pub(crate) struct MixedStep {
+    pub ctx: Shared,
+    pub map: PrecisionMap,
+}
+
+impl Pass for MixedStep {
+    fn name(&self) -> &str {
+        "mixed"
+    }
+
+    fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
+        let mut report = PassReport::default();
+        run_map(&self.ctx, m, &self.map, self.name(), opts, &mut report)?;
+        Ok(report)
+    }
+}
+
+/// `--auto COSINE`: chooses a scheme per node, then quantizes with the chosen map as
+/// `--precision-map` would read it.
+pub(crate) struct AutoStep {
+    pub ctx: Shared,
+    pub target: f64,
+}
+
+/// An `--auto` failure, as the search wants it.
+struct EvalError(PassError);
+
+impl From<AutoError> for EvalError {
+    fn from(e: AutoError) -> Self {
+        EvalError(failed("auto", e))
+    }
+}
+
+impl Pass for AutoStep {
+    fn name(&self) -> &str {
+        "auto"
+    }
+
+    fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
+        let start = Instant::now();
+        let name = self.name();
+        let ctx = &self.ctx;
+        let graph = one_graph(m, name, "--auto chooses precisions for")?;
+        let (block, asym) = (ctx.int4.block as u32, !ctx.int4.symmetric);
+        let observer = ctx.observer;
+        let settings = move |s: Scheme| match s {
+            Scheme::Int4 => Settings {
+                scheme: s,
+                granularity: (block != 32).then_some(Granularity::PerGroup { block }),
+                symmetric: asym.then_some(false),
+                calibration: None,
+            },
+            Scheme::Int8 => Settings {
+                scheme: s,
+                granularity: None,
+                symmetric: None,
+                calibration: (observer != Observer::MinMax).then_some(observer),
+            },
+            _ => Settings {
+                scheme: s,
+                ..Settings::float()
+            },
+        };
+        let user = |e: AutoError| failed(name, e);
+        let calib = |e: CalibError| failed(name, format!("calibration: {e}"));
+
+        let orig: &Module = m;
+        let cands = auto::candidates(orig, graph);
+        let samples = ctx.all_samples(orig, graph).map_err(calib)?;
+        let reference = Reference::new(orig, graph, &samples).map_err(user)?;
+        let labels =
+            mmq_ir::modality::analyze(orig, graph, &ctx.modality).map_err(|e| failed(name, e))?;
+        let in_order: Vec<usize> = (0..cands.list.len()).collect();
+
+        // Activation ranges once, for every candidate that can be INT8: a value's range does
+        // not depend on which other nodes are quantized.
+        let all_int8: Vec<Scheme> = cands
+            .list
+            .iter()
+            .map(|c| {
+                if c.ladder.contains(&Scheme::Int8) {
+                    Scheme::Int8
+                } else {
+                    Scheme::Float
+                }
+            })
+            .collect();
+        let map =
+            auto::assignment_map(&cands.list, &all_int8, &in_order, &settings).map_err(user)?;
+        let mut calib_notes = Vec::new();
+        let ranges = plan_ranges(
+            orig,
+            graph,
+            &map.plan(orig, graph, &labels),
+            &samples,
+            &mut calib_notes,
+        )
+        .map_err(calib)?;
+
+        let evaluate = |schemes: &[Scheme]| -> Result<f64, EvalError> {
+            let map = auto::assignment_map(&cands.list, schemes, &in_order, &settings)?;
+            let plan = map.plan(orig, graph, &labels);
+            let mut q = orig.clone();
+            let mut pm = PassManager::new(plan_passes(orig, &plan, &ranges, ctx.placement));
+            pm.verify = false;
+            pm.run(&mut q, opts).map_err(EvalError)?;
+            Ok(reference.cosine(&q, &samples)?)
+        };
+        let choice = auto::search(&cands.list, self.target, evaluate).map_err(|e| e.0)?;
+        let searched = start.elapsed();
+        let text = choice
+            .toml(&cands.list, &settings, self.target, reference.output())
+            .map_err(user)?;
+        // Compile with the map as written, exactly as `--precision-map` would read it.
+        let map = match PrecisionMap::parse(&text) {
+            Ok((map, _)) => map,
+            Err(diags) => {
+                let first = diags.first().map(ToString::to_string).unwrap_or_default();
+                return Err(failed(
+                    name,
+                    format!("the chosen map does not parse back: {first}"),
+                ));
+            }
+        };
+
+        let mut report = PassReport::default();
+        report
+            .notes
+            .extend(table(&cands.list, &choice).lines().map(str::to_owned));
+        if cands.unnamed > 0 {
+            report.notes.push(format!(
+                "{} quantizable nodes stay float: a precision map cannot name them (no name, or a shared one)",
+                cands.unnamed
+            ));
+        }
+        let counts: Vec<String> = Scheme::ALL
+            .iter()
+            .filter_map(|s| {
+                let n = choice.schemes.iter().filter(|x| *x == s).count();
+                (n > 0).then(|| format!("{s} {n}"))
+            })
+            .collect();
+        report.notes.push(format!(
+            "target cosine {}, achieved {:.8} on output '{}' over {} samples ({}); {} evaluations in {:.2} s",
+            self.target,
+            choice.cosine,
+            reference.output(),
+            samples.len(),
+            if counts.is_empty() {
+                "no quantizable nodes".to_owned()
+            } else {
+                counts.join(", ")
+            },
+            choice.evaluations,
+            searched.as_secs_f64()
+        ));
+        let stream = CalibrationSource::Stream(Arc::new(crate::calibration::SampleStream::of(
+            samples.clone(),
+        )));
+        let replay = Context {
+            calibration: stream,
+            observer: ctx.observer,
+            placement: ctx.placement,
+            int4: ctx.int4,
+            modality: ctx.modality.clone(),
+            progress: None,
+            auto: Mutex::new(None),
+        };
+        run_map(&replay, m, &map, name, opts, &mut report)?;
+        // The compiled model measured the same way: equal to the search's figure unless the
+        // calibration differs.
+        let compiled = reference.cosine(m, &samples).map_err(user)?;
+        if compiled < self.target {
+            report.notes.push(format!(
+                "warning: the compiled model's cosine {compiled:.6} is below the target {} (the search measured {:.6})",
+                self.target, choice.cosine
+            ));
+        }
+        *ctx.auto.lock().unwrap_or_else(|e| e.into_inner()) = Some(AutoOutcome {
+            map: text,
+            target: self.target,
+            searched_cosine: choice.cosine,
+            compiled_cosine: compiled,
+        });
+        Ok(report)
+    }
+}
+
+/// One row per candidate, most sensitive first: node, op, sensitivity, chosen scheme.
+fn table(cands: &[Candidate], choice: &Choice) -> String {
+    use std::fmt::Write as _;
+    let width = cands
+        .iter()
+        .map(|c| c.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp("node".len(), 60);
+    let opw = cands
+        .iter()
+        .map(|c| c.op.len())
+        .max()
+        .unwrap_or(0)
+        .max("op".len());
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<width$}  {:<opw$}  {:>11}  scheme",
+        "node", "op", "sensitivity"
+    );
+    for &i in &choice.order {
+        let (Some(c), Some(sens), Some(scheme)) = (
+            cands.get(i),
+            choice.sensitivity.get(i),
+            choice.schemes.get(i),
+        ) else {
+            continue;
+        };
+        let _ = writeln!(
+            s,
+            "{:<width$}  {:<opw$}  {sens:>11.3e}  {scheme}",
+            mmq_passes::quant::report::shorten(&c.name, width),
+            c.op
+        );
+    }
+    s
+}

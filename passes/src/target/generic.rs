@@ -1,0 +1,51 @@
+//! The generic target: standard ONNX ops only (what the reference interpreter runs). Fused
+//! forms exist where the standard has them: `Gelu` from opset 20, `RMSNormalization` from 23.
+
+use mmq_ir::Op;
+
+use super::{PlaceRates, Target, standard_cost};
+use crate::quant::fp16::Fp16Form;
+
+/// The generic target.
+#[derive(Clone, Copy, Debug)]
+pub struct Generic;
+
+impl Target for Generic {
+    fn name(&self) -> &'static str {
+        "generic"
+    }
+
+    fn runs_domain(&self, domain: &str) -> bool {
+        domain.is_empty() || domain == "ai.onnx"
+    }
+
+    fn op_cost(&self, kind: &str) -> f64 {
+        if kind.contains('.') {
+            return f64::INFINITY;
+        }
+        standard_cost(kind)
+    }
+
+    fn gelu(&self, approximate: bool, opset: i64) -> Option<Op> {
+        (opset >= 20).then(|| Op::Gelu {
+            approximate: approximate.then(|| "tanh".into()),
+        })
+    }
+
+    fn rms_norm(&self, epsilon: f32, opset: i64) -> Option<Op> {
+        (opset >= 23).then_some(Op::RMSNormalization {
+            axis: Some(-1),
+            epsilon: Some(epsilon),
+            stash_type: Some(1),
+        })
+    }
+
+    /// No runtime of its own: ONNX Runtime's CPU rates stand in.
+    fn place_rates(&self) -> &'static PlaceRates {
+        &super::ort::CPU_RATES
+    }
+
+    fn fp16_form(&self) -> Fp16Form {
+        Fp16Form::WeightStorage
+    }
+}

@@ -1,0 +1,194 @@
+//! Targets: what differs between the runtimes mmq compiles for, one module per target.
+//!
+//! A [`Target`] gives the e-graph's cost of each op (ops it cannot run cost infinity), the op
+//! domains it runs beside the default one, the forms fused activations and norms take, the
+//! rates the INT8 placement cost model uses, and how FP16 is realized. Passes ask the target
+//! through these methods and never match on its name.
+//!
+//! - [`generic`]: standard ONNX ops only; what the reference interpreter runs.
+//! - [`ort`]: ONNX Runtime's CPU provider, with the `com.microsoft` contrib ops.
+
+pub mod generic;
+pub mod ort;
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ops::Deref;
+
+use mmq_ir::Op;
+
+use crate::quant::fp16::Fp16Form;
+
+/// What a target decides.
+pub trait Target: Send + Sync + std::panic::RefUnwindSafe {
+    /// The target's name as the command line spells it.
+    fn name(&self) -> &'static str;
+
+    /// Whether the target runs ops of `domain` (the default domain is `""`).
+    fn runs_domain(&self, domain: &str) -> bool;
+
+    /// The relative cost of one op of kind `kind` (`Op` name, or `domain.Op` for another
+    /// domain) on non-constant operands; infinity for ops the target cannot run. Fused ops cost
+    /// less than the ops they replace where the target runs them faster.
+    fn op_cost(&self, kind: &str) -> f64;
+
+    /// The fused GELU: exact (`approximate = false`) or tanh, for a graph at default-domain
+    /// opset `opset`; `None` when the target has none.
+    fn gelu(&self, approximate: bool, opset: i64) -> Option<Op>;
+
+    /// The fused RMS normalization over the last axis with `epsilon`; `None` when the target
+    /// has none at `opset`.
+    fn rms_norm(&self, epsilon: f32, opset: i64) -> Option<Op>;
+
+    /// Rates of the INT8 placement cost model (see [`crate::quant::place`]).
+    fn place_rates(&self) -> &'static PlaceRates;
+
+    /// How FP16 is realized.
+    fn fp16_form(&self) -> Fp16Form;
+}
+
+/// Rates of the INT8 placement cost model on one target, in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlaceRates {
+    /// Dispatch cost of one float kernel.
+    pub kernel: f64,
+    /// Dispatch cost of one integer product (it also converts its result to float).
+    pub int_kernel: f64,
+    /// Dispatch cost of a standalone quantization or dequantization.
+    pub q_kernel: f64,
+    /// One float multiply-accumulate.
+    pub float_mac: f64,
+    /// One 8-bit multiply-accumulate.
+    pub int_mac: f64,
+    /// Quantizing or dequantizing one element in a standalone kernel.
+    pub element: f64,
+    /// A Q/DQ absorbed into the integer kernel next to it.
+    pub absorbed: f64,
+}
+
+/// The relative cost of a standard ONNX op, shared by the targets that have no measured table
+/// of their own.
+pub fn standard_cost(op: &str) -> f64 {
+    match op {
+        "Identity" | "Dropout" => 0.5,
+        "Reshape" | "Squeeze" | "Unsqueeze" | "Flatten" | "Shape" | "Size" => 0.5,
+        "Cast" | "Expand" | "Concat" | "Slice" | "Gather" | "Split" => 2.0,
+        "Transpose" => 3.0,
+        "MatMul" | "Conv" | "ConvTranspose" | "ConvInteger" | "MatMulInteger" => 20.0,
+        "Gemm" => 20.5,
+        "QLinearConv" | "QLinearMatMul" => 18.0,
+        "LayerNormalization" | "RMSNormalization" => 5.0,
+        "Gelu" => 4.0,
+        "Attention" => 30.0,
+        _ => 4.0,
+    }
+}
+
+/// A target, as passes hold it: a copyable reference to one of the static targets, equal by
+/// name.
+#[derive(Clone, Copy)]
+pub struct TargetRef(&'static dyn Target);
+
+impl TargetRef {
+    /// ONNX Runtime (CPU).
+    pub const ORT: TargetRef = TargetRef(&ort::Ort);
+    /// Standard ONNX ops only.
+    pub const GENERIC: TargetRef = TargetRef(&generic::Generic);
+    /// Every target.
+    pub const ALL: [TargetRef; 2] = [TargetRef::GENERIC, TargetRef::ORT];
+
+    /// The target named `name`.
+    pub fn by_name(name: &str) -> Option<TargetRef> {
+        TargetRef::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+impl Deref for TargetRef {
+    type Target = dyn Target;
+
+    fn deref(&self) -> &(dyn Target + 'static) {
+        self.0
+    }
+}
+
+impl Default for TargetRef {
+    fn default() -> Self {
+        TargetRef::GENERIC
+    }
+}
+
+impl PartialEq for TargetRef {
+    fn eq(&self, other: &Self) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for TargetRef {}
+
+impl Hash for TargetRef {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.name().hash(state);
+    }
+}
+
+impl fmt::Debug for TargetRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Target({})", self.name())
+    }
+}
+
+impl fmt::Display for TargetRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_found_by_name_and_compare_by_name() {
+        assert_eq!(TargetRef::by_name("ort"), Some(TargetRef::ORT));
+        assert_eq!(TargetRef::by_name("generic"), Some(TargetRef::GENERIC));
+        assert_eq!(TargetRef::by_name("trt"), None);
+        assert_ne!(TargetRef::ORT, TargetRef::GENERIC);
+        assert_eq!(TargetRef::default(), TargetRef::GENERIC);
+    }
+
+    #[test]
+    fn contrib_ops_run_on_ort_only() {
+        let ort = TargetRef::ORT;
+        let generic = TargetRef::GENERIC;
+        assert!(ort.runs_domain("com.microsoft") && !generic.runs_domain("com.microsoft"));
+        assert!(ort.op_cost("com.microsoft.FusedConv") < ort.op_cost("Conv") + 1.0);
+        assert!(generic.op_cost("com.microsoft.FusedConv").is_infinite());
+        assert_eq!(ort.op_cost("MatMul"), generic.op_cost("MatMul"));
+        // ORT's fused GELU is the contrib op at any opset; generic needs opset 20.
+        assert!(matches!(ort.gelu(false, 17), Some(Op::Custom { .. })));
+        assert!(generic.gelu(false, 17).is_none());
+        assert!(matches!(generic.gelu(true, 20), Some(Op::Gelu { .. })));
+        assert!(generic.rms_norm(1e-6, 22).is_none());
+        assert!(matches!(
+            generic.rms_norm(1e-6, 23),
+            Some(Op::RMSNormalization { .. })
+        ));
+    }
+
+    /// The skip norms ONNX Runtime runs slower than `Add` + norm are costed above them, so
+    /// extraction keeps the unfused form (`tools/norm_rates.py`).
+    #[test]
+    fn ort_prices_skip_norms_above_add_and_norm() {
+        let ort = TargetRef::ORT;
+        for (skip, norm) in [
+            ("com.microsoft.SkipLayerNormalization", "LayerNormalization"),
+            (
+                "com.microsoft.SkipSimplifiedLayerNormalization",
+                "SimplifiedLayerNormalization",
+            ),
+        ] {
+            let unfused = 2.0 * ort.op_cost("Add") + ort.op_cost(norm);
+            assert!(ort.op_cost(skip) > unfused, "{skip}");
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! ONNX Runtime's CPU provider: the standard ops plus the `com.microsoft` contrib ops it runs,
+//! with costs and rates measured on it.
+
+use mmq_ir::{Attr, CustomOp, Op};
+
+use super::{PlaceRates, Target, standard_cost};
+use crate::quant::fp16::Fp16Form;
+
+/// The ONNX Runtime target.
+#[derive(Clone, Copy, Debug)]
+pub struct Ort;
+
+/// ONNX Runtime's CPU provider on one x86-64 core without VNNI, fitted to single-product
+/// timings (`tools/place_rates.py`: float `MatMul` against `Q → MatMulIntegerToFloat` for M×K×N
+/// from 17×32×32 to 512×768×768, the fixed costs from the smallest, the rates from the slopes):
+/// integer products win from about 64×64×256 up and lose at 64×64×64 and below.
+pub const CPU_RATES: PlaceRates = PlaceRates {
+    kernel: 1.5,
+    int_kernel: 3.5,
+    q_kernel: 2.5,
+    float_mac: 1.0 / 60_000.0,
+    int_mac: 1.0 / 150_000.0,
+    element: 1.0 / 2_000.0,
+    absorbed: 0.05,
+};
+
+/// A `com.microsoft` op.
+fn contrib(op_type: &str, attrs: Vec<(&str, Attr)>) -> Op {
+    Op::Custom(CustomOp {
+        domain: "com.microsoft".into(),
+        op_type: op_type.into(),
+        attrs: attrs.into_iter().map(|(k, a)| (k.into(), a)).collect(),
+    })
+}
+
+fn contrib_cost(op: &str) -> f64 {
+    match op {
+        "FusedConv" | "FusedMatMul" | "FusedGemm" => 20.0,
+        // Measured slower than the `Add` (+ bias `Add`) and norm they replace on ONNX Runtime's
+        // CPU provider when the sum feeds the next block, as in every residual stream (which
+        // ONNX Runtime's own fusion leaves alone): SkipLayerNormalization 1.06x at 17 x 32,
+        // 5x at 197 x 768, 4.5x at 512 x 4096; SkipSimplifiedLayerNormalization 0.95x to 1.56x
+        // (`tools/norm_rates.py`). Costed above `Add + Add + norm` so extraction keeps those.
+        "SkipLayerNormalization" | "SkipSimplifiedLayerNormalization" => 14.0,
+        "Gelu" | "FastGelu" | "BiasGelu" | "QuickGelu" => 4.0,
+        "RotaryEmbedding" => 4.0,
+        "MultiHeadAttention" | "GroupQueryAttention" => 20.0, // two products and a softmax, costed as one product
+        "Attention" => 36.0,
+        _ => 10.0,
+    }
+}
+
+impl Target for Ort {
+    fn name(&self) -> &'static str {
+        "ort"
+    }
+
+    fn runs_domain(&self, domain: &str) -> bool {
+        matches!(domain, "" | "ai.onnx" | "com.microsoft")
+    }
+
+    fn op_cost(&self, kind: &str) -> f64 {
+        match kind.strip_prefix("com.microsoft.") {
+            Some(op) => contrib_cost(op),
+            None if kind.contains('.') => f64::INFINITY,
+            None => standard_cost(kind),
+        }
+    }
+
+    /// `com.microsoft.Gelu` / `FastGelu` at any opset (ONNX Runtime fuses them itself).
+    fn gelu(&self, approximate: bool, _opset: i64) -> Option<Op> {
+        Some(contrib(
+            if approximate { "FastGelu" } else { "Gelu" },
+            vec![],
+        ))
+    }
+
+    /// `SimplifiedLayerNormalization`, which ONNX Runtime registers in the default domain.
+    fn rms_norm(&self, epsilon: f32, _opset: i64) -> Option<Op> {
+        Some(Op::Custom(CustomOp {
+            domain: String::new(),
+            op_type: "SimplifiedLayerNormalization".into(),
+            attrs: vec![
+                ("axis".into(), Attr::Int(-1)),
+                ("epsilon".into(), Attr::Float(epsilon)),
+                ("stash_type".into(), Attr::Int(1)),
+            ],
+        }))
+    }
+
+    fn place_rates(&self) -> &'static PlaceRates {
+        &CPU_RATES
+    }
+
+    /// The CPU provider has few float16 kernels: float16 weights widened by a `Cast` it folds
+    /// at load.
+    fn fp16_form(&self) -> Fp16Form {
+        Fp16Form::WeightStorage
+    }
+}
