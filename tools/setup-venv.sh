@@ -35,7 +35,7 @@ rm -f "$stamp"
 echo "setup-venv: installing $(basename "$req")" >&2
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req" \
     || die "pip install -r $req failed"
-"$venv/bin/python" -c "import onnx, onnxruntime, numpy" \
+"$venv/bin/python" -c "import onnx, onnxruntime, numpy, pytest" \
     || die "installed packages failed to import"
 
 echo "$want" >"$stamp"

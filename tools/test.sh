@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# Runs every test: installs the pinned Python oracle (onnx, onnxruntime, numpy) into .venv,
-# then runs the Rust test suite, which uses it.
+# Runs every test: installs the pinned test environment (the Python oracle onnx, onnxruntime,
+# numpy; maturin and pytest) into .venv, runs the Rust test suite, then builds the mmq Python
+# package into .venv and runs its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-venv.sh
 cargo test --workspace --locked "$@"
+# The dev profile reuses what the Rust tests just built; only the module itself is compiled.
+rm -f target/wheels/mmq-*.whl
+.venv/bin/maturin build --manifest-path python/Cargo.toml --profile dev --locked --quiet \
+    --interpreter .venv/bin/python --out target/wheels
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+    target/wheels/mmq-*.whl
+MMQ_BIN=target/debug/mmq .venv/bin/python -m pytest python/tests -q

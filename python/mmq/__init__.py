@@ -1,0 +1,267 @@
+"""mmq: quantize, fuse and compile multimodal ONNX models for ONNX Runtime.
+
+>>> import mmq
+>>> model = mmq.load("model.onnx")
+>>> print(model.inspect())                       # the IR as text
+>>> q = mmq.compile("model.onnx", quant="int8", calibration=samples())  # onnx.ModelProto
+>>> outputs = mmq.run(q, {"pixel_values": x})     # dict of numpy arrays
+
+Models go in as a path, serialized bytes or an ``onnx.ModelProto``; large models should be
+given as paths (with ``output=``), so that their weights never pass through one protobuf in
+memory. Every failure raises :class:`MmqError`, whose message is the rendered diagnostic.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import numpy as np
+
+from . import _mmq
+from ._mmq import MmqError
+
+__all__ = ["MmqError", "Model", "compile", "load", "run", "__version__"]
+__version__: str = _mmq.__version__
+
+ModelLike = Union[str, os.PathLike, bytes, "onnx.ModelProto", "Model"]  # noqa: F821
+Sample = Mapping[str, np.ndarray]
+
+
+def _npy(array: Any) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(np.asarray(array)), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _arrays(sample: Sample, what: str) -> list[tuple[str, bytes]]:
+    if not isinstance(sample, Mapping):
+        raise TypeError(f"{what}: expected a dict of input name to array, got {type(sample).__name__}")
+    return [(str(name), _npy(value)) for name, value in sample.items()]
+
+
+def _model_path(model: ModelLike, tmp: str) -> str:
+    """A path to the model: paths as given; bytes and ModelProtos written into `tmp`."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    if isinstance(model, Model):
+        return model.path
+    path = os.path.join(tmp, "model.onnx")
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        Path(path).write_bytes(bytes(model))
+        return path
+    if hasattr(model, "SerializeToString"):
+        import onnx
+
+        # Past 2 GiB a ModelProto cannot be serialized in one piece: weights go beside it.
+        big = model.ByteSize() > (1 << 31) - (1 << 20)
+        onnx.save_model(model, path, save_as_external_data=big, location="model.onnx.data")
+        return path
+    raise TypeError(
+        f"model: expected a path, bytes or an onnx.ModelProto, got {type(model).__name__}"
+    )
+
+
+class _Progress:
+    """A progress bar on stderr (tqdm when it is installed), fed by the native callbacks."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        self._n = 0
+        self._total: int | None = None
+        self._what = ""
+
+    def __call__(self, event: str, total: int | None) -> None:
+        if event == "advance":
+            self._n += 1
+            if self._bar is not None:
+                self._bar.update(1)
+            else:
+                of = f"/{self._total}" if self._total else ""
+                sys.stderr.write(f"\r{self._what} {self._n}{of} samples")
+                sys.stderr.flush()
+        elif event == "finish":
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+            elif self._n:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+            self._n = 0
+        else:
+            self._what, self._total, self._n = event, total, 0
+            try:
+                from tqdm import tqdm  # type: ignore[import-not-found]
+
+                self._bar = tqdm(total=total, desc=event, unit="sample", leave=False)
+            except ImportError:
+                self._bar = None
+
+
+def compile(
+    model: ModelLike,
+    target: str = "ort",
+    level: int = 2,
+    quant: str | None = None,
+    precision_map: str | os.PathLike | None = None,
+    calibration: Iterable[Sample] | str | os.PathLike | int | None = None,
+    observer: str = "minmax",
+    report: bool = False,
+    *,
+    output: str | os.PathLike | None = None,
+    placement: Literal["cost", "all"] = "cost",
+    smoothquant: float | None = None,
+    awq: bool = False,
+    block: int = 32,
+    asym: bool = False,
+    modality: Mapping[str, str] | None = None,
+    auto: float | None = None,
+    progress: bool = True,
+) -> Any:
+    """Optimizes and quantizes a model for a target; the same as ``mmq compile``.
+
+    Args:
+        model: a path, serialized bytes or an ``onnx.ModelProto``.
+        target: ``"ort"`` (ONNX Runtime).
+        level: 0 (import and export only), 1 (canonicalize, const-fold, dce) or 2 (also the
+            fusions).
+        quant: ``"int8"``, ``"int8-dynamic"``, ``"int4"``, ``"fp8"``, ``"fp16"``, or ``"mixed"``
+            with a ``precision_map``.
+        precision_map: a precision map file (TOML), or its text.
+        calibration: the samples: any iterable of ``{input name: array}`` (like ONNX Runtime's
+            ``CalibrationDataReader``), a directory of ``.npz`` files, or a number of random
+            samples. ``None``: 16 random samples.
+        observer: ``minmax``, ``ema[:MOMENTUM]``, ``percentile[:P]``, ``entropy`` or ``mse``.
+        report: also return the compile report (passes, times, accuracy) as a dict.
+        output: write the model here (large weights beside it) and return it without loading
+            its external weights.
+        placement: which INT8 units stay integer.
+        smoothquant: SmoothQuant strength before INT8.
+        awq: AWQ scales before INT4.
+        block: INT4 block size.
+        asym: asymmetric INT4 blocks.
+        modality: input name to ``vision``, ``text``, ``audio`` or ``shared``.
+        auto: choose a scheme per node for this end-to-end cosine.
+        progress: show calibration progress on stderr.
+
+    Returns:
+        the compiled ``onnx.ModelProto``, or ``(model, report)`` with ``report=True``.
+
+    Raises:
+        MmqError: the model or an option is wrong, or a pass failed.
+    """
+    import onnx
+
+    options: dict[str, Any] = {
+        "target": target,
+        "level": int(level),
+        "quant": quant,
+        "precision_map": None,
+        "precision_map_text": None,
+        "calibration_dir": None,
+        "calibration_random": None,
+        "observer": observer,
+        "placement": placement,
+        "smoothquant": smoothquant,
+        "awq": bool(awq),
+        "block": int(block),
+        "asym": bool(asym),
+        "modality": dict(modality or {}),
+        "auto": auto,
+        "accuracy": "full" if report else "off",
+    }
+    if precision_map is not None:
+        text = os.fspath(precision_map)
+        key = "precision_map_text" if "\n" in text else "precision_map"
+        options[key] = text
+    samples = None
+    if isinstance(calibration, bool):
+        raise TypeError("calibration: expected samples, a directory or a count, got a bool")
+    if isinstance(calibration, int):
+        options["calibration_random"] = calibration
+    elif isinstance(calibration, (str, os.PathLike)):
+        options["calibration_dir"] = os.fspath(calibration)
+    elif calibration is not None:
+        samples = [_arrays(s, f"calibration sample {i}") for i, s in enumerate(calibration)]
+    with tempfile.TemporaryDirectory(prefix="mmq-") as tmp:
+        src = _model_path(model, tmp)
+        out = os.fspath(output) if output is not None else os.path.join(tmp, "out.onnx")
+        report_json, warnings = _mmq.compile(
+            [src], out, json.dumps(options), samples, _Progress() if progress else None
+        )
+        if warnings:
+            sys.stderr.write(warnings)
+        result = onnx.load_model(out, load_external_data=output is None)
+    if report:
+        return result, json.loads(report_json)
+    return result
+
+
+class Model:
+    """A loaded, verified model."""
+
+    def __init__(self, native: Any, path: str, keep: Any = None) -> None:
+        self._native = native
+        self.path = path
+        self._keep = keep
+
+    @property
+    def inputs(self) -> list[str]:
+        """The input names of the first graph."""
+        return list(self._native.inputs)
+
+    @property
+    def outputs(self) -> list[str]:
+        """The output names of the first graph."""
+        return list(self._native.outputs)
+
+    def inspect(self, format: Literal["text", "json"] = "text") -> Any:
+        """The IR as ``.mmir`` text, or (``format="json"``) a summary dict: symbols, graphs with
+        inputs, outputs and op counts, constants, weight bytes."""
+        text = self._native.inspect(format)
+        return json.loads(text) if format == "json" else text
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Runs the model in the reference interpreter (see :func:`run`)."""
+        return _run(self._native, inputs)
+
+
+def load(model: ModelLike) -> Model:
+    """Loads and verifies a model (a path to ONNX or ``.mmir``, bytes, or an ``onnx.ModelProto``)."""
+    if isinstance(model, Model):
+        return model
+    keep = None
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+    else:
+        keep = tempfile.TemporaryDirectory(prefix="mmq-")
+        path = _model_path(model, keep.name)
+    return Model(_mmq.load([path]), path, keep)
+
+
+def _run(native: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    outs = _mmq.run(native, _arrays(inputs, "inputs"))
+    result: dict[str, Any] = {}
+    for name, arrays, is_sequence in outs:
+        values = [np.load(io.BytesIO(b), allow_pickle=False) for b in arrays]
+        result[name] = values if is_sequence else (values[0] if values else None)
+    return result
+
+
+def run(model: ModelLike, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Runs a model's first graph in mmq's reference interpreter.
+
+    Args:
+        model: a path, bytes, an ``onnx.ModelProto`` or a :class:`Model`.
+        inputs: input name to array.
+
+    Returns:
+        output name to array (a list of arrays for a sequence, ``None`` for an empty optional).
+    """
+    return load(model).run(inputs)

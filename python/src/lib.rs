@@ -1,0 +1,354 @@
+//! The native module of the `mmq` Python package (`mmq._mmq`). The Python layer (`mmq/`)
+//! turns models, NumPy arrays and iterables into paths and `.npy` bytes; this module loads,
+//! compiles, runs and inspects through `mmq-compiler`, with the GIL released while it works.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use mmq_compiler::{
+    Accuracy, CalibrationSource, CompileOptions, Int4Options, Precision, Progress, QuantScheme,
+};
+use mmq_ir::Module;
+use mmq_ir::modality::Modality;
+use mmq_kernels::{Interpreter, RtValue};
+use mmq_passes::quant::calibrate::Sample;
+use mmq_passes::quant::place::Placement;
+use mmq_passes::{OptLevel, TargetRef};
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use serde::Deserialize;
+
+create_exception!(
+    _mmq,
+    MmqError,
+    PyException,
+    "An mmq error; its message is the rendered diagnostic (what went wrong and where)."
+);
+
+/// Named arrays as `.npy` bytes (one sample, or a model's inputs).
+type Arrays = Vec<(String, Vec<u8>)>;
+
+/// An output: its name, its arrays as `.npy` bytes, whether it is a sequence.
+type Output<B> = (String, Vec<B>, bool);
+
+fn err(message: impl std::fmt::Display) -> PyErr {
+    MmqError::new_err(message.to_string().trim_end().to_owned())
+}
+
+/// The keyword arguments of `mmq.compile`, as the Python layer passes them (JSON).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    target: String,
+    level: u8,
+    quant: Option<String>,
+    precision_map: Option<String>,
+    precision_map_text: Option<String>,
+    calibration_dir: Option<PathBuf>,
+    calibration_random: Option<usize>,
+    observer: String,
+    placement: String,
+    smoothquant: Option<f32>,
+    awq: bool,
+    block: usize,
+    asym: bool,
+    modality: HashMap<String, String>,
+    auto: Option<f64>,
+    accuracy: String,
+}
+
+/// `CompileOptions` from the Python keywords; `samples` are the calibration samples given as
+/// arrays (each a list of name and `.npy` bytes).
+fn options(o: Options, samples: Option<Vec<Arrays>>) -> PyResult<(CompileOptions, String)> {
+    let target = match o.target.as_str() {
+        "trt" => {
+            return Err(err(
+                "target 'trt' is not supported yet (use target=\"ort\")",
+            ));
+        }
+        t => TargetRef::by_name(t)
+            .ok_or_else(|| err(format!("unknown target '{t}' (expected \"ort\")")))?,
+    };
+    let level: OptLevel = o.level.to_string().parse().map_err(err)?;
+    let mut warnings = String::new();
+    let map = match (&o.precision_map, &o.precision_map_text) {
+        (Some(path), _) => Some(mmq_compiler::precision_map::load(path.as_ref())),
+        (None, Some(text)) => Some(mmq_compiler::precision_map::parse(text, "precision_map")),
+        (None, None) => None,
+    };
+    let precision = match (o.auto, o.quant.as_deref(), map) {
+        (Some(cosine), None, None) => Precision::Auto { cosine },
+        (Some(_), _, _) => {
+            return Err(err(
+                "auto chooses the schemes itself: give no quant or precision_map with it",
+            ));
+        }
+        (None, q, Some(map)) => {
+            if let Some(q) = q.filter(|q| *q != "mixed") {
+                return Err(err(format!(
+                    "precision_map needs quant=\"mixed\" (or no quant), not quant=\"{q}\""
+                )));
+            }
+            let (map, w) = map.map_err(|e| err(e.rendered))?;
+            warnings = w;
+            Precision::Map(Box::new(map))
+        }
+        (None, Some("mixed"), None) => return Err(err("quant=\"mixed\" needs a precision_map")),
+        (None, Some(q), None) => Precision::Scheme(q.parse::<QuantScheme>().map_err(err)?),
+        (None, None, None) => Precision::Float,
+    };
+    let calibration = match (o.calibration_dir, o.calibration_random, samples) {
+        (Some(dir), None, None) => CalibrationSource::Dir(dir),
+        (None, Some(count), None) => CalibrationSource::Random { count, seed: 0 },
+        (None, None, Some(samples)) => {
+            let decoded: Vec<Result<Sample, String>> = samples
+                .into_iter()
+                .enumerate()
+                .map(|(i, arrays)| decode_sample(arrays).map_err(|e| format!("sample {i}: {e}")))
+                .collect();
+            CalibrationSource::stream(decoded)
+        }
+        (None, None, None) => CalibrationSource::Default,
+        _ => {
+            return Err(err(
+                "give calibration as one of: samples, a directory, or a count",
+            ));
+        }
+    };
+    let modality = o
+        .modality
+        .into_iter()
+        .map(|(name, kind)| {
+            kind.parse::<Modality>()
+                .map(|m| (name, m))
+                .map_err(|e| err(format!("modality of '{}': {e}", kind)))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok((
+        CompileOptions {
+            target,
+            level,
+            precision,
+            calibration,
+            observer: o.observer.parse().map_err(err)?,
+            placement: match o.placement.as_str() {
+                "cost" => Placement::Cost,
+                "all" => Placement::All,
+                p => {
+                    return Err(err(format!(
+                        "unknown placement '{p}' (expected cost or all)"
+                    )));
+                }
+            },
+            smoothquant: o.smoothquant,
+            awq: o.awq,
+            int4: Int4Options {
+                block: o.block,
+                symmetric: !o.asym,
+            },
+            modality,
+            accuracy: match o.accuracy.as_str() {
+                "off" => Accuracy::Off,
+                "end_to_end" => Accuracy::EndToEnd,
+                "full" => Accuracy::Full,
+                a => return Err(err(format!("unknown accuracy '{a}'"))),
+            },
+            dump_after: None,
+            verify: cfg!(debug_assertions),
+            progress: None,
+        },
+        warnings,
+    ))
+}
+
+fn decode_sample(arrays: Arrays) -> Result<Sample, String> {
+    arrays
+        .into_iter()
+        .map(|(name, bytes)| {
+            mmq_kernels::io::npy_from_bytes(&bytes)
+                .map(|t| (name.clone(), RtValue::from(t)))
+                .map_err(|e| format!("array '{name}': {e}"))
+        })
+        .collect()
+}
+
+/// Calls the Python progress callback `(event, total)`.
+fn progress_fn(callback: Py<PyAny>) -> mmq_compiler::ProgressFn {
+    Arc::new(move |p: Progress<'_>| {
+        Python::with_gil(|py| {
+            let result = match p {
+                Progress::Start { what, total } => callback.call1(py, (what, total)),
+                Progress::Advance => callback.call1(py, ("advance", None::<usize>)),
+                Progress::Finish => callback.call1(py, ("finish", None::<usize>)),
+            };
+            // A failing progress display must not fail the compilation.
+            if let Err(e) = result {
+                e.write_unraisable(py, None);
+            }
+        });
+    })
+}
+
+fn load(paths: &[PathBuf]) -> PyResult<Module> {
+    mmq_compiler::load::load(paths)
+        .and_then(|l| l.verified())
+        .map_err(|e| err(e.rendered))
+}
+
+/// Compiles the models at `inputs` with `options` (JSON) and writes the result to `output`;
+/// returns the compile report (JSON) and the precision map's warnings.
+#[pyfunction]
+#[pyo3(signature = (inputs, output, options_json, samples=None, progress=None))]
+fn compile(
+    py: Python<'_>,
+    inputs: Vec<PathBuf>,
+    output: PathBuf,
+    options_json: &str,
+    samples: Option<Vec<Arrays>>,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<(String, String)> {
+    let o: Options = serde_json::from_str(options_json).map_err(err)?;
+    let (mut options, warnings) = options(o, samples)?;
+    options.progress = progress.map(progress_fn);
+    options.check().map_err(err)?;
+    py.allow_threads(|| {
+        if inputs.len() == 1 {
+            mmq_compiler::export::check_output(&output).map_err(err)?;
+        }
+        let mut module = load(&inputs)?;
+        let report = mmq_compiler::compile(&mut module, &options).map_err(err)?;
+        mmq_compiler::export::write(&module, &inputs, &output).map_err(err)?;
+        Ok((report.to_json(), warnings))
+    })
+}
+
+/// A loaded model.
+#[pyclass(frozen, module = "mmq._mmq")]
+struct Model {
+    module: Module,
+}
+
+#[pymethods]
+impl Model {
+    /// The module as `.mmir` text (`format="text"`) or a JSON summary (`format="json"`).
+    #[pyo3(signature = (format = "text"))]
+    fn inspect(&self, format: &str) -> PyResult<String> {
+        match format {
+            "text" => Ok(mmq_ir::text::print(&self.module)),
+            "json" => Ok(
+                serde_json::to_string_pretty(&mmq_compiler::inspect::summary_json(&self.module))
+                    .map_err(err)?,
+            ),
+            f => Err(err(format!(
+                "unknown format '{f}' (expected \"text\" or \"json\")"
+            ))),
+        }
+    }
+
+    /// The input names of the first entry graph.
+    #[getter]
+    fn inputs(&self) -> Vec<String> {
+        self.names(|g| &g.inputs)
+    }
+
+    /// The output names of the first entry graph.
+    #[getter]
+    fn outputs(&self) -> Vec<String> {
+        self.names(|g| &g.outputs)
+    }
+}
+
+impl Model {
+    fn names(&self, of: impl Fn(&mmq_ir::GraphData) -> &Vec<mmq_ir::Value>) -> Vec<String> {
+        let m = &self.module;
+        m.entries
+            .first()
+            .map(|e| {
+                of(&m.graphs[e.graph])
+                    .iter()
+                    .map(|&v| m.values[v].name.clone().unwrap_or_default())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Loads and verifies the models at `paths` (ONNX files, or one `.mmir` file).
+#[pyfunction(name = "load")]
+fn load_model(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Model> {
+    py.allow_threads(|| {
+        mmq_compiler::load::load_with_weights(&paths)
+            .and_then(|l| l.verified())
+            .map(|module| Model { module })
+            .map_err(|e| err(e.rendered))
+    })
+}
+
+/// Runs the model's first entry graph in the reference interpreter on `inputs` (name and
+/// `.npy` bytes); returns each output as a name and a list of `.npy` arrays (one for a tensor,
+/// one per element for a sequence, none for an empty optional).
+#[pyfunction]
+fn run<'py>(
+    py: Python<'py>,
+    model: &Model,
+    inputs: Arrays,
+) -> PyResult<Vec<Output<Bound<'py, PyBytes>>>> {
+    let outputs = py.allow_threads(|| -> PyResult<Vec<Output<Vec<u8>>>> {
+        let m = &model.module;
+        let entry = m
+            .entries
+            .first()
+            .ok_or_else(|| err("the module has no entry graph"))?;
+        let feeds = decode_sample(inputs).map_err(err)?;
+        let outs = Interpreter::new(m).run(entry.graph, &feeds).map_err(err)?;
+        let npy = |t: &mmq_kernels::Tensor, name: &str| {
+            mmq_kernels::io::npy_bytes(t).map_err(|e| err(format!("output '{name}': {e}")))
+        };
+        outs.into_iter()
+            .map(|(name, value)| {
+                Ok(match &value {
+                    RtValue::Tensor(t) => (name.clone(), vec![npy(t, &name)?], false),
+                    RtValue::Sequence(ts) => (
+                        name.clone(),
+                        ts.iter().map(|t| npy(t, &name)).collect::<PyResult<_>>()?,
+                        true,
+                    ),
+                    RtValue::Optional(None) => (name.clone(), Vec::new(), false),
+                    RtValue::Optional(Some(v)) => match &**v {
+                        RtValue::Tensor(t) => (name.clone(), vec![npy(t, &name)?], false),
+                        _ => {
+                            return Err(err(format!(
+                                "output '{name}': an optional sequence is not supported"
+                            )));
+                        }
+                    },
+                })
+            })
+            .collect()
+    })?;
+    Ok(outputs
+        .into_iter()
+        .map(|(n, arrays, seq)| {
+            (
+                n,
+                arrays.into_iter().map(|b| PyBytes::new(py, &b)).collect(),
+                seq,
+            )
+        })
+        .collect())
+}
+
+/// The native module.
+#[pymodule]
+fn _mmq(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("MmqError", m.py().get_type::<MmqError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<Model>()?;
+    m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(load_model, m)?)?;
+    m.add_function(wrap_pyfunction!(run, m)?)?;
+    Ok(())
+}

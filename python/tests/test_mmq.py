@@ -1,0 +1,163 @@
+"""The mmq Python package against the fixtures: loading and inspecting, the reference
+interpreter and the compiled models against ONNX Runtime, byte-identical output with the
+command line, calibration from an iterator, and errors."""
+
+import subprocess
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import mmq
+from conftest import fixture
+
+
+def npz(path):
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def ort_run(model, inputs):
+    sess = ort.InferenceSession(
+        model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model),
+        providers=["CPUExecutionProvider"],
+    )
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, inputs)))
+
+
+def model_outputs(model):
+    return [o.name for o in model.graph.output]
+
+
+def cosine(a, b):
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_load_inspects_as_text_and_json():
+    m = mmq.load(fixture("clip") / "model.onnx")
+    assert m.inputs == ["input_ids", "attention_mask", "pixel_values"]
+    assert "text_embeds" in m.outputs
+    text = m.inspect()
+    assert text.startswith("") and "graph @" in text and "MatMul(" in text
+    summary = m.inspect("json")
+    graph = summary["graphs"][0]
+    assert [i["name"] for i in graph["inputs"]] == m.inputs
+    assert graph["ops"]["MatMul"] > 0 and graph["nodes"] == sum(graph["ops"].values())
+    with pytest.raises(mmq.MmqError, match="unknown format"):
+        m.inspect("yaml")
+
+
+def test_run_matches_the_stored_outputs():
+    fx = fixture("vit")
+    inputs, expected = npz(fx / "inputs.npz"), npz(fx / "outputs.npz")
+    got = mmq.run(fx / "model.onnx", inputs)
+    assert set(got) == set(expected)
+    for name, want in expected.items():
+        np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_compiled_model_runs_in_onnx_runtime_with_the_same_outputs():
+    fx = fixture("vit")
+    inputs, expected = npz(fx / "inputs.npz"), npz(fx / "outputs.npz")
+    compiled = mmq.compile(fx / "model.onnx")
+    assert isinstance(compiled, onnx.ModelProto)
+    onnx.checker.check_model(compiled)
+    ops = {n.op_type for n in compiled.graph.node}
+    assert "MultiHeadAttention" in ops or "Attention" in ops, ops
+    for name, got in ort_run(compiled, inputs).items():
+        np.testing.assert_allclose(got, expected[name], rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def samples(fx, n):
+    """`n` samples drawn around the fixture's stored inputs, one at a time."""
+    base = npz(fx / "inputs.npz")
+    rng = np.random.default_rng(7)
+    for _ in range(n):
+        yield {
+            k: (v + rng.standard_normal(v.shape).astype(v.dtype) * 0.1)
+            if v.dtype.kind == "f" else v
+            for k, v in base.items()
+        }
+
+
+def test_the_library_writes_the_bytes_the_command_writes(tmp_path, mmq_bin):
+    fx = fixture("clip")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i, s in enumerate(samples(fx, 4)):
+        np.savez(calib / f"{i:02}.npz", **s)
+    subprocess.run(
+        [mmq_bin, "compile", fx / "model.onnx", "--target", "ort", "-o", tmp_path / "cli.onnx",
+         "--quant", "int8", "--smoothquant", "0.5", "--calib", calib, "--placement", "all",
+         "--no-accuracy"],
+        check=True, capture_output=True,
+    )
+    # The same samples from a generator, a directory, and (the model) from memory.
+    mmq.compile(fx / "model.onnx", quant="int8", smoothquant=0.5, calibration=samples(fx, 4),
+                placement="all", output=tmp_path / "gen.onnx", progress=False)
+    mmq.compile(onnx.load(fx / "model.onnx"), quant="int8", smoothquant=0.5,
+                calibration=calib, placement="all", output=tmp_path / "dir.onnx", progress=False)
+    cli = (tmp_path / "cli.onnx").read_bytes()
+    assert (tmp_path / "gen.onnx").read_bytes() == cli
+    assert (tmp_path / "dir.onnx").read_bytes() == cli
+    ops = {n.op_type for n in onnx.load(tmp_path / "cli.onnx").graph.node}
+    assert "QuantizeLinear" in ops or "DynamicQuantizeLinear" in ops, ops
+
+
+def test_report_lists_the_quantization_passes_and_the_accuracy(capfd):
+    fx = fixture("clip")
+    model, report = mmq.compile(fx / "model.onnx", quant="int4", calibration=samples(fx, 4),
+                                report=True)
+    names = [p["name"] for p in report["passes"]]
+    assert names.index("quant-int4") > names.index("rewrite(simplify)")
+    q = next(p for p in report["passes"] if p["name"] == "quant-int4")
+    assert q["stage"] == "quantize" and q["counters"]
+    assert any(n.op_type == "MatMulNBits" for n in model.graph.node)
+    e2e = report["accuracy"]["end_to_end"]
+    out = e2e["output"]
+    assert out in model_outputs(model) and e2e["samples"] == 1
+    # The cosine the report states is the one ONNX Runtime gives on that held-back sample.
+    held = list(samples(fx, 4))[-1]
+    want = ort_run(onnx.load(fx / "model.onnx"), held)[out]
+    got = ort_run(model, held)[out]
+    assert abs(cosine(got, want) - e2e["cosine_mean"]) < 1e-3
+    assert "calibrating 4" not in capfd.readouterr().err  # INT4 needs no calibration
+
+
+def test_calibration_shows_progress_unless_told_not_to(capfd):
+    fx = fixture("clip")
+    mmq.compile(fx / "model.onnx", quant="int8", calibration=samples(fx, 3))
+    assert "calibrating" in capfd.readouterr().err
+    mmq.compile(fx / "model.onnx", quant="int8", calibration=samples(fx, 3), progress=False)
+    assert "calibrating" not in capfd.readouterr().err
+
+
+def test_auto_returns_the_chosen_map():
+    fx = fixture("clip")
+    _, report = mmq.compile(fx / "model.onnx", auto=0.98, calibration=3, report=True)
+    auto = report["auto"]
+    assert auto["target"] == 0.98 and auto["compiled_cosine"] >= 0.98
+    assert "[[rule]]" in auto["map"] or "[default]" in auto["map"]
+
+
+def test_errors_are_mmq_errors_with_the_diagnostic(tmp_path):
+    fx = fixture("vit") / "model.onnx"
+    with pytest.raises(mmq.MmqError, match="unknown scheme 'int5'"):
+        mmq.compile(fx, quant="int5")
+    with pytest.raises(mmq.MmqError, match="--awq needs --quant int4"):
+        mmq.compile(fx, quant="int8", awq=True)
+    with pytest.raises(mmq.MmqError, match="cannot open"):
+        mmq.load(tmp_path / "missing.onnx")
+    (tmp_path / "bad.onnx").write_bytes(b"\x08\x07garbage")
+    with pytest.raises(mmq.MmqError):
+        mmq.compile(tmp_path / "bad.onnx")
+    with pytest.raises(mmq.MmqError, match="precision_map:2:10"):
+        mmq.compile(fx, precision_map="[default]\nscheme = \"int9\"\n")
+    with pytest.raises(TypeError, match="calibration sample 0"):
+        mmq.compile(fx, quant="int8", calibration=[[1, 2]])
+    with pytest.raises(mmq.MmqError, match="sample 0"):
+        mmq.compile(fx, quant="int8", calibration=[{"nope": np.zeros(3, np.float32)}])
+    assert not list(tmp_path.glob("*.tmp*"))
