@@ -244,7 +244,8 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     if args.inputs.len() == 1 {
         mmq_compiler::export::check_output(&args.output)?;
     }
-    let mut module = load::load(&args.inputs)?.verified()?;
+    let (mut module, load_warnings) = load::load(&args.inputs)?.verified()?;
+    crate::warn(&load_warnings);
     if module.entries.is_empty() {
         return Err(Failure::user("error: the module has no graph\n".to_owned()));
     }

@@ -352,6 +352,13 @@ fn main() -> ExitCode {
     }
 }
 
+/// Prints warnings (rendered diagnostics) to stderr.
+fn warn(text: &str) {
+    if !text.is_empty() {
+        let _ = std::io::stderr().write_all(text.as_bytes());
+    }
+}
+
 fn emit(text: &str) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     // A closed pipe (`mmq inspect m.onnx | head`) is not an error worth reporting.
@@ -370,7 +377,7 @@ fn convert(
     sync: bool,
 ) -> Result<(), Failure> {
     let loaded = load::load(std::slice::from_ref(&input.to_path_buf()))?;
-    loaded.verify()?;
+    warn(&loaded.verify()?);
     let graph = loaded.module.entries[0].graph;
     let opts = mmq_backend_ort::ExportOptions {
         external_data: match ext {
@@ -398,7 +405,7 @@ fn convert(
 
 fn verify(input: &std::path::Path) -> Result<(), Failure> {
     let loaded = load::load(std::slice::from_ref(&input.to_path_buf()))?;
-    loaded.verify()?;
+    warn(&loaded.verify()?);
     let m = &loaded.module;
     let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
     let nodes = m.graphs.iter().map(|(_, g)| g.nodes.len()).sum::<usize>();

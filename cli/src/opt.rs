@@ -33,7 +33,7 @@ pub fn run(args: &OptArgs) -> Result<(String, String), Failure> {
         Some(p) => Some(output_kind(p)?),
     };
     let loaded = load::load(std::slice::from_ref(&args.input))?;
-    loaded.verify()?;
+    crate::warn(&loaded.verify()?);
     let mut module = loaded.module;
     if module.entries.is_empty() {
         return Err(Failure::user(format!(

@@ -30,7 +30,7 @@ fn user(msg: impl std::fmt::Display) -> Failure {
 /// Runs the model; returns what to print on stdout.
 pub fn run(args: &RunArgs) -> Result<String, Failure> {
     let loaded = load::load_with_weights(std::slice::from_ref(&args.model))?;
-    loaded.verify()?;
+    crate::warn(&loaded.verify()?);
     let m = &loaded.module;
     let Some(entry) = m.entries.first() else {
         return Err(user(format!(

@@ -359,3 +359,43 @@ fn compile_to_a_missing_directory_fails_early() {
     );
     assert!(!dir.join("missing").exists());
 }
+
+/// A default-domain node of a modeled op with an attribute the op does not take stays an opaque
+/// custom op: `verify` and `compile` succeed and print a warning naming the node and the
+/// attribute; the node is exported unchanged.
+#[test]
+fn a_modeled_op_with_an_unknown_attribute_is_warned_about() {
+    let dir = scratch("custom-fallback-warning");
+    let mut m = small_model();
+    let relu = &mut m.graph.as_mut().expect("graph").node[1];
+    relu.attribute.push(pb::AttributeProto {
+        name: Some("alpha".into()),
+        r#type: Some(pb::attribute_proto::AttributeType::Float as i32),
+        f: Some(0.1),
+        ..Default::default()
+    });
+    write(&dir, "m.onnx", &m);
+    for args in [
+        &["verify", "m.onnx"][..],
+        &["compile", "m.onnx", "--target", "ort", "-o", "out.onnx"][..],
+    ] {
+        let (code, _, err) = run_in(&dir, args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(
+            err.contains("warning: node Relu 'relu' is kept opaque")
+                && err.contains("Relu takes no attributes, but 'alpha' is set")
+                && err.contains("--> m.onnx: node 'relu' (Relu)"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = pb::ModelProto::decode(&*std::fs::read(dir.join("out.onnx")).expect("written"))
+        .expect("decodes");
+    let relu = out
+        .graph
+        .expect("graph")
+        .node
+        .into_iter()
+        .find(|n| n.op_type.as_deref() == Some("Relu"))
+        .expect("Relu kept");
+    assert_eq!(relu.attribute.len(), 1);
+}

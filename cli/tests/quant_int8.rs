@@ -321,9 +321,10 @@ fn the_command_and_the_library_write_the_same_bytes() {
         ],
     );
     assert_eq!(code, 0, "{err}");
-    let mut m = mmq_compiler::load::load(&[fx.clone().into()])
+    let (mut m, warnings) = mmq_compiler::load::load(&[fx.clone().into()])
         .and_then(|l| l.verified())
         .expect("loads");
+    assert!(warnings.is_empty(), "{warnings}");
     let options = CompileOptions {
         precision: Precision::Scheme(QuantScheme::Int8),
         calibration: CalibrationSource::Random { count: 3, seed: 0 },

@@ -4,7 +4,8 @@
 //! ```no_run
 //! use mmq_compiler::{CompileOptions, Precision, QuantScheme, compile, load};
 //!
-//! let mut module = load::load(&["model.onnx".into()])?.verified()?;
+//! let (mut module, warnings) = load::load(&["model.onnx".into()])?.verified()?;
+//! eprint!("{warnings}");
 //! let options = CompileOptions {
 //!     precision: Precision::Scheme(QuantScheme::Int8),
 //!     ..CompileOptions::default()

@@ -117,21 +117,24 @@ fn load_text(path: &Path, opts: &mmq_ir::text::ParseOptions) -> Result<Loaded, L
 }
 
 impl Loaded {
-    /// Runs the verifier; renders every error (warnings are reported only alongside errors).
-    pub fn verify(&self) -> Result<(), LoadError> {
-        let Err(errors) = mmq_ir::verify::verify(&self.module) else {
-            return Ok(());
-        };
-        if errors
-            .iter()
-            .all(|e| e.severity == mmq_ir::Severity::Warning)
-        {
-            return Ok(());
+    /// Runs the verifier: every error rendered as a failure (warnings with them); without
+    /// errors, the warnings rendered (empty when there are none).
+    pub fn verify(&self) -> Result<String, LoadError> {
+        let all = mmq_ir::verify::verify_all(&self.module);
+        let failed = all.iter().any(|e| e.severity == mmq_ir::Severity::Error);
+        let rendered = self.render(&all);
+        if failed {
+            Err(LoadError::user(rendered))
+        } else {
+            Ok(rendered)
         }
-        let rendered = match &self.origin {
+    }
+
+    fn render(&self, errors: &[mmq_ir::IrError]) -> String {
+        match &self.origin {
             Origin::Onnx(paths) => {
                 let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-                diagnostics::render_ir_errors(&self.module, &names.join(", "), &errors)
+                diagnostics::render_ir_errors(&self.module, &names.join(", "), errors)
             }
             Origin::Text { files, file, spans } => errors
                 .iter()
@@ -140,13 +143,12 @@ impl Loaded {
                     diagnostics::render(files, &d)
                 })
                 .collect(),
-        };
-        Err(LoadError::user(rendered))
+        }
     }
 
-    /// The module, after [`Loaded::verify`].
-    pub fn verified(self) -> Result<Module, LoadError> {
-        self.verify()?;
-        Ok(self.module)
+    /// The module and its rendered warnings, after [`Loaded::verify`].
+    pub fn verified(self) -> Result<(Module, String), LoadError> {
+        let warnings = self.verify()?;
+        Ok((self.module, warnings))
     }
 }

@@ -1,15 +1,20 @@
 //! The closed set of operations.
 //!
 //! Each modeled op is a variant named after its ONNX operator, with one typed, optional field per
-//! attribute (`None` = absent, so the ONNX default applies; see the accessors on [`Op`] for the
-//! defaults that passes rely on). Legacy attributes of older opsets are modeled too where the op
-//! kept its name (`Squeeze { axes }` before opset 13), so importing any opset stays lossless.
+//! attribute (`None` = absent, so the ONNX default applies: [`Op::attr`] gives it). Legacy
+//! attributes of older opsets are modeled too where the op kept its name (`Squeeze { axes }`
+//! before opset 13), so importing any opset stays lossless.
 //! Semantics are those of the ONNX operator at the opset that the module imports for the default
 //! domain ([`crate::ModelInfo::opsets`]).
 //!
 //! Anything else, including every op outside the default domain and any node whose attributes
 //! do not fit the typed fields, is [`Op::Custom`], which keeps domain, type and attributes
 //! losslessly.
+//!
+//! The table at the end of this file is the op schema: per op its operand and result counts
+//! ([`Op::arity`], checked by the verifier), its properties ([`Op::properties`]: elementwise,
+//! commutative, layout), and per attribute its type, ONNX name and ONNX default
+//! ([`Op::attr`], [`Op::get`], [`Op::epsilon`]).
 
 use crate::attr::{Attr, AttrValue};
 use crate::constant::Const;
@@ -36,10 +41,102 @@ macro_rules! attr_name {
     };
 }
 
+macro_rules! arity_max {
+    ($min:literal) => {
+        $min
+    };
+    ($min:literal, *) => {
+        usize::MAX
+    };
+    ($min:literal, $max:literal) => {
+        $max
+    };
+}
+
+macro_rules! attr_default {
+    ($t:ty) => {
+        None
+    };
+    ($t:ty, $d:literal) => {
+        Some(<$t as AttrValue>::to_attr(
+            &<$t as FromDefault<_>>::from_default($d),
+        ))
+    };
+}
+
+/// Converts a default written in the op table (a Rust literal) to the field's type.
+trait FromDefault<L> {
+    fn from_default(literal: L) -> Self;
+}
+
+impl FromDefault<i64> for i64 {
+    fn from_default(literal: i64) -> i64 {
+        literal
+    }
+}
+
+impl FromDefault<f64> for f32 {
+    fn from_default(literal: f64) -> f32 {
+        literal as f32
+    }
+}
+
+impl FromDefault<&'static str> for String {
+    fn from_default(literal: &'static str) -> String {
+        literal.to_owned()
+    }
+}
+
+/// How many operands and results a node of a modeled op may have (omitted optional operands
+/// at the end do not count; `usize::MAX` is unbounded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arity {
+    /// Fewest operands.
+    pub min_inputs: usize,
+    /// Most operands.
+    pub max_inputs: usize,
+    /// Fewest results.
+    pub min_outputs: usize,
+    /// Most results.
+    pub max_outputs: usize,
+}
+
+/// A property of a modeled op (the op table's parenthesized list).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpProperty {
+    /// Each result element is a function of the operand elements at the same (broadcast)
+    /// position.
+    Elementwise,
+    /// The operands can be swapped (or permuted) without changing the result.
+    Commutative,
+    /// Rearranges elements without changing their values or count (reshapes, transposes,
+    /// `Identity`): a quantization scale or a calibrated range passes through it.
+    Layout,
+}
+
+macro_rules! prop {
+    (elementwise) => {
+        OpProperty::Elementwise
+    };
+    (commutative) => {
+        OpProperty::Commutative
+    };
+    (layout) => {
+        OpProperty::Layout
+    };
+}
+
+/// The op table. Each row is
+/// `Variant [OPERANDS -> RESULTS] (PROPERTIES) { field: Type [as "onnxName"] [= default], ... }`
+/// where counts are `n` or `min..max` (`*` unbounded) and a default is the ONNX default of an
+/// attribute whose default does not depend on the opset or the operand shapes.
 macro_rules! ops {
     ($(
         $(#[doc = $doc:literal])*
-        $variant:ident { $($field:ident : $fty:ty $(= $aname:literal)?),* $(,)? }
+        $variant:ident
+        [ $imin:literal $(.. $imax:tt)? -> $omin:literal $(.. $omax:tt)? ]
+        $( ( $($prop:ident),* ) )?
+        { $($field:ident : $fty:ty $(as $aname:literal)? $(= $default:literal)?),* $(,)? }
     )*) => {
         /// An operation. See the module documentation for the conventions.
         #[derive(Clone, Debug, PartialEq)]
@@ -63,6 +160,42 @@ macro_rules! ops {
                 match op_type {
                     $(stringify!($variant) => Some(&[$(attr_name!($field $(, $aname)?)),*]),)*
                     _ => None,
+                }
+            }
+
+            /// The ONNX default of attribute `name` of a modeled op type, when the op table
+            /// gives one (it leaves out defaults that depend on the opset or the operands).
+            pub fn attr_default(op_type: &str, name: &str) -> Option<Attr> {
+                match op_type {
+                    $(
+                        stringify!($variant) => {
+                            let defaults: [(&str, Option<Attr>); 0 $(+ { let _ = stringify!($field); 1 })*] =
+                                [$((attr_name!($field $(, $aname)?), attr_default!($fty $(, $default)?))),*];
+                            defaults.into_iter().find(|(n, _)| *n == name).and_then(|(_, d)| d)
+                        }
+                    )*
+                    _ => None,
+                }
+            }
+
+            /// Operand and result counts; `None` for [`Op::Custom`].
+            pub fn arity(&self) -> Option<Arity> {
+                match self {
+                    $(Op::$variant { .. } => Some(Arity {
+                        min_inputs: $imin,
+                        max_inputs: arity_max!($imin $(, $imax)?),
+                        min_outputs: $omin,
+                        max_outputs: arity_max!($omin $(, $omax)?),
+                    }),)*
+                    Op::Custom(_) => None,
+                }
+            }
+
+            /// The op's properties (none for [`Op::Custom`]).
+            pub fn properties(&self) -> &'static [OpProperty] {
+                match self {
+                    $(Op::$variant { .. } => &[$($(prop!($prop)),*)?],)*
+                    Op::Custom(_) => &[],
                 }
             }
 
@@ -153,6 +286,52 @@ impl Op {
         matches!(self, Op::Custom(_))
     }
 
+    /// Attribute `name`: its value when set, else its ONNX default from the op table.
+    pub fn attr(&self, name: &str) -> Option<Attr> {
+        self.attrs()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, a)| a)
+            .or_else(|| {
+                if self.is_custom() {
+                    None
+                } else {
+                    Op::attr_default(self.op_type(), name)
+                }
+            })
+    }
+
+    /// [`Op::attr`] as a typed value (`None` when absent without a default, or of another
+    /// kind).
+    pub fn get<T: AttrValue>(&self, name: &str) -> Option<T> {
+        T::from_attr(&self.attr(name)?)
+    }
+
+    /// `epsilon` of a normalization, set or defaulted (1e-5 for every norm ONNX defines).
+    pub fn epsilon(&self) -> Option<f32> {
+        self.get("epsilon")
+    }
+
+    /// Whether the op has property `p`.
+    pub fn has(&self, p: OpProperty) -> bool {
+        self.properties().contains(&p)
+    }
+
+    /// [`OpProperty::Elementwise`].
+    pub fn is_elementwise(&self) -> bool {
+        self.has(OpProperty::Elementwise)
+    }
+
+    /// [`OpProperty::Commutative`].
+    pub fn is_commutative(&self) -> bool {
+        self.has(OpProperty::Commutative)
+    }
+
+    /// [`OpProperty::Layout`].
+    pub fn is_layout(&self) -> bool {
+        self.has(OpProperty::Layout)
+    }
+
     /// The graphs referenced from attributes (bodies of `If`, `Loop`, `Scan`, custom ops).
     pub fn subgraphs(&self) -> Vec<GraphId> {
         self.attrs()
@@ -173,307 +352,377 @@ impl Op {
 ops! {
     // ---- elementwise arithmetic (ONNX multidirectional broadcasting) ----
     /// `a + b`.
-    Add {}
+    Add [2 -> 1] (elementwise, commutative) {}
     /// `a - b`.
-    Sub {}
+    Sub [2 -> 1] (elementwise) {}
     /// `a * b`.
-    Mul {}
+    Mul [2 -> 1] (elementwise, commutative) {}
     /// `a / b` (integer division truncates).
-    Div {}
+    Div [2 -> 1] (elementwise) {}
     /// `a ^ b`.
-    Pow {}
+    Pow [2 -> 1] (elementwise) {}
     /// Remainder; `fmod = 1` gives C `fmod` semantics.
-    Mod { fmod: i64 }
+    Mod [2 -> 1] (elementwise) { fmod: i64 = 0 }
     /// Elementwise minimum of all inputs.
-    Min {}
+    Min [1..* -> 1] (elementwise, commutative) {}
     /// Elementwise maximum of all inputs.
-    Max {}
+    Max [1..* -> 1] (elementwise, commutative) {}
     /// Elementwise sum of all inputs.
-    Sum {}
+    Sum [1..* -> 1] (elementwise, commutative) {}
     /// Elementwise mean of all inputs.
-    Mean {}
+    Mean [1..* -> 1] (elementwise, commutative) {}
     /// Bit shift by `direction` (`LEFT` or `RIGHT`).
-    BitShift { direction: String }
+    BitShift [2 -> 1] (elementwise) { direction: String }
     /// Bitwise and.
-    BitwiseAnd {}
+    BitwiseAnd [2 -> 1] (elementwise, commutative) {}
     /// Bitwise or.
-    BitwiseOr {}
+    BitwiseOr [2 -> 1] (elementwise, commutative) {}
     /// Bitwise xor.
-    BitwiseXor {}
+    BitwiseXor [2 -> 1] (elementwise, commutative) {}
     /// Bitwise not.
-    BitwiseNot {}
+    BitwiseNot [1 -> 1] (elementwise) {}
     // ---- comparison and logic ----
     /// `a == b` → bool.
-    Equal {}
+    Equal [2 -> 1] (elementwise, commutative) {}
     /// `a < b` → bool.
-    Less {}
+    Less [2 -> 1] (elementwise) {}
     /// `a > b` → bool.
-    Greater {}
+    Greater [2 -> 1] (elementwise) {}
     /// `a <= b` → bool.
-    LessOrEqual {}
+    LessOrEqual [2 -> 1] (elementwise) {}
     /// `a >= b` → bool.
-    GreaterOrEqual {}
+    GreaterOrEqual [2 -> 1] (elementwise) {}
     /// Logical and.
-    And {}
+    And [2 -> 1] (elementwise, commutative) {}
     /// Logical or.
-    Or {}
+    Or [2 -> 1] (elementwise, commutative) {}
     /// Logical xor.
-    Xor {}
+    Xor [2 -> 1] (elementwise, commutative) {}
     /// Logical not.
-    Not {}
+    Not [1 -> 1] (elementwise) {}
     /// `cond ? a : b` with broadcasting.
-    Where {}
+    Where [3 -> 1] (elementwise) {}
     /// NaN test → bool.
-    IsNaN {}
+    IsNaN [1 -> 1] (elementwise) {}
     /// Infinity test → bool.
-    IsInf { detect_negative: i64, detect_positive: i64 }
+    IsInf [1 -> 1] (elementwise) { detect_negative: i64 = 1, detect_positive: i64 = 1 }
     // ---- elementwise unary math ----
     /// `-x`.
-    Neg {}
+    Neg [1 -> 1] (elementwise) {}
     /// `|x|`.
-    Abs {}
+    Abs [1 -> 1] (elementwise) {}
     /// Square root.
-    Sqrt {}
+    Sqrt [1 -> 1] (elementwise) {}
     /// `e^x`.
-    Exp {}
+    Exp [1 -> 1] (elementwise) {}
     /// Natural logarithm.
-    Log {}
+    Log [1 -> 1] (elementwise) {}
     /// `1 / x`.
-    Reciprocal {}
+    Reciprocal [1 -> 1] (elementwise) {}
     /// Round down.
-    Floor {}
+    Floor [1 -> 1] (elementwise) {}
     /// Round up.
-    Ceil {}
+    Ceil [1 -> 1] (elementwise) {}
     /// Round half to even.
-    Round {}
+    Round [1 -> 1] (elementwise) {}
     /// Sign (-1, 0, 1).
-    Sign {}
+    Sign [1 -> 1] (elementwise) {}
     /// Sine.
-    Sin {}
+    Sin [1 -> 1] (elementwise) {}
     /// Cosine.
-    Cos {}
+    Cos [1 -> 1] (elementwise) {}
     /// Tangent.
-    Tan {}
+    Tan [1 -> 1] (elementwise) {}
     /// Arcsine.
-    Asin {}
+    Asin [1 -> 1] (elementwise) {}
     /// Arccosine.
-    Acos {}
+    Acos [1 -> 1] (elementwise) {}
     /// Arctangent.
-    Atan {}
+    Atan [1 -> 1] (elementwise) {}
     /// Hyperbolic sine.
-    Sinh {}
+    Sinh [1 -> 1] (elementwise) {}
     /// Hyperbolic cosine.
-    Cosh {}
+    Cosh [1 -> 1] (elementwise) {}
     /// Inverse hyperbolic sine.
-    Asinh {}
+    Asinh [1 -> 1] (elementwise) {}
     /// Inverse hyperbolic cosine.
-    Acosh {}
+    Acosh [1 -> 1] (elementwise) {}
     /// Inverse hyperbolic tangent.
-    Atanh {}
+    Atanh [1 -> 1] (elementwise) {}
     /// Hyperbolic tangent.
-    Tanh {}
+    Tanh [1 -> 1] (elementwise) {}
     /// Logistic sigmoid.
-    Sigmoid {}
+    Sigmoid [1 -> 1] (elementwise) {}
     /// Error function.
-    Erf {}
+    Erf [1 -> 1] (elementwise) {}
     /// The input, unchanged.
-    Identity {}
+    Identity [1 -> 1] (elementwise, layout) {}
     /// Clamp to `[min, max]` (inputs from opset 11; attributes before).
-    Clip { min: f32, max: f32 }
+    Clip [1..3 -> 1] (elementwise) { min: f32, max: f32 }
     // ---- activations ----
     /// `max(x, 0)`.
-    Relu {}
+    Relu [1 -> 1] (elementwise) {}
     /// `x < 0 ? alpha * x : x` (alpha default 0.01).
-    LeakyRelu { alpha: f32 }
+    LeakyRelu [1 -> 1] (elementwise) { alpha: f32 = 0.01 }
     /// Exponential linear unit (alpha default 1).
-    Elu { alpha: f32 }
+    Elu [1 -> 1] (elementwise) { alpha: f32 = 1.0 }
     /// Scaled ELU.
-    Selu { alpha: f32, gamma: f32 }
+    Selu [1 -> 1] (elementwise) { alpha: f32 = 1.6732631921768188, gamma: f32 = 1.0507010221481323 }
     /// Continuously differentiable ELU.
-    Celu { alpha: f32 }
+    Celu [1 -> 1] (elementwise) { alpha: f32 = 1.0 }
     /// GELU; `approximate` is `none` (erf) or `tanh`.
-    Gelu { approximate: String }
+    Gelu [1 -> 1] (elementwise) { approximate: String = "none" }
     /// `max(0, min(1, alpha * x + beta))`.
-    HardSigmoid { alpha: f32, beta: f32 }
+    HardSigmoid [1 -> 1] (elementwise) { alpha: f32 = 0.2, beta: f32 = 0.5 }
     /// `x * hard_sigmoid(x)` with alpha 1/6, beta 0.5.
-    HardSwish {}
+    HardSwish [1 -> 1] (elementwise) {}
     /// `ln(1 + e^x)`.
-    Softplus {}
+    Softplus [1 -> 1] (elementwise) {}
     /// `x / (1 + |x|)`.
-    Softsign {}
+    Softsign [1 -> 1] (elementwise) {}
     /// Leaky ReLU with a learned slope input.
-    PRelu {}
+    PRelu [2 -> 1] (elementwise) {}
     /// `x * tanh(softplus(x))`.
-    Mish {}
+    Mish [1 -> 1] (elementwise) {}
     /// `x > alpha ? x : 0`.
-    ThresholdedRelu { alpha: f32 }
+    ThresholdedRelu [1 -> 1] (elementwise) { alpha: f32 = 1.0 }
     /// `x * sigmoid(alpha * x)`.
-    Swish { alpha: f32 }
+    Swish [1 -> 1] (elementwise) { alpha: f32 = 1.0 }
     // ---- linear algebra and convolution ----
     /// Matrix product with numpy batching.
-    MatMul {}
+    MatMul [2 -> 1] {}
     /// Integer matrix product with zero points.
-    MatMulInteger {}
+    MatMulInteger [2..4 -> 1] {}
     /// `alpha * op(A) * op(B) + beta * C`.
-    Gemm { alpha: f32, beta: f32, trans_a: i64 = "transA", trans_b: i64 = "transB" }
+    Gemm [2..3 -> 1] { alpha: f32 = 1.0, beta: f32 = 1.0, trans_a: i64 as "transA" = 0, trans_b: i64 as "transB" = 0 }
     /// N-d convolution (NCHW).
-    Conv { auto_pad: String, dilations: Vec<i64>, group: i64, kernel_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
+    Conv [2..3 -> 1] { auto_pad: String = "NOTSET", dilations: Vec<i64>, group: i64 = 1, kernel_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
     /// Integer convolution with zero points.
-    ConvInteger { auto_pad: String, dilations: Vec<i64>, group: i64, kernel_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
+    ConvInteger [2..4 -> 1] { auto_pad: String = "NOTSET", dilations: Vec<i64>, group: i64 = 1, kernel_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
     /// Transposed convolution.
-    ConvTranspose { auto_pad: String, dilations: Vec<i64>, group: i64, kernel_shape: Vec<i64>, output_padding: Vec<i64>, output_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
+    ConvTranspose [2..3 -> 1] { auto_pad: String = "NOTSET", dilations: Vec<i64>, group: i64 = 1, kernel_shape: Vec<i64>, output_padding: Vec<i64>, output_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
     /// Quantized convolution (x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias).
-    QLinearConv { auto_pad: String, dilations: Vec<i64>, group: i64, kernel_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
+    QLinearConv [8..9 -> 1] { auto_pad: String = "NOTSET", dilations: Vec<i64>, group: i64 = 1, kernel_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
     /// Quantized matrix product.
-    QLinearMatMul {}
+    QLinearMatMul [8 -> 1] {}
     /// Einstein summation.
-    Einsum { equation: String }
+    Einsum [1..* -> 1] { equation: String }
     // ---- pooling ----
     /// Max pooling; optional second output holds indices.
-    MaxPool { auto_pad: String, ceil_mode: i64, dilations: Vec<i64>, kernel_shape: Vec<i64>, pads: Vec<i64>, storage_order: i64, strides: Vec<i64> }
+    MaxPool [1 -> 1..2] { auto_pad: String = "NOTSET", ceil_mode: i64 = 0, dilations: Vec<i64>, kernel_shape: Vec<i64>, pads: Vec<i64>, storage_order: i64 = 0, strides: Vec<i64> }
     /// Average pooling.
-    AveragePool { auto_pad: String, ceil_mode: i64, count_include_pad: i64, dilations: Vec<i64>, kernel_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
+    AveragePool [1 -> 1] { auto_pad: String = "NOTSET", ceil_mode: i64 = 0, count_include_pad: i64 = 0, dilations: Vec<i64>, kernel_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
     /// Lp pooling.
-    LpPool { auto_pad: String, ceil_mode: i64, dilations: Vec<i64>, kernel_shape: Vec<i64>, p: i64, pads: Vec<i64>, strides: Vec<i64> }
+    LpPool [1 -> 1] { auto_pad: String = "NOTSET", ceil_mode: i64 = 0, dilations: Vec<i64>, kernel_shape: Vec<i64>, p: i64 = 2, pads: Vec<i64>, strides: Vec<i64> }
     /// Mean over all spatial axes (keeps them as size 1).
-    GlobalAveragePool {}
+    GlobalAveragePool [1 -> 1] {}
     /// Max over all spatial axes.
-    GlobalMaxPool {}
+    GlobalMaxPool [1 -> 1] {}
     /// Lp norm over all spatial axes.
-    GlobalLpPool { p: i64 }
+    GlobalLpPool [1 -> 1] { p: i64 = 2 }
     // ---- normalization ----
     /// Batch normalization (inference form unless `training_mode = 1`).
-    BatchNormalization { epsilon: f32, momentum: f32, training_mode: i64, spatial: i64, is_test: i64 }
+    BatchNormalization [5 -> 1..5] { epsilon: f32 = 1e-5, momentum: f32 = 0.9, training_mode: i64 = 0, spatial: i64, is_test: i64 }
     /// Layer normalization over axes `axis..rank`.
-    LayerNormalization { axis: i64, epsilon: f32, stash_type: i64 }
+    LayerNormalization [2..3 -> 1..3] { axis: i64 = -1, epsilon: f32 = 1e-5, stash_type: i64 = 1 }
     /// Instance normalization.
-    InstanceNormalization { epsilon: f32 }
+    InstanceNormalization [3 -> 1] { epsilon: f32 = 1e-5 }
     /// Group normalization.
-    GroupNormalization { epsilon: f32, num_groups: i64, stash_type: i64 }
+    GroupNormalization [3 -> 1] { epsilon: f32 = 1e-5, num_groups: i64, stash_type: i64 = 1 }
     /// RMS normalization over axes `axis..rank`.
-    RMSNormalization { axis: i64, epsilon: f32, stash_type: i64 }
+    RMSNormalization [2 -> 1] { axis: i64 = -1, epsilon: f32 = 1e-5, stash_type: i64 = 1 }
     /// Lp normalization along `axis`.
-    LpNormalization { axis: i64, p: i64 }
+    LpNormalization [1 -> 1] { axis: i64 = -1, p: i64 = 2 }
     /// Local response normalization.
-    LRN { alpha: f32, beta: f32, bias: f32, size: i64 }
+    LRN [1 -> 1] { alpha: f32 = 0.0001, beta: f32 = 0.75, bias: f32 = 1.0, size: i64 }
     /// Mean-variance normalization over `axes`.
-    MeanVarianceNormalization { axes: Vec<i64> }
+    MeanVarianceNormalization [1 -> 1] { axes: Vec<i64> }
     // ---- reductions (axes attribute before opset 18, input after; ReduceSum from 13) ----
     /// Sum.
-    ReduceSum { axes: Vec<i64>, keepdims: i64, noop_with_empty_axes: i64 }
+    ReduceSum [1..2 -> 1] { axes: Vec<i64>, keepdims: i64 = 1, noop_with_empty_axes: i64 = 0 }
     /// Mean.
-    ReduceMean { axes: Vec<i64>, keepdims: i64, noop_with_empty_axes: i64 }
+    ReduceMean [1..2 -> 1] { axes: Vec<i64>, keepdims: i64 = 1, noop_with_empty_axes: i64 = 0 }
     /// Maximum.
-    ReduceMax { axes: Vec<i64>, keepdims: i64, noop_with_empty_axes: i64 }
+    ReduceMax [1..2 -> 1] { axes: Vec<i64>, keepdims: i64 = 1, noop_with_empty_axes: i64 = 0 }
     /// Minimum.
-    ReduceMin { axes: Vec<i64>, keepdims: i64, noop_with_empty_axes: i64 }
+    ReduceMin [1..2 -> 1] { axes: Vec<i64>, keepdims: i64 = 1, noop_with_empty_axes: i64 = 0 }
     /// Product.
-    ReduceProd { axes: Vec<i64>, keepdims: i64, noop_with_empty_axes: i64 }
+    ReduceProd [1..2 -> 1] { axes: Vec<i64>, keepdims: i64 = 1, noop_with_empty_axes: i64 = 0 }
     /// L1 norm.
-    ReduceL1 { axes: Vec<i64>, keepdims: i64, noop_with_empty_axes: i64 }
+    ReduceL1 [1..2 -> 1] { axes: Vec<i64>, keepdims: i64 = 1, noop_with_empty_axes: i64 = 0 }
     /// L2 norm.
-    ReduceL2 { axes: Vec<i64>, keepdims: i64, noop_with_empty_axes: i64 }
+    ReduceL2 [1..2 -> 1] { axes: Vec<i64>, keepdims: i64 = 1, noop_with_empty_axes: i64 = 0 }
     /// Log of sum.
-    ReduceLogSum { axes: Vec<i64>, keepdims: i64, noop_with_empty_axes: i64 }
+    ReduceLogSum [1..2 -> 1] { axes: Vec<i64>, keepdims: i64 = 1, noop_with_empty_axes: i64 = 0 }
     /// Log of sum of exponentials.
-    ReduceLogSumExp { axes: Vec<i64>, keepdims: i64, noop_with_empty_axes: i64 }
+    ReduceLogSumExp [1..2 -> 1] { axes: Vec<i64>, keepdims: i64 = 1, noop_with_empty_axes: i64 = 0 }
     /// Sum of squares.
-    ReduceSumSquare { axes: Vec<i64>, keepdims: i64, noop_with_empty_axes: i64 }
+    ReduceSumSquare [1..2 -> 1] { axes: Vec<i64>, keepdims: i64 = 1, noop_with_empty_axes: i64 = 0 }
     /// Index of the maximum along `axis` (i64).
-    ArgMax { axis: i64, keepdims: i64, select_last_index: i64 }
+    ArgMax [1 -> 1] { axis: i64 = 0, keepdims: i64 = 1, select_last_index: i64 = 0 }
     /// Index of the minimum along `axis` (i64).
-    ArgMin { axis: i64, keepdims: i64, select_last_index: i64 }
+    ArgMin [1 -> 1] { axis: i64 = 0, keepdims: i64 = 1, select_last_index: i64 = 0 }
     /// Softmax along `axis` (before opset 13: over the flattened axes `axis..`).
-    Softmax { axis: i64 }
+    Softmax [1 -> 1] { axis: i64 }
     /// Log-softmax along `axis`.
-    LogSoftmax { axis: i64 }
+    LogSoftmax [1 -> 1] { axis: i64 }
     /// One-hot of the maximum along `axis`.
-    Hardmax { axis: i64 }
+    Hardmax [1 -> 1] { axis: i64 }
     /// Cumulative sum along the axis input.
-    CumSum { exclusive: i64, reverse: i64 }
+    CumSum [2 -> 1] { exclusive: i64 = 0, reverse: i64 = 0 }
     /// The `k` largest (or smallest) elements and their indices.
-    TopK { axis: i64, largest: i64, sorted: i64 }
+    TopK [1..2 -> 2] { axis: i64 = -1, largest: i64 = 1, sorted: i64 = 1 }
     // ---- shape and indexing ----
     /// The shape as a 1-d i64 tensor, optionally sliced by `start..end`.
-    Shape { start: i64, end: i64 }
+    Shape [1 -> 1] { start: i64 = 0, end: i64 }
     /// Number of elements as an i64 scalar.
-    Size {}
+    Size [1 -> 1] {}
     /// Gather along `axis`.
-    Gather { axis: i64 }
+    Gather [2 -> 1] { axis: i64 = 0 }
     /// Gather elements along `axis` (`take_along_axis`).
-    GatherElements { axis: i64 }
+    GatherElements [2 -> 1] { axis: i64 = 0 }
     /// Gather slices by N-d indices.
-    GatherND { batch_dims: i64 }
+    GatherND [2 -> 1] { batch_dims: i64 = 0 }
     /// Scatter slices by N-d indices.
-    ScatterND { reduction: String }
+    ScatterND [3 -> 1] { reduction: String = "none" }
     /// Scatter elements along `axis`.
-    ScatterElements { axis: i64, reduction: String }
+    ScatterElements [3 -> 1] { axis: i64 = 0, reduction: String = "none" }
     /// Slice by inputs (starts, ends, axes, steps); attributes before opset 10.
-    Slice { starts: Vec<i64>, ends: Vec<i64>, axes: Vec<i64> }
+    Slice [1..5 -> 1] { starts: Vec<i64>, ends: Vec<i64>, axes: Vec<i64> }
     /// Concatenate along `axis`.
-    Concat { axis: i64 }
+    Concat [1..* -> 1] { axis: i64 }
     /// Split along `axis` by the `split` input (attribute before opset 13) or into `num_outputs`.
-    Split { axis: i64, num_outputs: i64, split: Vec<i64> }
+    Split [1..2 -> 1..*] { axis: i64 = 0, num_outputs: i64, split: Vec<i64> }
     /// Reshape to the shape input (0 copies the input dim unless `allowzero`, -1 infers).
-    Reshape { allowzero: i64 }
+    Reshape [2 -> 1] (layout) { allowzero: i64 = 0 }
     /// Broadcast to the shape input.
-    Expand {}
+    Expand [2 -> 1] {}
     /// Remove size-1 axes (axes input from opset 13, attribute before).
-    Squeeze { axes: Vec<i64> }
+    Squeeze [1..2 -> 1] (layout) { axes: Vec<i64> }
     /// Insert size-1 axes (axes input from opset 13, attribute before).
-    Unsqueeze { axes: Vec<i64> }
+    Unsqueeze [1..2 -> 1] (layout) { axes: Vec<i64> }
     /// Reshape to 2-d at `axis`.
-    Flatten { axis: i64 }
+    Flatten [1 -> 1] (layout) { axis: i64 = 1 }
     /// Permute axes (`perm` default: reverse).
-    Transpose { perm: Vec<i64> }
+    Transpose [1 -> 1] (layout) { perm: Vec<i64> }
     /// `[start, limit)` by `delta`.
-    Range {}
+    Range [3 -> 1] {}
     /// Repeat along each axis.
-    Tile {}
+    Tile [2 -> 1] {}
     /// Pad (pads input from opset 11, attributes before).
-    Pad { mode: String, pads: Vec<i64>, value: f32 }
+    Pad [1..4 -> 1] { mode: String = "constant", pads: Vec<i64>, value: f32 }
     /// Resize by scales or sizes.
-    Resize { antialias: i64, axes: Vec<i64>, coordinate_transformation_mode: String, cubic_coeff_a: f32, exclude_outside: i64, extrapolation_value: f32, keep_aspect_ratio_policy: String, mode: String, nearest_mode: String }
+    Resize [1..4 -> 1] { antialias: i64 = 0, axes: Vec<i64>, coordinate_transformation_mode: String = "half_pixel", cubic_coeff_a: f32 = -0.75, exclude_outside: i64 = 0, extrapolation_value: f32 = 0.0, keep_aspect_ratio_policy: String = "stretch", mode: String = "nearest", nearest_mode: String = "round_prefer_floor" }
     /// Convert the element type to `to`.
-    Cast { round_mode: String, saturate: i64, to: i64 }
+    Cast [1 -> 1] (elementwise) { round_mode: String, saturate: i64 = 1, to: i64 }
     /// Convert the element type to that of the second input.
-    CastLike { round_mode: String, saturate: i64 }
+    CastLike [2 -> 1] (elementwise) { round_mode: String, saturate: i64 = 1 }
     /// A tensor of the shape input filled with `value` (default f32 zero).
-    ConstantOfShape { value: Const }
+    ConstantOfShape [1 -> 1] { value: Const }
     /// A constant; exactly one attribute is set.
-    Constant { value: Const, value_float: f32, value_floats: Vec<f32>, value_int: i64, value_ints: Vec<i64>, value_string: String, value_strings: Vec<String> }
+    Constant [0 -> 1] { value: Const, value_float: f32, value_floats: Vec<f32>, value_int: i64, value_ints: Vec<i64>, value_string: String, value_strings: Vec<String> }
     /// Identity at inference; optional mask output.
-    Dropout { seed: i64, ratio: f32, is_test: i64 }
+    Dropout [1..3 -> 1..2] { seed: i64, ratio: f32 = 0.5, is_test: i64 }
     /// Indices of non-zero elements, shape `[rank, n]`.
-    NonZero {}
+    NonZero [1 -> 1] {}
     /// Upper or lower triangle.
-    Trilu { upper: i64 }
+    Trilu [1..2 -> 1] { upper: i64 = 1 }
     /// Rearrange depth into blocks of space.
-    DepthToSpace { blocksize: i64, mode: String }
+    DepthToSpace [1 -> 1] { blocksize: i64, mode: String = "DCR" }
     /// Rearrange blocks of space into depth.
-    SpaceToDepth { blocksize: i64 }
+    SpaceToDepth [1 -> 1] { blocksize: i64 }
     /// One-hot encoding along `axis`.
-    OneHot { axis: i64 }
+    OneHot [3 -> 1] { axis: i64 = -1 }
     // ---- quantization ----
     /// `saturate(round(x / scale) + zero_point)`; per-tensor, per-axis or per-block.
-    QuantizeLinear { axis: i64, block_size: i64, output_dtype: i64, precision: i64, saturate: i64 }
+    QuantizeLinear [2..3 -> 1] { axis: i64 = 1, block_size: i64 = 0, output_dtype: i64 = 0, precision: i64, saturate: i64 = 1 }
     /// `(x - zero_point) * scale`; per-tensor, per-axis or per-block.
-    DequantizeLinear { axis: i64, block_size: i64, output_dtype: i64 }
+    DequantizeLinear [2..3 -> 1] { axis: i64 = 1, block_size: i64 = 0, output_dtype: i64 = 0 }
     /// Dynamic u8 quantization with computed scale and zero point.
-    DynamicQuantizeLinear {}
+    DynamicQuantizeLinear [1 -> 3] {}
     // ---- attention ----
     /// Scaled dot-product attention (opset 23; sliding windows from opset 25).
-    Attention { is_causal: i64, kv_num_heads: i64, left_window_size: i64, q_num_heads: i64, qk_matmul_output_mode: i64, right_window_size: i64, scale: f32, softcap: f32, softmax_precision: i64 }
+    Attention [3..7 -> 1..4] { is_causal: i64 = 0, kv_num_heads: i64, left_window_size: i64, q_num_heads: i64, qk_matmul_output_mode: i64 = 0, right_window_size: i64, scale: f32, softcap: f32 = 0.0, softmax_precision: i64 = 0 }
     /// Rotary position embedding (opset 23).
-    RotaryEmbedding { interleaved: i64, num_heads: i64, rotary_embedding_dim: i64 }
+    RotaryEmbedding [3..4 -> 1] { interleaved: i64 = 0, num_heads: i64, rotary_embedding_dim: i64 }
     // ---- control flow ----
     /// Runs `then_branch` or `else_branch`.
-    If { then_branch: GraphId, else_branch: GraphId }
+    If [1 -> 1..*] { then_branch: GraphId, else_branch: GraphId }
     /// Runs `body` while the condition holds, up to the trip count.
-    Loop { body: GraphId }
+    Loop [2..* -> 0..*] { body: GraphId }
     /// Runs `body` over slices of the scan inputs.
-    Scan { body: GraphId, num_scan_inputs: i64, scan_input_axes: Vec<i64>, scan_input_directions: Vec<i64>, scan_output_axes: Vec<i64>, scan_output_directions: Vec<i64> }
+    Scan [0..* -> 1..*] { body: GraphId, num_scan_inputs: i64, scan_input_axes: Vec<i64>, scan_input_directions: Vec<i64>, scan_output_axes: Vec<i64>, scan_output_directions: Vec<i64> }
     // ---- optional and sequence ----
     /// Wraps a value (or nothing, with `type`) as an optional.
-    Optional { r#type: Type = "type" }
+    Optional [0..1 -> 1] { r#type: Type as "type" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_gives_arity() {
+        let add = Op::Add {}.arity().expect("modeled");
+        assert_eq!(
+            (
+                add.min_inputs,
+                add.max_inputs,
+                add.min_outputs,
+                add.max_outputs
+            ),
+            (2, 2, 1, 1)
+        );
+        let split = Op::from_parts("", "Split", vec![])
+            .arity()
+            .expect("modeled");
+        assert_eq!((split.min_inputs, split.max_inputs), (1, 2));
+        assert_eq!((split.min_outputs, split.max_outputs), (1, usize::MAX));
+        let custom = Op::from_parts("com.microsoft", "FusedConv", vec![]);
+        assert_eq!(custom.arity(), None);
+    }
+
+    #[test]
+    fn the_table_gives_attribute_defaults() {
+        let ln = Op::from_parts("", "LayerNormalization", vec![]);
+        assert_eq!(ln.epsilon(), Some(1e-5));
+        assert_eq!(ln.get::<i64>("axis"), Some(-1));
+        let set = Op::from_parts(
+            "",
+            "LayerNormalization",
+            vec![("epsilon".into(), Attr::Float(1e-6))],
+        );
+        assert_eq!(set.epsilon(), Some(1e-6));
+        // ONNX names, not field names.
+        assert_eq!(Op::attr_default("Gemm", "transB"), Some(Attr::Int(0)));
+        assert_eq!(Op::attr_default("Gemm", "trans_b"), None);
+        assert_eq!(
+            Op::attr_default("Resize", "mode"),
+            Some(Attr::String("nearest".into()))
+        );
+        let selu = Op::from_parts("", "Selu", vec![]);
+        assert_eq!(selu.get::<f32>("alpha"), Some(1.673_263_2));
+        // Opset-dependent defaults are left out: Softmax's axis was 1 before opset 13.
+        assert_eq!(Op::from_parts("", "Softmax", vec![]).attr("axis"), None);
+        assert_eq!(Op::from_parts("", "Relu", vec![]).epsilon(), None);
+        // Every default converts back to its field: a typed op built from the defaults.
+        for &op_type in Op::MODELED {
+            let names = Op::attr_names(op_type).expect("modeled");
+            let attrs: Vec<(String, Attr)> = names
+                .iter()
+                .filter_map(|n| Some(((*n).to_owned(), Op::attr_default(op_type, n)?)))
+                .collect();
+            assert!(!Op::from_parts("", op_type, attrs).is_custom(), "{op_type}");
+        }
+    }
+
+    #[test]
+    fn the_table_gives_properties() {
+        assert!(Op::Add {}.is_elementwise() && Op::Add {}.is_commutative());
+        assert!(Op::Sub {}.is_elementwise() && !Op::Sub {}.is_commutative());
+        assert!(Op::from_parts("", "Reshape", vec![]).is_layout());
+        assert!(!Op::MatMul {}.is_elementwise() && !Op::MatMul {}.is_layout());
+        let custom = Op::from_parts("com.microsoft", "Gelu", vec![]);
+        assert!(custom.properties().is_empty());
+    }
 }

@@ -65,153 +65,33 @@ struct Verifier<'a> {
     listed: Vec<Vec<GraphId>>,
 }
 
-/// Maximum arity marker.
+/// Unbounded arity (the op table's `*`).
 const MANY: usize = usize::MAX;
 
-/// (min inputs, max inputs, min outputs, max outputs) of a modeled op; lenient where opsets
-/// differ.
-fn arity(op: &Op) -> Option<(usize, usize, usize, usize)> {
-    use Op::*;
-    Some(match op {
-        Neg {}
-        | Abs {}
-        | Sqrt {}
-        | Exp {}
-        | Log {}
-        | Reciprocal {}
-        | Floor {}
-        | Ceil {}
-        | Round {}
-        | Sign {}
-        | Sin {}
-        | Cos {}
-        | Tan {}
-        | Asin {}
-        | Acos {}
-        | Atan {}
-        | Sinh {}
-        | Cosh {}
-        | Asinh {}
-        | Acosh {}
-        | Atanh {}
-        | Tanh {}
-        | Sigmoid {}
-        | Erf {}
-        | Identity {}
-        | Relu {}
-        | LeakyRelu { .. }
-        | Elu { .. }
-        | Selu { .. }
-        | Celu { .. }
-        | Gelu { .. }
-        | HardSigmoid { .. }
-        | HardSwish {}
-        | Softplus {}
-        | Softsign {}
-        | Mish {}
-        | ThresholdedRelu { .. }
-        | Swish { .. }
-        | BitwiseNot {}
-        | Not {}
-        | IsNaN {}
-        | IsInf { .. }
-        | Softmax { .. }
-        | LogSoftmax { .. }
-        | Hardmax { .. }
-        | LRN { .. }
-        | LpNormalization { .. }
-        | MeanVarianceNormalization { .. }
-        | GlobalAveragePool {}
-        | GlobalMaxPool {}
-        | GlobalLpPool { .. }
-        | Shape { .. }
-        | Size {}
-        | Flatten { .. }
-        | Transpose { .. }
-        | NonZero {}
-        | DepthToSpace { .. }
-        | SpaceToDepth { .. }
-        | Cast { .. }
-        | ConstantOfShape { .. }
-        | ArgMax { .. }
-        | ArgMin { .. }
-        | AveragePool { .. }
-        | LpPool { .. } => (1, 1, 1, 1),
-        Add {}
-        | Sub {}
-        | Mul {}
-        | Div {}
-        | Pow {}
-        | Mod { .. }
-        | BitShift { .. }
-        | BitwiseAnd {}
-        | BitwiseOr {}
-        | BitwiseXor {}
-        | Equal {}
-        | Less {}
-        | Greater {}
-        | LessOrEqual {}
-        | GreaterOrEqual {}
-        | And {}
-        | Or {}
-        | Xor {}
-        | PRelu {}
-        | MatMul {}
-        | Gather { .. }
-        | GatherElements { .. }
-        | GatherND { .. }
-        | Expand {}
-        | Tile {}
-        | CastLike { .. }
-        | Reshape { .. }
-        | CumSum { .. }
-        | RMSNormalization { .. } => (2, 2, 1, 1),
-        Min {} | Max {} | Sum {} | Mean {} | Concat { .. } | Einsum { .. } => (1, MANY, 1, 1),
-        Where {}
-        | InstanceNormalization { .. }
-        | GroupNormalization { .. }
-        | Range {}
-        | ScatterND { .. }
-        | ScatterElements { .. }
-        | OneHot { .. } => (3, 3, 1, 1),
-        Clip { .. } => (1, 3, 1, 1),
-        MatMulInteger {} | ConvInteger { .. } => (2, 4, 1, 1),
-        Gemm { .. } | Conv { .. } | ConvTranspose { .. } => (2, 3, 1, 1),
-        QLinearConv { .. } => (8, 9, 1, 1),
-        QLinearMatMul {} => (8, 8, 1, 1),
-        MaxPool { .. } => (1, 1, 1, 2),
-        BatchNormalization { .. } => (5, 5, 1, 5),
-        LayerNormalization { .. } => (2, 3, 1, 3),
-        ReduceSum { .. }
-        | ReduceMean { .. }
-        | ReduceMax { .. }
-        | ReduceMin { .. }
-        | ReduceProd { .. }
-        | ReduceL1 { .. }
-        | ReduceL2 { .. }
-        | ReduceLogSum { .. }
-        | ReduceLogSumExp { .. }
-        | ReduceSumSquare { .. }
-        | Squeeze { .. }
-        | Unsqueeze { .. }
-        | Trilu { .. } => (1, 2, 1, 1),
-        TopK { .. } => (1, 2, 2, 2),
-        Slice { .. } => (1, 5, 1, 1),
-        Split { .. } => (1, 2, 1, MANY),
-        Pad { .. } | Resize { .. } => (1, 4, 1, 1),
-        Constant { .. } => (0, 0, 1, 1),
-        Dropout { .. } => (1, 3, 1, 2),
-        QuantizeLinear { .. } | DequantizeLinear { .. } => (2, 3, 1, 1),
-        DynamicQuantizeLinear {} => (1, 1, 3, 3),
-        Attention { .. } => (3, 7, 1, 4),
-        RotaryEmbedding { .. } => (3, 4, 1, 1),
-        If { .. } => (1, 1, 1, MANY),
-        Loop { .. } => (2, MANY, 0, MANY),
-        // Before opset 9 the first operand (sequence_lens) is optional.
-        Scan { .. } => (0, MANY, 1, MANY),
-        Optional { .. } => (0, 1, 1, 1),
-        Custom(_) => return None,
-    })
+/// Why a default-domain node of a modeled op type did not become the typed op: the first
+/// attribute that is unknown, repeated, or of another kind than the op table's.
+fn custom_fallback_reason(c: &crate::op::CustomOp, known: &[&str]) -> String {
+    let mut seen = HashSet::new();
+    for (name, attr) in &c.attrs {
+        if !known.contains(&name.as_str()) {
+            return if known.is_empty() {
+                format!("{} takes no attributes, but '{name}' is set", c.op_type)
+            } else {
+                format!(
+                    "'{name}' is not an attribute of {}: {}",
+                    c.op_type,
+                    known.join(", ")
+                )
+            };
+        }
+        if !seen.insert(name.as_str()) {
+            return format!("attribute '{name}' is given twice");
+        }
+        if Op::from_parts("", &c.op_type, vec![(name.clone(), attr.clone())]).is_custom() {
+            return format!("attribute '{name}' is not of the kind the op takes");
+        }
+    }
+    "its attributes do not fit the op".to_owned()
 }
 
 impl Verifier<'_> {
@@ -713,7 +593,27 @@ impl Verifier<'_> {
             if self.listed[n.index()].is_empty() {
                 continue;
             }
-            if let Some((min_in, max_in, min_out, max_out)) = arity(&d.op) {
+            if let Op::Custom(c) = &d.op
+                && matches!(c.domain.as_str(), "" | "ai.onnx")
+                && let Some(known) = Op::attr_names(&c.op_type)
+            {
+                let why = custom_fallback_reason(c, known);
+                self.errors.push(IrError::warning(
+                    Entity::Node(n),
+                    format!(
+                        "{} is kept opaque ({why}): inference, rules and quantization \
+                         do not look into it",
+                        self.nl(n)
+                    ),
+                ));
+            }
+            if let Some(arity) = d.op.arity() {
+                let (min_in, max_in, min_out, max_out) = (
+                    arity.min_inputs,
+                    arity.max_inputs,
+                    arity.min_outputs,
+                    arity.max_outputs,
+                );
                 let n_in = d
                     .inputs
                     .iter()
@@ -1224,6 +1124,53 @@ mod tests {
         b.m.graphs[else_g].parent = Some(node);
         b.m.nodes[e_node].inputs[0] = Some(x);
         assert_eq!(verify(&b.m), Ok(()));
+    }
+
+    /// A default-domain node of a modeled op type whose attributes do not fit the op table
+    /// stays an opaque custom op; the verifier says so (a warning naming the node and the
+    /// attribute), and the module stays valid.
+    #[test]
+    fn a_modeled_op_kept_custom_is_a_warning_naming_the_attribute() {
+        let mut b = B::new(17);
+        let x = b.input("x", DType::F32, vec![2.into()]);
+        for (attrs, why) in [
+            (
+                vec![("alpha".to_owned(), Attr::Float(0.1))],
+                "Relu takes no attributes, but 'alpha' is set",
+            ),
+            (
+                vec![("axis".to_owned(), Attr::String("x".into()))],
+                "attribute 'axis' is not of the kind the op takes",
+            ),
+        ] {
+            let op_type = if why.contains("Relu") {
+                "Relu"
+            } else {
+                "Softmax"
+            };
+            let op = Op::from_parts("", op_type, attrs);
+            assert!(op.is_custom());
+            let n = b.m.add_node(
+                b.g,
+                op,
+                vec![Some(x)],
+                vec![Some((Some(format!("{op_type}_out")), Type::Unknown))],
+                Some(format!("my_{op_type}")),
+            );
+            let all = verify_all(&b.m);
+            let w = all
+                .iter()
+                .find(|e| e.entity == Entity::Node(n))
+                .unwrap_or_else(|| panic!("no warning for {op_type}: {all:#?}"));
+            assert_eq!(w.severity, Severity::Warning);
+            assert!(
+                w.message.contains(&format!("my_{op_type}")),
+                "{}",
+                w.message
+            );
+            assert!(w.message.contains(why), "{}", w.message);
+            assert_eq!(verify(&b.m), Ok(()));
+        }
     }
 
     #[test]

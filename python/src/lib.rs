@@ -192,10 +192,26 @@ fn progress_fn(callback: Py<PyAny>) -> mmq_compiler::ProgressFn {
     })
 }
 
+/// Loads and verifies; the verifier's warnings go to Python's `warnings`.
 fn load(paths: &[PathBuf]) -> PyResult<Module> {
-    mmq_compiler::load::load(paths)
+    let (module, warnings) = mmq_compiler::load::load(paths)
         .and_then(|l| l.verified())
-        .map_err(|e| err(e.rendered))
+        .map_err(|e| err(e.rendered))?;
+    warn(&warnings);
+    Ok(module)
+}
+
+/// Issues `text` (rendered diagnostics) as one Python `UserWarning`.
+fn warn(text: &str) {
+    if text.is_empty() {
+        return;
+    }
+    Python::with_gil(|py| {
+        let category = py.get_type::<pyo3::exceptions::PyUserWarning>();
+        if let Ok(msg) = std::ffi::CString::new(text.trim_end()) {
+            let _ = PyErr::warn(py, &category, &msg, 1);
+        }
+    });
 }
 
 /// Compiles the models at `inputs` with `options` (JSON) and writes the result to `output`;
@@ -279,12 +295,11 @@ impl Model {
 /// Loads and verifies the models at `paths` (ONNX files, or one `.mmir` file).
 #[pyfunction(name = "load")]
 fn load_model(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Model> {
-    py.allow_threads(|| {
-        mmq_compiler::load::load_with_weights(&paths)
-            .and_then(|l| l.verified())
-            .map(|module| Model { module })
-            .map_err(|e| err(e.rendered))
-    })
+    let (module, warnings) = py
+        .allow_threads(|| mmq_compiler::load::load_with_weights(&paths).and_then(|l| l.verified()))
+        .map_err(|e| err(e.rendered))?;
+    warn(&warnings);
+    Ok(Model { module })
 }
 
 /// Runs the model's first entry graph in the reference interpreter on `inputs` (name and

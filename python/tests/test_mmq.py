@@ -161,3 +161,15 @@ def test_errors_are_mmq_errors_with_the_diagnostic(tmp_path):
     with pytest.raises(mmq.MmqError, match="sample 0"):
         mmq.compile(fx, quant="int8", calibration=[{"nope": np.zeros(3, np.float32)}])
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_the_example_of_docs_python_md_runs(monkeypatch, capsys):
+    from conftest import REPO
+
+    doc = (REPO / "docs" / "python.md").read_text()
+    code = doc.split("## A complete example", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(REPO)
+    exec(compile(code, "docs/python.md", "exec"), {"__name__": "docs_example"})
+    out = capsys.readouterr().out
+    assert "['input_ids', 'attention_mask', 'pixel_values']" in out
+    assert "int8" in out and "cosine_mean" in out

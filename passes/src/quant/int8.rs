@@ -151,15 +151,7 @@ pub fn range_source(m: &Module, v: Value) -> Value {
     let mut v = v;
     while let ValueDef::Output { node, index: 0 } = m.values[v].def {
         let n = &m.nodes[node];
-        let moves = matches!(
-            n.op,
-            Op::Reshape { .. }
-                | Op::Transpose { .. }
-                | Op::Squeeze { .. }
-                | Op::Unsqueeze { .. }
-                | Op::Flatten { .. }
-                | Op::Identity { .. }
-        );
+        let moves = n.op.is_layout();
         match n.inputs.first() {
             Some(Some(src)) if moves && !matches!(m.values[*src].def, ValueDef::Const(_)) => {
                 v = *src
