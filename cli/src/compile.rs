@@ -244,6 +244,7 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     if args.inputs.len() == 1 {
         mmq_compiler::export::check_output(&args.output)?;
     }
+    check_side_outputs(args)?;
     let (mut module, load_warnings) = load::load(&args.inputs)?.verified()?;
     crate::warn(&load_warnings);
     if module.entries.is_empty() {
@@ -305,6 +306,69 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     }
     mmq_compiler::export::write(&module, &args.inputs, &args.output)?;
     Ok(stderr)
+}
+
+/// What a path names, for comparing paths that may not exist yet: the canonical path, else the
+/// canonical directory joined with the file name, else the path as given.
+fn identity(p: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match (std::fs::canonicalize(dir), p.file_name()) {
+        (Ok(d), Some(name)) => d.join(name),
+        _ => p.to_path_buf(),
+    }
+}
+
+/// Refuses a `--report` or `--auto-map` path that would overwrite an input model, a
+/// calibration sample, the compiled model (or its external data), or each other.
+fn check_side_outputs(args: &CompileArgs) -> Result<(), Failure> {
+    let output = identity(&args.output);
+    let mut taken: Vec<(PathBuf, String)> = args
+        .inputs
+        .iter()
+        .map(|p| (identity(p), format!("the input model {}", p.display())))
+        .collect();
+    taken.push((
+        output.clone(),
+        format!("the output {}", args.output.display()),
+    ));
+    let mut data = output.into_os_string();
+    data.push(".data");
+    taken.push((PathBuf::from(data), "the output's external data".to_owned()));
+    let calib = args.calib.as_deref().map(identity);
+    let auto_map = args.auto.map(|_| {
+        args.auto_map
+            .clone()
+            .unwrap_or_else(|| args.output.with_extension("precision.toml"))
+    });
+    for (flag, path) in [
+        ("--report", args.report.as_ref()),
+        ("--auto-map", auto_map.as_ref()),
+    ] {
+        let Some(path) = path else { continue };
+        let id = identity(path);
+        if let Some((_, what)) = taken.iter().find(|(t, _)| *t == id) {
+            return Err(Failure::usage(format!(
+                "{flag} {}: that is {what}; choose another path",
+                path.display()
+            )));
+        }
+        if let Some(dir) = &calib
+            && id.parent() == Some(dir.as_path())
+        {
+            return Err(Failure::usage(format!(
+                "{flag} {}: that is in the calibration folder; choose another path",
+                path.display()
+            )));
+        }
+        taken.push((id, format!("the {flag} file")));
+    }
+    Ok(())
 }
 
 /// The accuracy table (`--report`) or line (a quantizing run) of `report`.

@@ -228,3 +228,62 @@ fn quantizing_prints_one_accuracy_line_unless_told_not_to() {
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("accuracy:"), "{err}");
 }
+
+/// `--report` and `--auto-map` never overwrite an input model, the output, a calibration sample
+/// or each other: a usage error before any work, every file left as it was.
+#[test]
+fn side_outputs_never_overwrite_inputs_or_the_output() {
+    let dir = scratch("report-overwrite");
+    let model = dir.join("m.onnx");
+    std::fs::copy(fixture("vit"), &model).expect("copy");
+    let before = std::fs::read(&model).expect("model");
+    std::fs::create_dir_all(dir.join("calib")).expect("calib");
+    for (extra, want) in [
+        (
+            &["--report", "m.onnx"][..],
+            "--report m.onnx: that is the input model",
+        ),
+        (
+            &["--report", "out.onnx"][..],
+            "--report out.onnx: that is the output",
+        ),
+        (
+            &["--report", "./out.onnx.data"][..],
+            "that is the output's external data",
+        ),
+        (
+            &[
+                "--quant",
+                "int8",
+                "--calib",
+                "calib",
+                "--report",
+                "calib/s.npz",
+            ][..],
+            "that is in the calibration folder",
+        ),
+        (
+            &["--auto", "0.99", "--auto-map", "m.onnx"][..],
+            "--auto-map m.onnx: that is the input model",
+        ),
+        (
+            &[
+                "--auto",
+                "0.99",
+                "--report",
+                "r.toml",
+                "--auto-map",
+                "r.toml",
+            ][..],
+            "--auto-map r.toml: that is the --report file",
+        ),
+    ] {
+        let mut args = vec!["compile", "m.onnx", "--target", "ort", "-o", "out.onnx"];
+        args.extend_from_slice(extra);
+        let (code, _, err) = run_in(&dir, &args);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+        assert!(!dir.join("out.onnx").exists(), "{extra:?}");
+        assert_eq!(std::fs::read(&model).expect("model"), before, "{extra:?}");
+    }
+}

@@ -25,6 +25,7 @@
 //! elements, rank 0 or 1; a rank-0 tensor has one element) as [`Dim`]s in a [`ShapeValues`] side
 //! table, so that such a reshape target stays `[batch, seq, 4, 16]`.
 
+mod contrib;
 mod dims;
 mod ops;
 mod values;

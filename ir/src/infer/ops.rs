@@ -149,7 +149,7 @@ fn bcast(cx: &Cx, dtype: Option<DType>) -> Type {
     t(dtype, broadcast_shapes(&shapes))
 }
 
-fn matmul_shape(a: Option<&[Dim]>, b: Option<&[Dim]>) -> Option<Vec<Dim>> {
+pub(super) fn matmul_shape(a: Option<&[Dim]>, b: Option<&[Dim]>) -> Option<Vec<Dim>> {
     let (a, b) = (a?, b?);
     if a.is_empty() || b.is_empty() {
         return None;
@@ -1483,7 +1483,8 @@ fn infer_op(cx: &Cx) -> Vec<Type> {
                 .clone()
                 .map_or(Type::Unknown, |ty| Type::Optional(Box::new(ty)))),
         },
-        If { .. } | Loop { .. } | Scan { .. } | Custom(_) => Vec::new(),
+        Custom(c) => super::contrib::infer(cx, c, infer_op),
+        If { .. } | Loop { .. } | Scan { .. } => Vec::new(),
     }
 }
 
