@@ -9,6 +9,8 @@
 //!   freeing each activation after its last use.
 //! - `ops` holds the kernels, one module per op family.
 
+#[cfg(test)]
+mod cuda_host;
 mod error;
 mod interp;
 pub mod io;
