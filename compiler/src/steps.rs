@@ -79,7 +79,11 @@ impl Context {
                     total: self.calibration.len_hint(),
                 });
                 let p = Arc::clone(p);
-                Box::new(Tracked { inner, progress: p })
+                Box::new(Tracked {
+                    inner,
+                    progress: p,
+                    finished: false,
+                })
             }
         })
     }
@@ -121,10 +125,20 @@ impl Context {
     }
 }
 
-/// Samples that report each one consumed, and the end.
+/// Samples that report each one consumed, and the end (once: when the samples run out, or when
+/// the consumer stops early).
 struct Tracked<'m> {
     inner: Samples<'m>,
     progress: ProgressFn,
+    finished: bool,
+}
+
+impl Tracked<'_> {
+    fn finish(&mut self) {
+        if !std::mem::replace(&mut self.finished, true) {
+            (self.progress)(Progress::Finish);
+        }
+    }
 }
 
 impl Iterator for Tracked<'_> {
@@ -134,7 +148,7 @@ impl Iterator for Tracked<'_> {
         let next = self.inner.next();
         match next {
             Some(_) => (self.progress)(Progress::Advance),
-            None => (self.progress)(Progress::Finish),
+            None => self.finish(),
         }
         next
     }
@@ -142,7 +156,7 @@ impl Iterator for Tracked<'_> {
 
 impl Drop for Tracked<'_> {
     fn drop(&mut self) {
-        (self.progress)(Progress::Finish);
+        self.finish();
     }
 }
 
