@@ -121,10 +121,9 @@ fn options(o: Options, samples: Option<Vec<Arrays>>) -> PyResult<(CompileOptions
     let modality = o
         .modality
         .into_iter()
-        .map(|(name, kind)| {
-            kind.parse::<Modality>()
-                .map(|m| (name, m))
-                .map_err(|e| err(format!("modality of '{}': {e}", kind)))
+        .map(|(name, kind)| match kind.parse::<Modality>() {
+            Ok(m) => Ok((name, m)),
+            Err(e) => Err(err(format!("modality of input '{name}': {e}"))),
         })
         .collect::<PyResult<Vec<_>>>()?;
     Ok((

@@ -156,6 +156,8 @@ def test_errors_are_mmq_errors_with_the_diagnostic(tmp_path):
         mmq.compile(tmp_path / "bad.onnx")
     with pytest.raises(mmq.MmqError, match="precision_map:2:10"):
         mmq.compile(fx, precision_map="[default]\nscheme = \"int9\"\n")
+    with pytest.raises(mmq.MmqError, match="modality of input 'pixel_values': unknown modality"):
+        mmq.compile(fx, modality={"pixel_values": "smell"})
     with pytest.raises(TypeError, match="calibration sample 0"):
         mmq.compile(fx, quant="int8", calibration=[[1, 2]])
     with pytest.raises(mmq.MmqError, match="sample 0"):
