@@ -6,14 +6,129 @@
 // device (nvcc maps `rintf` to `cvt.rni`); nothing here may be built with fast-math.
 #pragma once
 
+#if defined(__CUDACC_RTC__)
+// NVRTC has no C library headers; the math functions are built in.
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#else
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
+#endif
 
 #if defined(__CUDACC__)
 #define MMQ_HD __host__ __device__ __forceinline__
 #else
-#include <math.h>
-#define MMQ_HD static inline
+#define MMQ_HD inline
 #endif
+
+// The bits of an f32 and back.
+MMQ_HD uint32_t mmq_f32_bits(float x) {
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+#endif
+}
+
+MMQ_HD float mmq_bits_f32(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+#endif
+}
+
+// A quiet NaN.
+MMQ_HD float mmq_nan() { return mmq_bits_f32(0x7fc00000u); }
+
+// IEEE binary16 and bfloat16 are carried as their bits, so the same code builds under nvcc, NVRTC
+// and a host C++ compiler without the CUDA half headers.
+struct mmq_f16 {
+    uint16_t bits;
+};
+struct mmq_bf16 {
+    uint16_t bits;
+};
+
+// binary16 → f32 (exact).
+MMQ_HD float mmq_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu;
+    uint32_t m = h & 0x3ffu;
+    if (e == 0) {
+        float v = (float)m * 5.9604644775390625e-8f;  // m * 2^-24, exact
+        return mmq_bits_f32(mmq_f32_bits(v) | sign);
+    }
+    if (e == 31) {
+        return mmq_bits_f32(sign | 0x7f800000u | (m << 13));
+    }
+    return mmq_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// f32 → binary16, round to nearest even; overflow becomes infinity; NaN stays NaN (quiet).
+MMQ_HD uint16_t mmq_f32_to_f16(float x) {
+    uint32_t u = mmq_f32_bits(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) {
+        uint32_t man = a & 0x7fffffu;
+        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0u) | (man >> 13));
+    }
+    if (a >= 0x477ff000u) {  // >= 65520 rounds past the largest finite value
+        return (uint16_t)(sign | 0x7c00u);
+    }
+    if (a < 0x38800000u) {  // below 2^-14: a subnormal (or zero) code, round(a * 2^24)
+        float s = rintf(mmq_bits_f32(a) * 16777216.0f);
+        return (uint16_t)(sign | (uint16_t)s);
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
+    return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}
+
+// bfloat16 → f32 (exact).
+MMQ_HD float mmq_bf16_to_f32(uint16_t h) { return mmq_bits_f32((uint32_t)h << 16); }
+
+// f32 → bfloat16, round to nearest even; NaN stays NaN (quiet).
+MMQ_HD uint16_t mmq_f32_to_bf16(float x) {
+    uint32_t u = mmq_f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (uint16_t)((u >> 16) | 0x40u);
+    }
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Loads and stores of the three activation types as f32.
+MMQ_HD float mmq_to_f32(float x) { return x; }
+MMQ_HD float mmq_to_f32(mmq_f16 x) { return mmq_f16_to_f32(x.bits); }
+MMQ_HD float mmq_to_f32(mmq_bf16 x) { return mmq_bf16_to_f32(x.bits); }
+
+template <typename T>
+MMQ_HD T mmq_from_f32(float x);
+template <>
+MMQ_HD float mmq_from_f32<float>(float x) {
+    return x;
+}
+template <>
+MMQ_HD mmq_f16 mmq_from_f32<mmq_f16>(float x) {
+    mmq_f16 h = {mmq_f32_to_f16(x)};
+    return h;
+}
+template <>
+MMQ_HD mmq_bf16 mmq_from_f32<mmq_bf16>(float x) {
+    mmq_bf16 h = {mmq_f32_to_bf16(x)};
+    return h;
+}
 
 // x rounded to the nearest integer, ties to even.
 MMQ_HD float mmq_round_half_even(float x) { return rintf(x); }
@@ -50,9 +165,9 @@ MMQ_HD uint8_t mmq_encode_e4m3(float x, bool saturate) {
     if (x != x) {
         return nan;
     }
-    uint8_t sign = signbit(x) ? 0x80 : 0x00;
+    uint8_t sign = (mmq_f32_bits(x) >> 31) ? 0x80 : 0x00;
     float a = fabsf(x);
-    if (isinf(a)) {
+    if (mmq_f32_bits(a) == 0x7f800000u) {
         return saturate ? (uint8_t)(max_code | sign) : nan;
     }
     if (a == 0.0f) {
@@ -79,7 +194,7 @@ MMQ_HD float mmq_decode_e4m3(uint8_t code) {
     const int bias = 7;
     uint8_t mag = code & 0x7f;
     if (mag == 0x7f) {
-        return NAN;
+        return mmq_nan();
     }
     int e = mag >> 3;
     int m = mag & 0x7;

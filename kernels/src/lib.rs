@@ -8,7 +8,12 @@
 //! - [`Interpreter`] runs a graph of a [`mmq_ir::Module`], binding symbolic dims from the inputs,
 //!   freeing each activation after its last use.
 //! - `ops` holds the kernels, one module per op family.
+//! - [`packed`] defines the packed quantized layouts of the CUDA kernels, which [`cuda`] launches
+//!   through cudarc.
 
+pub mod cuda;
+#[cfg(all(test, mmq_host_cuh))]
+mod cuda_bodies;
 #[cfg(test)]
 mod cuda_host;
 mod error;
@@ -16,6 +21,7 @@ mod interp;
 pub mod io;
 pub mod numeric;
 mod ops;
+pub mod packed;
 mod tensor;
 
 pub use error::KernelError;

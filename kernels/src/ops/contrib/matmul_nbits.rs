@@ -335,4 +335,39 @@ mod tests {
         let err = r.expect_err("B too small");
         assert!(err.to_string().contains("blob_size 16"), "{err}");
     }
+
+    /// The layout the CUDA kernels are checked against (`packed::nbits_weights`) is this op's:
+    /// the same product for random weights, scales, packed zero points and bias.
+    #[test]
+    fn the_cuda_reference_layout_is_this_ops() {
+        let (k, n, block, m) = (128usize, 6usize, 32usize, 3usize);
+        let kb = k / block;
+        let b: Vec<u8> = (0..n * k / 2).map(|i| (i * 37 % 251) as u8).collect();
+        let scales: Vec<f32> = (0..n * kb).map(|i| 0.01 * (1 + i % 7) as f32).collect();
+        let zeros: Vec<u8> = (0..n * kb.div_ceil(2))
+            .map(|i| (i * 91 % 256) as u8)
+            .collect();
+        let bias: Vec<f32> = (0..n).map(|i| i as f32 - 2.5).collect();
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 13) % 17) as f32 / 8.0 - 1.0)
+            .collect();
+        let r = run_op(
+            nbits(k as i64, n as i64, block as i64),
+            vec![
+                f32t(&[m, k], &a),
+                u8t(&[n, kb, block / 2], b.clone()),
+                f32t(&[n, kb], &scales),
+                u8t(&[n, kb.div_ceil(2)], zeros.clone()),
+                None,
+                f32t(&[n], &bias),
+            ],
+            1,
+            21,
+        )
+        .expect("runs");
+        let (_, y) = out(&r, 0);
+        let w = crate::packed::nbits_weights(&b, &scales, Some(&zeros), n, k, block);
+        let want = crate::packed::nbits_matmul(&a, m, &w, n, Some(&bias));
+        close(&y, &want, 1e-5);
+    }
 }

@@ -1,0 +1,835 @@
+//! mmq's CUDA kernels (`kernels/cuda`), launched through cudarc: quantize / dequantize per tensor,
+//! axis and group, dynamic per-group and per-token quantization, the INT4 `MatMulNBits` GEMV and
+//! GEMM, and the cache writes (KV steps into INT8 blocks, image features into INT4 groups of 64).
+//! Every result is defined by [`crate::packed`].
+//!
+//! The driver library is loaded at run time: without it [`Device::new`] returns
+//! [`CudaError::NoDriver`], so everything builds and runs on machines without CUDA. The kernels
+//! come from the fatbin built by nvcc (SASS for sm_80, sm_89, sm_90 and compute_90 PTX) when the
+//! build had nvcc, else (or when the fatbin has no code the device can run) NVRTC compiles the
+//! embedded [`SOURCE`] for the device.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    DeviceRepr, DriverError, LaunchConfig, PushKernelArg, ValidAsZeroBits, sys,
+};
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+use half::{bf16, f16};
+
+pub use crate::packed::{Format, KV_BLOCK_BYTES, ScaleMap};
+
+mod build {
+    include!(concat!(env!("OUT_DIR"), "/cuda_build.rs"));
+}
+pub use build::{FATBIN_ARCHS, NVCC};
+
+/// The kernels' source: every `kernels/cuda/*.cu` with its headers inlined, as nvcc and NVRTC
+/// compile it.
+pub const SOURCE: &str = include_str!(concat!(env!("OUT_DIR"), "/mmq_kernels.cu"));
+
+/// The kernels compiled by nvcc at build time; empty when the build had no nvcc.
+pub static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mmq_kernels.fatbin"));
+
+/// What went wrong on the CUDA side.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The CUDA driver library (`libcuda.so.1`) could not be loaded.
+    #[error(
+        "no CUDA driver: libcuda.so.1 could not be loaded (no NVIDIA driver on this machine, or it \
+         is not on the library path)"
+    )]
+    NoDriver,
+    /// NVRTC (`libnvrtc.so.13`) could not be loaded, and it was needed.
+    #[error("no NVRTC: libnvrtc.so.13 could not be loaded ({0})")]
+    NoNvrtc(String),
+    /// A driver call failed.
+    #[error("CUDA {call} failed: {source}")]
+    Driver {
+        call: &'static str,
+        #[source]
+        source: DriverError,
+    },
+    /// NVRTC could not compile the kernels.
+    #[error("NVRTC could not compile the kernels for {arch}: {log}")]
+    Compile { arch: String, log: String },
+    /// Arguments that do not fit together (lengths, shapes, formats).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn driver(call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
+    move |source| CudaError::Driver { call, source }
+}
+
+fn invalid<T>(msg: impl Into<String>) -> Result<T, CudaError> {
+    Err(CudaError::Invalid(msg.into()))
+}
+
+/// The activation types the kernels read and write.
+pub trait Float: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static {
+    /// The kernels' name for the type.
+    const NAME: &'static str;
+}
+impl Float for f32 {
+    const NAME: &'static str = "f32";
+}
+impl Float for f16 {
+    const NAME: &'static str = "f16";
+}
+impl Float for bf16 {
+    const NAME: &'static str = "bf16";
+}
+
+/// Where the device's kernel code came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CodeSource {
+    /// The build's fatbin: SASS for this architecture, or compute_90 PTX the driver compiled.
+    Fatbin,
+    /// NVRTC, compiling [`SOURCE`] for this architecture at load time.
+    Nvrtc(String),
+}
+
+/// One GPU with mmq's kernels loaded, and a stream every call is queued on.
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    name: String,
+    capability: (i32, i32),
+    sm_count: u32,
+    code: CodeSource,
+}
+
+/// A typed device buffer.
+pub struct Buffer<T> {
+    slice: CudaSlice<T>,
+}
+
+impl<T> Buffer<T> {
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+
+    /// The cudarc slice, for calls this API does not wrap (cuBLAS, copies).
+    pub fn slice(&self) -> &CudaSlice<T> {
+        &self.slice
+    }
+
+    /// The cudarc slice, mutable.
+    pub fn slice_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.slice
+    }
+}
+
+/// Scales and zero points of a static quantization (see [`ScaleMap`]).
+pub struct QuantParams<'a> {
+    pub format: Format,
+    pub map: ScaleMap,
+    /// `map.count(n)` f32 scales.
+    pub scales: &'a Buffer<f32>,
+    /// `format.bytes(map.count(n))` zero points in the codes' format; `None`: 0.
+    pub zeros: Option<&'a Buffer<u8>>,
+    /// FP8: out-of-range values saturate to ±448 (else they become NaN).
+    pub saturate: bool,
+}
+
+/// The scales a dynamic quantization writes.
+pub enum GroupScales<'a> {
+    F32(&'a mut Buffer<f32>),
+    F16(&'a mut Buffer<f16>),
+}
+
+impl GroupScales<'_> {
+    fn len(&self) -> usize {
+        match self {
+            GroupScales::F32(b) => b.len(),
+            GroupScales::F16(b) => b.len(),
+        }
+    }
+}
+
+/// A 4-bit `MatMulNBits` weight on the device: B `[n, k / block, block / 2]` bytes, binary16
+/// scales `[n, k / block]`, optional packed 4-bit zero points `[n, ceil(k / block / 2)]`.
+pub struct NBits<'a> {
+    pub b: &'a Buffer<u8>,
+    pub scales: &'a Buffer<f16>,
+    pub zeros: Option<&'a Buffer<u8>>,
+    pub n: usize,
+    pub k: usize,
+    pub block: usize,
+}
+
+/// An INT8 KV cache for one K or V tensor: `[bh, max_blocks, KV_BLOCK_BYTES]` codes and
+/// `[bh, max_blocks]` f32 scales (see [`crate::packed::kv_append`]).
+pub struct KvCache {
+    pub codes: Buffer<i8>,
+    pub scales: Buffer<f32>,
+    /// Batch × heads.
+    pub bh: usize,
+    pub head_dim: usize,
+    pub max_blocks: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `max_tokens` tokens.
+    pub fn new(
+        dev: &Device,
+        bh: usize,
+        head_dim: usize,
+        max_tokens: usize,
+    ) -> Result<Self, CudaError> {
+        kv_geometry(head_dim)?;
+        let max_blocks = max_tokens.div_ceil(KV_BLOCK_BYTES / head_dim);
+        Ok(KvCache {
+            codes: dev.zeros(bh * max_blocks * KV_BLOCK_BYTES)?,
+            scales: dev.zeros(bh * max_blocks)?,
+            bh,
+            head_dim,
+            max_blocks,
+        })
+    }
+}
+
+fn kv_geometry(head_dim: usize) -> Result<usize, CudaError> {
+    if head_dim == 0 || head_dim > KV_BLOCK_BYTES || !KV_BLOCK_BYTES.is_multiple_of(head_dim) {
+        return invalid(format!(
+            "head_dim {head_dim} must divide the {KV_BLOCK_BYTES}-byte KV block"
+        ));
+    }
+    Ok(KV_BLOCK_BYTES / head_dim)
+}
+
+/// The kernels' `MmqScaleMap`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawScaleMap {
+    mode: i64,
+    axis_len: i64,
+    inner: i64,
+    row_len: i64,
+    group: i64,
+    chunk_uniform: i64,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of i64, laid out as `MmqScaleMap` in mmq_blocks.cuh.
+unsafe impl DeviceRepr for RawScaleMap {}
+
+/// Checks a static quantization of `n` elements against its parameters and output length, and
+/// gives the kernels' scale map.
+pub fn quant_plan(
+    n: usize,
+    format: Format,
+    map: &ScaleMap,
+    scales: usize,
+    zeros: Option<usize>,
+    codes: usize,
+) -> Result<RawScaleMap, CudaError> {
+    let raw = match *map {
+        ScaleMap::Tensor => RawScaleMap {
+            chunk_uniform: 1,
+            ..Default::default()
+        },
+        ScaleMap::Axis { axis_len, inner } => {
+            if axis_len == 0 || inner == 0 || !n.is_multiple_of(axis_len * inner) {
+                return invalid(format!(
+                    "a per-axis map (axis {axis_len}, inner {inner}) does not fit {n} elements"
+                ));
+            }
+            RawScaleMap {
+                mode: 1,
+                axis_len: axis_len as i64,
+                inner: inner as i64,
+                chunk_uniform: i64::from(inner % 8 == 0),
+                ..Default::default()
+            }
+        }
+        ScaleMap::Group { row_len, group } => {
+            if row_len == 0 || group == 0 || !n.is_multiple_of(row_len) {
+                return invalid(format!(
+                    "a per-group map (rows of {row_len}, groups of {group}) does not fit {n} \
+                     elements"
+                ));
+            }
+            RawScaleMap {
+                mode: 2,
+                row_len: row_len as i64,
+                group: group as i64,
+                chunk_uniform: i64::from(group % 8 == 0 && row_len % 8 == 0),
+                ..Default::default()
+            }
+        }
+    };
+    let want = map.count(n);
+    if scales != want {
+        return invalid(format!("{scales} scales given, {want} needed"));
+    }
+    if let Some(z) = zeros {
+        if format == Format::E4M3 {
+            return invalid("FP8 E4M3 has no zero points");
+        }
+        if z != format.bytes(want) {
+            return invalid(format!(
+                "{z} zero-point bytes given, {} needed",
+                format.bytes(want)
+            ));
+        }
+    }
+    if codes != format.bytes(n) {
+        return invalid(format!(
+            "{codes} code bytes given, {} needed for {n} {} codes",
+            format.bytes(n),
+            format.name()
+        ));
+    }
+    Ok(raw)
+}
+
+/// Checks a dynamic quantization of `x_len` elements in rows of `row_len` and groups of `group`;
+/// returns the number of groups.
+pub fn dynamic_plan(
+    x_len: usize,
+    row_len: usize,
+    group: usize,
+    format: Format,
+    codes: usize,
+    scales: usize,
+    zeros: Option<usize>,
+) -> Result<usize, CudaError> {
+    if row_len == 0 || group == 0 || !x_len.is_multiple_of(row_len) {
+        return invalid(format!(
+            "rows of {row_len} in groups of {group} do not fit {x_len} elements"
+        ));
+    }
+    if format.bits() == 4 && (!row_len.is_multiple_of(2) || !group.is_multiple_of(2)) {
+        return invalid(format!(
+            "4-bit groups must start on a byte: row length {row_len} and group {group} must be even"
+        ));
+    }
+    let groups = ScaleMap::Group { row_len, group }.count(x_len);
+    if codes != format.bytes(x_len) {
+        return invalid(format!(
+            "{codes} code bytes given, {} needed",
+            format.bytes(x_len)
+        ));
+    }
+    if scales != groups || zeros.is_some_and(|z| z != groups) {
+        return invalid(format!(
+            "{groups} groups need {groups} scales and zero points; {scales} scales and {zeros:?} \
+             zero points given"
+        ));
+    }
+    Ok(groups)
+}
+
+/// Checks an INT4 matrix product of `a_len` activations (`[m, k]`).
+#[allow(clippy::too_many_arguments)]
+pub fn nbits_plan(
+    a_len: usize,
+    n: usize,
+    k: usize,
+    block: usize,
+    b: usize,
+    scales: usize,
+    zeros: Option<usize>,
+    bias: Option<usize>,
+    y: usize,
+) -> Result<usize, CudaError> {
+    if block < 32 || !block.is_power_of_two() || k == 0 || !k.is_multiple_of(block) || n == 0 {
+        return invalid(format!(
+            "block {block} must be a power of two of at least 32 dividing K {k} (N {n})"
+        ));
+    }
+    if !a_len.is_multiple_of(k) {
+        return invalid(format!("A holds {a_len} values, not a multiple of K {k}"));
+    }
+    let m = a_len / k;
+    let k_blocks = k / block;
+    let checks = [
+        ("B bytes", b, n * k / 2),
+        ("scales", scales, n * k_blocks),
+        ("Y values", y, m * n),
+    ];
+    for (what, got, want) in checks {
+        if got != want {
+            return invalid(format!("{got} {what} given, {want} needed"));
+        }
+    }
+    if zeros.is_some_and(|z| z != n * k_blocks.div_ceil(2)) || bias.is_some_and(|b| b != n) {
+        return invalid(format!(
+            "zero points must be {} bytes and bias {n} values",
+            n * k_blocks.div_ceil(2)
+        ));
+    }
+    Ok(m)
+}
+
+/// Compiles [`SOURCE`] to PTX for `arch` (e.g. `compute_90`) with NVRTC; no GPU needed.
+pub fn compile_with_nvrtc(arch: &str) -> Result<Ptx, CudaError> {
+    // SAFETY: only tries to load the library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::NoNvrtc(
+            "put the directory holding libnvrtc.so.13 and libnvrtc-builtins.so.13.0 on \
+             LD_LIBRARY_PATH"
+                .into(),
+        ));
+    }
+    let opts = CompileOptions {
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "-std=c++17".into(),
+            "--Werror".into(),
+        ],
+        name: Some("mmq_kernels.cu".into()),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts).map_err(|e| CudaError::Compile {
+        arch: arch.into(),
+        log: match e {
+            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => other.to_string(),
+        },
+    })
+}
+
+/// The number of grid blocks for `work` items of `per_block` each, capped.
+fn grid(work: usize, per_block: usize, cap: usize) -> u32 {
+    work.div_ceil(per_block).clamp(1, cap) as u32
+}
+
+fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl Device {
+    /// Opens GPU `ordinal` and loads the kernels.
+    pub fn new(ordinal: usize) -> Result<Self, CudaError> {
+        // SAFETY: only tries to load the library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::NoDriver);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver("context creation"))?;
+        let stream = ctx.default_stream();
+        let name = ctx.name().map_err(driver("device name"))?;
+        let capability = ctx
+            .compute_capability()
+            .map_err(driver("compute capability"))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver("multiprocessor count"))?
+            .max(1) as u32;
+        let fatbin = if FATBIN.is_empty() {
+            None
+        } else {
+            ctx.load_module(Ptx::from_binary(FATBIN.to_vec())).ok()
+        };
+        let (module, code) = match fatbin {
+            Some(m) => (m, CodeSource::Fatbin),
+            None => {
+                let arch = format!("compute_{}{}", capability.0, capability.1);
+                let ptx = compile_with_nvrtc(&arch)?;
+                let m = ctx.load_module(ptx).map_err(driver("module load"))?;
+                (m, CodeSource::Nvrtc(arch))
+            }
+        };
+        Ok(Device {
+            ctx,
+            stream,
+            module,
+            name,
+            capability,
+            sm_count,
+            code,
+        })
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The compute capability (major, minor).
+    pub fn capability(&self) -> (i32, i32) {
+        self.capability
+    }
+
+    /// Where the kernel code came from.
+    pub fn code_source(&self) -> &CodeSource {
+        &self.code
+    }
+
+    /// The stream every call is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// A copy of `host` on the device.
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<Buffer<T>, CudaError> {
+        let slice = self.stream.clone_htod(host).map_err(driver("upload"))?;
+        Ok(Buffer { slice })
+    }
+
+    /// `len` zeroed elements.
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<Buffer<T>, CudaError> {
+        let slice = self
+            .stream
+            .alloc_zeros(len.max(1))
+            .map_err(driver("allocation"))?;
+        Ok(Buffer { slice })
+    }
+
+    /// The buffer's contents, after everything queued so far.
+    pub fn download<T: DeviceRepr + Default + Clone>(
+        &self,
+        buf: &Buffer<T>,
+    ) -> Result<Vec<T>, CudaError> {
+        let v = self
+            .stream
+            .clone_dtoh(&buf.slice)
+            .map_err(driver("download"))?;
+        self.synchronize()?;
+        Ok(v)
+    }
+
+    /// Waits for everything queued.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(driver("synchronize"))
+    }
+
+    fn function(&self, name: &str) -> Result<CudaFunction, CudaError> {
+        self.module
+            .load_function(name)
+            .map_err(driver("kernel lookup"))
+    }
+
+    /// A raw device pointer (0 for `None`); the guard must live until the launch is queued.
+    fn ptr<'a, T>(&'a self, b: Option<&'a Buffer<T>>) -> (u64, Option<impl Drop + 'a>) {
+        match b {
+            Some(b) => {
+                let (p, g) = b.slice.device_ptr(&self.stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        }
+    }
+
+    /// Quantizes `x` (`n = x.len()` elements) into `out` (`format.bytes(n)` bytes).
+    pub fn quantize<T: Float>(
+        &self,
+        x: &Buffer<T>,
+        q: &QuantParams<'_>,
+        out: &mut Buffer<u8>,
+    ) -> Result<(), CudaError> {
+        let n = x.len();
+        let map = quant_plan(
+            n,
+            q.format,
+            &q.map,
+            q.scales.len(),
+            q.zeros.map(Buffer::len),
+            out.len(),
+        )?;
+        let f = self.function(&format!("mmq_quantize_{}_{}", T::NAME, q.format.name()))?;
+        let (zp, _zg) = self.ptr(q.zeros);
+        let (n64, sat, vec) = (n as i64, i32::from(q.saturate), 1i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.slice)
+            .arg(&n64)
+            .arg(&q.scales.slice)
+            .arg(&zp)
+            .arg(&map)
+            .arg(&sat)
+            .arg(&vec)
+            .arg(&mut out.slice);
+        // SAFETY: the argument list matches `mmq_quantize_*` in quantize.cu, and `quant_plan`
+        // checked every buffer's length against what the kernel reads and writes.
+        unsafe { b.launch(cfg(grid(n.div_ceil(8), 256, self.cap()), 256)) }
+            .map_err(driver("quantize launch"))?;
+        Ok(())
+    }
+
+    /// Dequantizes `n` codes into `y` (`n` values).
+    pub fn dequantize<T: Float>(
+        &self,
+        codes: &Buffer<u8>,
+        q: &QuantParams<'_>,
+        y: &mut Buffer<T>,
+    ) -> Result<(), CudaError> {
+        let n = y.len();
+        let map = quant_plan(
+            n,
+            q.format,
+            &q.map,
+            q.scales.len(),
+            q.zeros.map(Buffer::len),
+            codes.len(),
+        )?;
+        let f = self.function(&format!("mmq_dequantize_{}_{}", q.format.name(), T::NAME))?;
+        let (zp, _zg) = self.ptr(q.zeros);
+        let (n64, vec) = (n as i64, 1i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&codes.slice)
+            .arg(&n64)
+            .arg(&q.scales.slice)
+            .arg(&zp)
+            .arg(&map)
+            .arg(&vec)
+            .arg(&mut y.slice);
+        // SAFETY: as in `quantize`, for `mmq_dequantize_*`.
+        unsafe { b.launch(cfg(grid(n.div_ceil(8), 256, self.cap()), 256)) }
+            .map_err(driver("dequantize launch"))?;
+        Ok(())
+    }
+
+    /// Quantizes rows of `row_len` in groups of `group` (per token: `group == row_len`), each
+    /// group with the scale and zero point of its own range ([`crate::packed::group_qparams`]),
+    /// in one pass: `scales` and `zeros` get one value per group.
+    #[allow(clippy::too_many_arguments)]
+    pub fn quantize_dynamic<T: Float>(
+        &self,
+        x: &Buffer<T>,
+        row_len: usize,
+        group: usize,
+        format: Format,
+        symmetric: bool,
+        out: &mut Buffer<u8>,
+        scales: GroupScales<'_>,
+        zeros: Option<&mut Buffer<u8>>,
+    ) -> Result<(), CudaError> {
+        let groups = dynamic_plan(
+            x.len(),
+            row_len,
+            group,
+            format,
+            out.len(),
+            scales.len(),
+            zeros.as_ref().map(|z| z.len()),
+        )?;
+        let suffix = match scales {
+            GroupScales::F32(_) => "f32s",
+            GroupScales::F16(_) => "f16s",
+        };
+        let f = self.function(&format!(
+            "mmq_quantize_dynamic_{}_{}_{suffix}",
+            T::NAME,
+            format.name()
+        ))?;
+        let rows = (x.len() / row_len) as i64;
+        let (row64, group64) = (row_len as i64, group as i64);
+        let sym = i32::from(symmetric);
+        let vec = i32::from(row_len.is_multiple_of(8) && group.is_multiple_of(8));
+        let (sp, _sg) = match scales {
+            GroupScales::F32(s) => {
+                let (p, g) = s.slice.device_ptr_mut(&self.stream);
+                (p, g)
+            }
+            GroupScales::F16(s) => {
+                let (p, g) = s.slice.device_ptr_mut(&self.stream);
+                (p, g)
+            }
+        };
+        let (zp, _zg) = match zeros {
+            Some(z) => {
+                let (p, g) = z.slice.device_ptr_mut(&self.stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let threads = group.div_ceil(8).next_power_of_two().clamp(32, 256) as u32;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.slice)
+            .arg(&rows)
+            .arg(&row64)
+            .arg(&group64)
+            .arg(&sym)
+            .arg(&vec)
+            .arg(&mut out.slice)
+            .arg(&sp)
+            .arg(&zp);
+        // SAFETY: the argument list matches `mmq_quantize_dynamic_*`; `dynamic_plan` checked the
+        // lengths of the codes, scales and zero points against the groups the kernel writes.
+        unsafe { b.launch(cfg(grid(groups, 1, 1 << 20), threads)) }
+            .map_err(driver("dynamic quantize launch"))?;
+        Ok(())
+    }
+
+    /// Image features `[tokens, dim]` into the image cache's layout: symmetric INT4 in groups of
+    /// 64 along `dim` with binary16 scales (`tokens · dim / 64`).
+    pub fn image_features_int4<T: Float>(
+        &self,
+        x: &Buffer<T>,
+        dim: usize,
+        codes: &mut Buffer<u8>,
+        scales: &mut Buffer<f16>,
+    ) -> Result<(), CudaError> {
+        if !dim.is_multiple_of(64) {
+            return invalid(format!(
+                "image features of width {dim} do not split into groups of 64"
+            ));
+        }
+        self.quantize_dynamic(
+            x,
+            dim,
+            64,
+            Format::I4,
+            true,
+            codes,
+            GroupScales::F16(scales),
+            None,
+        )
+    }
+
+    /// `y[m, n] = a[m, k] · dequant(B)ᵀ (+ bias)`, binary16 in and out: the GEMV kernel for m ≤ 8,
+    /// the tiled GEMM above.
+    pub fn nbits_matmul(
+        &self,
+        a: &Buffer<f16>,
+        w: &NBits<'_>,
+        bias: Option<&Buffer<f16>>,
+        y: &mut Buffer<f16>,
+    ) -> Result<(), CudaError> {
+        let m = nbits_plan(
+            a.len(),
+            w.n,
+            w.k,
+            w.block,
+            w.b.len(),
+            w.scales.len(),
+            w.zeros.map(Buffer::len),
+            bias.map(Buffer::len),
+            y.len(),
+        )?;
+        let (zp, _zg) = self.ptr(w.zeros);
+        let (bp, _bg) = self.ptr(bias);
+        let (n64, k64, blk64, m64) = (w.n as i64, w.k as i64, w.block as i64, m as i64);
+        if m <= 8 {
+            let f = self.function(&format!("mmq_nbits_gemv_m{m}"))?;
+            let warps = 4usize;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&a.slice)
+                .arg(&w.b.slice)
+                .arg(&w.scales.slice)
+                .arg(&zp)
+                .arg(&bp)
+                .arg(&mut y.slice)
+                .arg(&n64)
+                .arg(&k64)
+                .arg(&blk64);
+            // SAFETY: matches `mmq_nbits_gemv_m*`; `nbits_plan` checked every length.
+            unsafe { b.launch(cfg(grid(w.n, warps, 1 << 20), 32 * warps as u32)) }
+                .map_err(driver("INT4 GEMV launch"))?;
+        } else {
+            let f = self.function("mmq_nbits_gemm")?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&a.slice)
+                .arg(&w.b.slice)
+                .arg(&w.scales.slice)
+                .arg(&zp)
+                .arg(&bp)
+                .arg(&mut y.slice)
+                .arg(&m64)
+                .arg(&n64)
+                .arg(&k64)
+                .arg(&blk64);
+            let launch = LaunchConfig {
+                grid_dim: (w.n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: matches `mmq_nbits_gemm`; `nbits_plan` checked every length.
+            unsafe { b.launch(launch) }.map_err(driver("INT4 GEMM launch"))?;
+        }
+        Ok(())
+    }
+
+    /// Appends one step (`[bh, head_dim]`) at token position `pos` (see
+    /// [`crate::packed::kv_append`]).
+    pub fn kv_append<T: Float>(
+        &self,
+        step: &Buffer<T>,
+        cache: &mut KvCache,
+        pos: usize,
+    ) -> Result<(), CudaError> {
+        let per_block = kv_geometry(cache.head_dim)?;
+        if step.len() != cache.bh * cache.head_dim {
+            return invalid(format!(
+                "a step of {} values for {} heads of {}",
+                step.len(),
+                cache.bh,
+                cache.head_dim
+            ));
+        }
+        if pos >= cache.max_blocks * per_block {
+            return invalid(format!(
+                "position {pos} is past the cache's {} tokens",
+                cache.max_blocks * per_block
+            ));
+        }
+        let f = self.function(&format!("mmq_kv_append_{}", T::NAME))?;
+        let (bh, hd, mb, p) = (
+            cache.bh as i64,
+            cache.head_dim as i64,
+            cache.max_blocks as i64,
+            pos as i64,
+        );
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&step.slice)
+            .arg(&bh)
+            .arg(&hd)
+            .arg(&mb)
+            .arg(&p)
+            .arg(&mut cache.codes.slice)
+            .arg(&mut cache.scales.slice);
+        // SAFETY: matches `mmq_kv_append_*`; the step, position and cache geometry were checked.
+        unsafe { b.launch(cfg(grid(cache.bh, 1, 1 << 20), 128)) }
+            .map_err(driver("KV append launch"))?;
+        Ok(())
+    }
+
+    /// Grid cap for grid-stride kernels: enough blocks to fill every SM several times.
+    fn cap(&self) -> usize {
+        self.sm_count as usize * 32
+    }
+}
+
+/// The (kind, architecture) of every entry of a fatbin: kind 1 PTX, 2 SASS (ELF); architecture as
+/// `major * 10 + minor`. `None` when the bytes are not a fatbin.
+pub fn fatbin_entries(bytes: &[u8]) -> Option<Vec<(u16, u32)>> {
+    let u16_at = |o: usize| Some(u16::from_le_bytes(bytes.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(bytes.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(bytes.get(o..o + 8)?.try_into().ok()?));
+    if u32_at(0)? != 0xba55_ed50 {
+        return None;
+    }
+    let header = usize::from(u16_at(6)?);
+    let end = header.checked_add(usize::try_from(u64_at(8)?).ok()?)?;
+    let mut off = header;
+    let mut out = Vec::new();
+    while off < end.min(bytes.len()) {
+        let kind = u16_at(off)?;
+        let entry_header = u32_at(off + 4)? as usize;
+        let payload = usize::try_from(u64_at(off + 8)?).ok()?;
+        out.push((kind, u32_at(off + 28)?));
+        off = off.checked_add(entry_header)?.checked_add(payload)?;
+    }
+    Some(out)
+}
