@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test: installs the pinned test environment (the Python oracle onnx, onnxruntime,
-# numpy; maturin and pytest) into .venv, runs the Rust test suite, then builds the mmq Python
-# package into .venv and runs its tests.
+# numpy; maturin and pytest; the CUDA compilers nvcc and NVRTC) into .venv, runs the Rust test
+# suite, then builds the mmq Python package into .venv and runs its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-venv.sh
-cargo test --workspace --locked "$@"
+# The CUDA toolchain from the Python registry (no GPU needed): nvcc builds the kernels' fatbin and
+# NVRTC compiles their source in the tests; both are required, so neither check can skip.
+cu13="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13"
+export MMQ_NVCC="$cu13/bin/nvcc" MMQ_REQUIRE_CUDA_TOOLS=1
+LD_LIBRARY_PATH="$cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --workspace --locked "$@"
 # The dev profile reuses what the Rust tests just built; only the module itself is compiled.
 rm -f target/wheels/mmq-*.whl
 .venv/bin/maturin build --manifest-path python/Cargo.toml --profile dev --locked --quiet \

@@ -142,3 +142,49 @@ extern "C" __global__ void mmq_nbits_gemm(const mmq_f16* a, const uint8_t* b,
         }
     }
 }
+
+// The dense binary16 GEMV the INT4 GEMV is measured against (and that unquantized decode layers
+// can use): Y[M, N] = A[M, K] · W[N, K]ᵀ, one warp per column, 128-bit loads of W and A, f32
+// accumulation. K is a multiple of 8.
+template <int M>
+__device__ void mmq_dense_gemv_impl(const mmq_f16* a, const mmq_f16* w, mmq_f16* y,
+                                    int64_t n_total, int64_t k) {
+    int lane = threadIdx.x & 31;
+    int warps = blockDim.x >> 5;
+    for (int64_t n = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); n < n_total;
+         n += (int64_t)gridDim.x * warps) {
+        float acc[M];
+        for (int m = 0; m < M; ++m) {
+            acc[m] = 0.0f;
+        }
+        for (int64_t k0 = (int64_t)lane * 8; k0 < k; k0 += 32 * 8) {
+            float wv[8];
+            mmq_load_span(w, n * k + k0, 8, true, wv);
+            for (int m = 0; m < M; ++m) {
+                float av[8];
+                mmq_load_span(a, m * k + k0, 8, true, av);
+                for (int j = 0; j < 8; ++j) {
+                    acc[m] += av[j] * wv[j];
+                }
+            }
+        }
+        for (int m = 0; m < M; ++m) {
+            float v = acc[m];
+            for (int off = 16; off > 0; off >>= 1) {
+                v += __shfl_xor_sync(0xffffffffu, v, off);
+            }
+            if (lane == 0) {
+                y[m * n_total + n].bits = mmq_f32_to_f16(v);
+            }
+        }
+    }
+}
+
+#define MMQ_DENSE_GEMV_KERNEL(M)                                                              \
+    extern "C" __global__ void mmq_dense_gemv_m##M(const mmq_f16* a, const mmq_f16* w,        \
+                                                   mmq_f16* y, int64_t n, int64_t k) {        \
+        mmq_dense_gemv_impl<M>(a, w, y, n, k);                                                \
+    }
+MMQ_DENSE_GEMV_KERNEL(1)
+MMQ_DENSE_GEMV_KERNEL(4)
+MMQ_DENSE_GEMV_KERNEL(8)

@@ -382,11 +382,7 @@ pub fn compile_with_nvrtc(arch: &str) -> Result<Ptx, CudaError> {
         ));
     }
     let opts = CompileOptions {
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "-std=c++17".into(),
-            "--Werror".into(),
-        ],
+        options: vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
         name: Some("mmq_kernels.cu".into()),
         ..Default::default()
     };
@@ -397,6 +393,40 @@ pub fn compile_with_nvrtc(arch: &str) -> Result<Ptx, CudaError> {
             other => other.to_string(),
         },
     })
+}
+
+/// The kernel that quantizes `input` to `format`.
+fn quantize_kernel(input: &str, format: Format) -> String {
+    format!("mmq_quantize_{input}_{}", format.name())
+}
+
+/// The kernel that dequantizes `format` to `output`.
+fn dequantize_kernel(format: Format, output: &str) -> String {
+    format!("mmq_dequantize_{}_{output}", format.name())
+}
+
+/// The dynamic quantization kernel of `input` to `format` with f32 or binary16 scales.
+fn dynamic_kernel(input: &str, format: Format, scale_f16: bool) -> String {
+    let s = if scale_f16 { "f16s" } else { "f32s" };
+    format!("mmq_quantize_dynamic_{input}_{}_{s}", format.name())
+}
+
+/// Every kernel the launchers use, by name.
+pub fn kernel_names() -> Vec<String> {
+    let mut names = Vec::new();
+    for input in ["f32", "f16", "bf16"] {
+        for format in Format::ALL {
+            names.push(quantize_kernel(input, format));
+            names.push(dequantize_kernel(format, input));
+            names.push(dynamic_kernel(input, format, false));
+            names.push(dynamic_kernel(input, format, true));
+        }
+        names.push(format!("mmq_kv_append_{input}"));
+    }
+    names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_m{m}")));
+    names.push("mmq_nbits_gemm".into());
+    names.extend([1, 4, 8].map(|m| format!("mmq_dense_gemv_m{m}")));
+    names
 }
 
 /// The number of grid blocks for `work` items of `per_block` each, capped.
@@ -548,7 +578,7 @@ impl Device {
             q.zeros.map(Buffer::len),
             out.len(),
         )?;
-        let f = self.function(&format!("mmq_quantize_{}_{}", T::NAME, q.format.name()))?;
+        let f = self.function(&quantize_kernel(T::NAME, q.format))?;
         let (zp, _zg) = self.ptr(q.zeros);
         let (n64, sat, vec) = (n as i64, i32::from(q.saturate), 1i32);
         let mut b = self.stream.launch_builder(&f);
@@ -583,7 +613,7 @@ impl Device {
             q.zeros.map(Buffer::len),
             codes.len(),
         )?;
-        let f = self.function(&format!("mmq_dequantize_{}_{}", q.format.name(), T::NAME))?;
+        let f = self.function(&dequantize_kernel(q.format, T::NAME))?;
         let (zp, _zg) = self.ptr(q.zeros);
         let (n64, vec) = (n as i64, 1i32);
         let mut b = self.stream.launch_builder(&f);
@@ -624,14 +654,10 @@ impl Device {
             scales.len(),
             zeros.as_ref().map(|z| z.len()),
         )?;
-        let suffix = match scales {
-            GroupScales::F32(_) => "f32s",
-            GroupScales::F16(_) => "f16s",
-        };
-        let f = self.function(&format!(
-            "mmq_quantize_dynamic_{}_{}_{suffix}",
+        let f = self.function(&dynamic_kernel(
             T::NAME,
-            format.name()
+            format,
+            matches!(scales, GroupScales::F16(_)),
         ))?;
         let rows = (x.len() / row_len) as i64;
         let (row64, group64) = (row_len as i64, group as i64);
@@ -758,6 +784,44 @@ impl Device {
             // SAFETY: matches `mmq_nbits_gemm`; `nbits_plan` checked every length.
             unsafe { b.launch(launch) }.map_err(driver("INT4 GEMM launch"))?;
         }
+        Ok(())
+    }
+
+    /// The dense binary16 GEMV `y[m, n] = a[m, k] · w[n, k]ᵀ` for m ∈ {1, 4, 8} (the baseline of
+    /// the INT4 GEMV; K a multiple of 8).
+    pub fn dense_gemv(
+        &self,
+        a: &Buffer<f16>,
+        w: &Buffer<f16>,
+        n: usize,
+        y: &mut Buffer<f16>,
+    ) -> Result<(), CudaError> {
+        let k = w.len().checked_div(n).unwrap_or(0);
+        if k == 0 || !k.is_multiple_of(8) || w.len() != n * k || !a.len().is_multiple_of(k) {
+            return invalid(format!(
+                "dense GEMV: W of {} values is not [N {n}, K] with K a multiple of 8, or A of {} \
+                 values is not [M, K]",
+                w.len(),
+                a.len()
+            ));
+        }
+        let m = a.len() / k;
+        if !matches!(m, 1 | 4 | 8) || y.len() != m * n {
+            return invalid(format!(
+                "dense GEMV: M {m} must be 1, 4 or 8 and Y must hold M x N = {} values",
+                m * n
+            ));
+        }
+        let f = self.function(&format!("mmq_dense_gemv_m{m}"))?;
+        let (n64, k64) = (n as i64, k as i64);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&a.slice)
+            .arg(&w.slice)
+            .arg(&mut y.slice)
+            .arg(&n64)
+            .arg(&k64);
+        // SAFETY: matches `mmq_dense_gemv_m*`; the shapes were checked above.
+        unsafe { b.launch(cfg(grid(n, 4, 1 << 20), 128)) }.map_err(driver("dense GEMV launch"))?;
         Ok(())
     }
 
