@@ -109,6 +109,8 @@ pub struct CompileArgs {
     pub block: usize,
     /// `--asym`: asymmetric INT4 blocks.
     pub asym: bool,
+    /// `--symbol NAME=MIN:OPT:MAX` (TensorRT profiles).
+    pub symbols: Vec<(String, mmq_backend_trt::Profile)>,
     /// `--smoothquant ALPHA`: SmoothQuant before INT8.
     pub smoothquant: Option<f32>,
     /// `--awq`: AWQ scales before INT4.
@@ -152,11 +154,7 @@ fn precision(args: &CompileArgs) -> Result<(Precision, String), Failure> {
 fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, Failure> {
     let target = match args.target {
         CompileTarget::Ort => TargetRef::ORT,
-        CompileTarget::Trt => {
-            return Err(Failure::user(
-                "error: target 'trt' is not supported yet (use --target ort)\n".to_owned(),
-            ));
-        }
+        CompileTarget::Trt => TargetRef::TRT,
     };
     let calibration = match (&args.calib, args.calib_random) {
         (Some(_), Some(_)) => {
@@ -240,8 +238,13 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     let (precision, warnings) = precision(args)?;
     let options = options(args, precision)?;
     options.check().map_err(Failure::usage)?;
+    if args.target != CompileTarget::Trt && !args.symbols.is_empty() {
+        return Err(Failure::usage(
+            "--symbol sets TensorRT profiles; it needs --target trt".to_owned(),
+        ));
+    }
     // Fail before the work, not after it, when a single output cannot be written there.
-    if args.inputs.len() == 1 {
+    if args.inputs.len() == 1 || args.target == CompileTarget::Trt {
         mmq_compiler::export::check_output(&args.output)?;
     }
     check_side_outputs(args)?;
@@ -304,8 +307,56 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
         write_atomic(path, (report.to_json() + "\n").as_bytes())
             .map_err(|e| Failure::user(format!("error: --report: {e}\n")))?;
     }
-    mmq_compiler::export::write(&module, &args.inputs, &args.output)?;
+    if args.target == CompileTarget::Trt {
+        let options = mmq_backend_trt::PackageOptions {
+            profiles: args.symbols.iter().cloned().collect(),
+        };
+        let package =
+            mmq_compiler::export::write_trt(&module, &args.inputs, &args.output, &options)?;
+        let names: Vec<String> = package
+            .files
+            .iter()
+            .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        let _ = writeln!(
+            stderr,
+            "trt: wrote {}: {}",
+            args.output.display(),
+            names.join(", ")
+        );
+        for (name, p) in &package.profiles {
+            let _ = writeln!(
+                stderr,
+                "trt: profile {name} = {}:{}:{}",
+                p.min, p.opt, p.max
+            );
+        }
+        if !package.findings.is_empty() {
+            let _ = writeln!(
+                stderr,
+                "warning: {} node(s) TensorRT's parser or quantization rules will refuse (also in \
+                 manifest.json):",
+                package.findings.len()
+            );
+            for f in &package.findings {
+                let _ = writeln!(stderr, "  {f}");
+            }
+        }
+    } else {
+        mmq_compiler::export::write(&module, &args.inputs, &args.output)?;
+    }
     Ok(stderr)
+}
+
+/// Parses `--symbol NAME=MIN:OPT:MAX`.
+pub fn parse_symbol(s: &str) -> Result<(String, mmq_backend_trt::Profile), String> {
+    let (name, range) = s
+        .split_once('=')
+        .ok_or_else(|| format!("'{s}' is not NAME=MIN:OPT:MAX"))?;
+    if name.is_empty() {
+        return Err(format!("'{s}': the symbol name is empty"));
+    }
+    Ok((name.to_owned(), range.parse()?))
 }
 
 /// What a path names, for comparing paths that may not exist yet: the canonical path, else the

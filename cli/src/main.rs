@@ -127,9 +127,14 @@ enum Command {
         /// rule sets).
         #[arg(short = 'O', value_name = "LEVEL", default_value = "2", value_parser = parse_level)]
         level: mmq_passes::OptLevel,
-        /// Output ONNX file (a directory when there are several inputs).
+        /// Output ONNX file (a directory when there are several inputs, and for --target trt:
+        /// the TensorRT package).
         #[arg(short, long)]
         output: PathBuf,
+        /// --target trt: the optimization profile of a symbolic dim (repeatable; defaults from
+        /// the symbol's name and bounds).
+        #[arg(long, value_name = "NAME=MIN:OPT:MAX", value_parser = compile::parse_symbol)]
+        symbol: Vec<(String, mmq_backend_trt::Profile)>,
         /// Print the module to stderr after this pass (or `all`).
         #[arg(long, value_name = "PASS|all")]
         dump_after: Option<String>,
@@ -299,6 +304,7 @@ fn main() -> ExitCode {
             target,
             level,
             output,
+            symbol,
             dump_after,
             time_passes,
             report,
@@ -321,6 +327,7 @@ fn main() -> ExitCode {
             target,
             level,
             output,
+            symbols: symbol,
             dump_after,
             time_passes,
             report,

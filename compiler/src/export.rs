@@ -62,3 +62,21 @@ fn write_graph(m: &Module, graph: mmq_ir::GraphId, path: &Path) -> Result<(), Ex
         .map(|_| ())
         .map_err(|e| ExportError(format!("cannot write {}: {e}", path.display())))
 }
+
+/// Writes `m` (compiled for the `trt` target) as a TensorRT package into the directory `output`
+/// (see [`mmq_backend_trt::write_package`]).
+pub fn write_trt(
+    m: &Module,
+    inputs: &[PathBuf],
+    output: &Path,
+    options: &mmq_backend_trt::PackageOptions,
+) -> Result<mmq_backend_trt::Package, ExportError> {
+    if output.exists() && !output.is_dir() {
+        return Err(ExportError(format!(
+            "cannot write the TensorRT package to {}: it is a file, not a directory",
+            output.display()
+        )));
+    }
+    mmq_backend_trt::write_package(m, inputs, output, options)
+        .map_err(|e| ExportError(e.to_string()))
+}

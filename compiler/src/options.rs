@@ -266,6 +266,27 @@ impl CompileOptions {
         if matches!(self.precision, Precision::Scheme(QuantScheme::Fp8)) && !self.int4.symmetric {
             return Err("--asym applies to --quant int4 only".to_owned());
         }
+        let rules = self.target.qdq_rules();
+        let int4_anywhere = matches!(
+            self.precision,
+            Precision::Scheme(QuantScheme::Int4) | Precision::Auto { .. }
+        );
+        if int4_anywhere && !rules.int4_matmul_nbits {
+            return Err(format!(
+                "INT4 weights (--quant int4, --auto) are not built for target {} yet (its form is \
+                 a blockwise DequantizeLinear); use --quant int8 or fp8",
+                self.target
+            ));
+        }
+        if matches!(self.precision, Precision::Scheme(QuantScheme::Int8Dynamic))
+            && !rules.dynamic_activations
+        {
+            return Err(format!(
+                "--quant int8-dynamic: target {} has no run-time activation quantization; use \
+                 --quant int8 with --calib or --calib-random",
+                self.target
+            ));
+        }
         if let Precision::Auto { cosine } = self.precision
             && !(0.0..=1.0).contains(&cosine)
         {

@@ -203,7 +203,7 @@ impl Pass for Int8Step {
             ));
             Int8Scheme::Static {
                 ranges,
-                symmetric: false,
+                symmetric: opts.target.qdq_rules().symmetric_activations,
             }
         };
         let pass = Int8Pass::new(scheme).with_placement(self.ctx.placement);

@@ -1,4 +1,5 @@
-//! INT8 quantization for ONNX Runtime's CPU provider: static W8A8 (Q/DQ) and dynamic.
+//! INT8 quantization: static W8A8 (Q/DQ) and dynamic, in ONNX Runtime's CPU provider's forms
+//! and, by the target's rules, TensorRT's.
 //!
 //! Q/DQ go only where ONNX Runtime's CPU provider fuses them into an integer kernel, so the
 //! output never pays for a Q/DQ pair that stays a float round trip:
@@ -17,6 +18,10 @@
 //! - **Dynamic, `MatMul` with a constant 2-d weight**: `DynamicQuantizeLinear(a)`,
 //!   `MatMulInteger(a_q, Wq, a_zp)`, `Cast`, `Mul(·, a_scale * w_scale)`, the pattern ONNX Runtime
 //!   fuses into `com.microsoft.DynamicQuantizeMatMul`.
+//!
+//! The target's [`crate::target::QdqRules`] shape the units: TensorRT takes symmetric
+//! activations only, weights in full 8 bits, the `Conv` bias in float, every eligible node
+//! (no placement cost model) and no run-time quantization (bodies stay float there).
 //!
 //! Weights are quantized per output channel, symmetric, to i8 in `[-63, 63]` by default
 //! ([`Int8Pass::reduce_range`]; `[-127, 127]` without it) (the MatMul
@@ -321,6 +326,8 @@ struct Builder {
     qmax: i32,
     /// Weights per tensor: `DequantizeLinear` takes a per-channel scale (`axis`) from opset 13 on.
     per_tensor: bool,
+    /// A `Conv` bias becomes an int32 `DequantizeLinear` (the target's rule); else it stays float.
+    int32_conv_bias: bool,
 }
 
 impl Builder {
@@ -410,13 +417,35 @@ impl Pass for Int8Pass {
 
     fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
         let mut report = PassReport::default();
+        let rules = opts.target.qdq_rules();
+        if let Int8Scheme::Static {
+            symmetric: false, ..
+        } = self.scheme
+            && rules.symmetric_activations
+        {
+            return Err(fail(format!(
+                "target {} takes symmetric activations only (zero point 0)",
+                opts.target
+            )));
+        }
+        if matches!(self.scheme, Int8Scheme::Dynamic) && !rules.dynamic_activations {
+            return Err(fail(format!(
+                "target {} has no run-time activation quantization (DynamicQuantizeLinear); \
+                 use --quant int8 with calibration",
+                opts.target
+            )));
+        }
         let graphs = graphs_with_bodies(m);
         // Weights read from `Constant` nodes; those nodes go once nothing reads them.
         let mut sources: Vec<Value> = Vec::new();
         // Name counter across graphs: a body sees the names of its enclosing graphs.
         let mut next = 0;
         for (graph, body) in graphs {
-            // Calibration observes top-level values only: bodies are quantized dynamically.
+            // Calibration observes top-level values only: bodies are quantized dynamically
+            // (where the target can; else they stay float).
+            if body && !rules.dynamic_activations {
+                continue;
+            }
             let scheme = if body {
                 &Int8Scheme::Dynamic
             } else {
@@ -451,7 +480,12 @@ impl Pass for Int8Pass {
                 after: HashMap::new(),
                 shared: HashMap::new(),
                 next,
-                qmax: if self.reduce_range { 63 } else { 127 },
+                qmax: if self.reduce_range && rules.reduce_range {
+                    63
+                } else {
+                    127
+                },
+                int32_conv_bias: rules.int32_conv_bias,
                 per_tensor,
             };
             let nodes = m.graphs[graph].nodes.clone();
@@ -527,7 +561,11 @@ impl Pass for Int8Pass {
             }
             m.graphs[graph].nodes = order;
             next = b.next;
-            if self.placement == Placement::Cost && !body && !units.is_empty() {
+            if self.placement == Placement::Cost
+                && !rules.quantize_all
+                && !body
+                && !units.is_empty()
+            {
                 let d = place::place(m, graph, &units, opts.target, &sizes);
                 report.count("placed-integer", d.integer);
                 report.count("placed-float", d.float);
@@ -741,6 +779,7 @@ fn conv_static(
     m.nodes[n].inputs[0] = Some(a);
     m.nodes[n].inputs[1] = Some(w);
     if let Some(Some(bias)) = m.nodes[n].inputs.get(2).copied()
+        && b.int32_conv_bias
         && let Some(c) = const_source(m, bias)
         && m.consts[c].num_elements() == w_scales.len()
     {

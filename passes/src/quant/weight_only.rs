@@ -325,6 +325,13 @@ impl Pass for WeightOnlyPass {
                 "block size {bs} must be a power of two from 16 to 256"
             )));
         }
+        if self.config.scheme == WeightScheme::Int4 && !opts.target.qdq_rules().int4_matmul_nbits {
+            return Err(self.fail(format!(
+                "INT4 weights take the form com.microsoft.MatMulNBits, which target {} does not \
+                 run (its form, a blockwise DequantizeLinear, is not built yet)",
+                opts.target
+            )));
+        }
         let mut report = PassReport::default();
         let mut jobs = Vec::new();
         let roots: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();

@@ -3,12 +3,15 @@
 
 use mmq_ir::Op;
 
-use super::{PlaceRates, Target, standard_cost};
+use super::{PlaceRates, QdqRules, Target, standard_cost};
 use crate::quant::fp16::Fp16Form;
 
 /// The generic target.
 #[derive(Clone, Copy, Debug)]
 pub struct Generic;
+
+/// The interpreter runs every form; ONNX Runtime's stand in.
+pub const QDQ: QdqRules = super::ort::QDQ;
 
 impl Target for Generic {
     fn name(&self) -> &'static str {
@@ -43,6 +46,10 @@ impl Target for Generic {
     /// No runtime of its own: ONNX Runtime's CPU rates stand in.
     fn place_rates(&self) -> &'static PlaceRates {
         &super::ort::CPU_RATES
+    }
+
+    fn qdq_rules(&self) -> &'static QdqRules {
+        &QDQ
     }
 
     fn fp16_form(&self) -> Fp16Form {

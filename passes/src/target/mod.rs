@@ -7,9 +7,11 @@
 //!
 //! - [`generic`]: standard ONNX ops only; what the reference interpreter runs.
 //! - [`ort`]: ONNX Runtime's CPU provider, with the `com.microsoft` contrib ops.
+//! - [`trt`]: TensorRT's ONNX parser with explicit (Q/DQ) quantization.
 
 pub mod generic;
 pub mod ort;
+pub mod trt;
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -43,6 +45,9 @@ pub trait Target: Send + Sync + std::panic::RefUnwindSafe {
     /// Rates of the INT8 placement cost model (see [`crate::quant::place`]).
     fn place_rates(&self) -> &'static PlaceRates;
 
+    /// How quantized units must look on this target.
+    fn qdq_rules(&self) -> &'static QdqRules;
+
     /// How FP16 is realized.
     fn fp16_form(&self) -> Fp16Form;
 }
@@ -64,6 +69,25 @@ pub struct PlaceRates {
     pub element: f64,
     /// A Q/DQ absorbed into the integer kernel next to it.
     pub absorbed: f64,
+}
+
+/// The forms quantization may take on a target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QdqRules {
+    /// Activations are quantized symmetric (i8, zero point 0) only.
+    pub symmetric_activations: bool,
+    /// INT8 weights in 7 bits by default (see `Int8Pass::reduce_range`).
+    pub reduce_range: bool,
+    /// A quantized `Conv`'s bias becomes an int32 `DequantizeLinear` (`QLinearConv`'s form);
+    /// otherwise it stays float.
+    pub int32_conv_bias: bool,
+    /// Every eligible node is quantized (the runtime fuses Q/DQ itself), instead of the placement
+    /// cost model's choice.
+    pub quantize_all: bool,
+    /// Activations may be quantized at run time (`DynamicQuantizeLinear`).
+    pub dynamic_activations: bool,
+    /// INT4 weights as `com.microsoft.MatMulNBits`.
+    pub int4_matmul_nbits: bool,
 }
 
 /// The relative cost of a standard ONNX op, shared by the targets that have no measured table
@@ -94,8 +118,10 @@ impl TargetRef {
     pub const ORT: TargetRef = TargetRef(&ort::Ort);
     /// Standard ONNX ops only.
     pub const GENERIC: TargetRef = TargetRef(&generic::Generic);
+    /// TensorRT.
+    pub const TRT: TargetRef = TargetRef(&trt::Trt);
     /// Every target.
-    pub const ALL: [TargetRef; 2] = [TargetRef::GENERIC, TargetRef::ORT];
+    pub const ALL: [TargetRef; 3] = [TargetRef::GENERIC, TargetRef::ORT, TargetRef::TRT];
 
     /// The target named `name`.
     pub fn by_name(name: &str) -> Option<TargetRef> {
@@ -151,7 +177,8 @@ mod tests {
     fn targets_are_found_by_name_and_compare_by_name() {
         assert_eq!(TargetRef::by_name("ort"), Some(TargetRef::ORT));
         assert_eq!(TargetRef::by_name("generic"), Some(TargetRef::GENERIC));
-        assert_eq!(TargetRef::by_name("trt"), None);
+        assert_eq!(TargetRef::by_name("trt"), Some(TargetRef::TRT));
+        assert_eq!(TargetRef::by_name("tensorrt"), None);
         assert_ne!(TargetRef::ORT, TargetRef::GENERIC);
         assert_eq!(TargetRef::default(), TargetRef::GENERIC);
     }
@@ -173,6 +200,22 @@ mod tests {
             generic.rms_norm(1e-6, 23),
             Some(Op::RMSNormalization { .. })
         ));
+    }
+
+    #[test]
+    fn trt_runs_parser_ops_only_and_quantizes_by_its_rules() {
+        let trt = TargetRef::TRT;
+        assert!(!trt.runs_domain("com.microsoft"));
+        assert!(trt.op_cost("com.microsoft.FusedConv").is_infinite());
+        assert!(trt.op_cost("RMSNormalization").is_infinite());
+        assert!(trt.op_cost("MatMulInteger").is_infinite());
+        assert_eq!(trt.op_cost("MatMul"), TargetRef::GENERIC.op_cost("MatMul"));
+        assert!(trt.gelu(false, 17).is_none());
+        assert!(matches!(trt.gelu(false, 20), Some(Op::Gelu { .. })));
+        let rules = trt.qdq_rules();
+        assert!(rules.symmetric_activations && rules.quantize_all);
+        assert!(!rules.reduce_range && !rules.int32_conv_bias && !rules.int4_matmul_nbits);
+        assert!(TargetRef::ORT.qdq_rules().int32_conv_bias);
     }
 
     /// The skip norms ONNX Runtime runs slower than `Add` + norm are costed above them, so

@@ -3,7 +3,7 @@
 
 use mmq_ir::{Attr, CustomOp, Op};
 
-use super::{PlaceRates, Target, standard_cost};
+use super::{PlaceRates, QdqRules, Target, standard_cost};
 use crate::quant::fp16::Fp16Form;
 
 /// The ONNX Runtime target.
@@ -50,6 +50,18 @@ fn contrib_cost(op: &str) -> f64 {
     }
 }
 
+/// ONNX Runtime's QDQ forms: asymmetric u8 activations, 7-bit weights (see
+/// `Int8Pass::reduce_range`), int32 Conv bias for `QLinearConv`, cost-model placement, dynamic
+/// quantization and `MatMulNBits`.
+pub const QDQ: QdqRules = QdqRules {
+    symmetric_activations: false,
+    reduce_range: true,
+    int32_conv_bias: true,
+    quantize_all: false,
+    dynamic_activations: true,
+    int4_matmul_nbits: true,
+};
+
 impl Target for Ort {
     fn name(&self) -> &'static str {
         "ort"
@@ -94,6 +106,10 @@ impl Target for Ort {
 
     /// The CPU provider has few float16 kernels: float16 weights widened by a `Cast` it folds
     /// at load.
+    fn qdq_rules(&self) -> &'static QdqRules {
+        &QDQ
+    }
+
     fn fp16_form(&self) -> Fp16Form {
         Fp16Form::WeightStorage
     }

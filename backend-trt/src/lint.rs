@@ -1,0 +1,239 @@
+//! What TensorRT's ONNX parser and its explicit-quantization rules accept, checked on a module:
+//! ops in the parser's support matrix (default domain only) with their operand restrictions, and
+//! Q/DQ by TensorRT's rules.
+
+use std::collections::HashMap;
+
+use mmq_ir::{Const, DType, GraphId, Module, Node, Op, Value, ValueDef};
+use mmq_kernels::Tensor;
+use mmq_passes::target::trt::parser_supports;
+
+/// One violation: the node (its name and op) and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Finding {
+    /// `name (Op)` of the node.
+    pub node: String,
+    /// What TensorRT would refuse.
+    pub message: String,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.node, self.message)
+    }
+}
+
+/// The constant behind `v` (an initializer or a `Constant` node).
+fn const_of(m: &Module, v: Value) -> Option<Const> {
+    match m.values.get(v)?.def {
+        ValueDef::Const(c) => Some(c),
+        ValueDef::Output { node, .. } => match &m.nodes[node].op {
+            Op::Constant { value: Some(c), .. } => Some(*c),
+            _ => None,
+        },
+        ValueDef::Input { .. } => None,
+    }
+}
+
+fn values_f64(m: &Module, c: Const) -> Option<Vec<f64>> {
+    Tensor::from_const(&m.consts[c]).ok()?.to_f64().ok()
+}
+
+struct Linter<'m> {
+    m: &'m Module,
+    consumers: HashMap<Value, Vec<Node>>,
+    out: Vec<Finding>,
+}
+
+impl Linter<'_> {
+    fn finding(&mut self, n: Node, message: impl Into<String>) {
+        let nd = &self.m.nodes[n];
+        self.out.push(Finding {
+            node: format!(
+                "{} ({})",
+                nd.name.as_deref().unwrap_or("<unnamed>"),
+                nd.op.op_type()
+            ),
+            message: message.into(),
+        });
+    }
+
+    fn input(&self, n: Node, i: usize) -> Option<Value> {
+        self.m.nodes[n].inputs.get(i).copied().flatten()
+    }
+
+    /// Operand `i`, when present, must be a constant (an initializer for the parser).
+    fn constant_operand(&mut self, n: Node, i: usize, what: &str) {
+        if let Some(v) = self.input(n, i)
+            && const_of(self.m, v).is_none()
+        {
+            self.finding(n, format!("`{what}` (input {i}) must be an initializer"));
+        }
+    }
+
+    fn node(&mut self, n: Node) {
+        let op = &self.m.nodes[n].op;
+        if !op.domain().is_empty() && op.domain() != "ai.onnx" {
+            self.finding(
+                n,
+                format!(
+                    "domain '{}' is not TensorRT's (no plugin backs it)",
+                    op.domain()
+                ),
+            );
+            return;
+        }
+        let op_type = op.op_type().to_owned();
+        if !parser_supports(&op_type) {
+            self.finding(n, "not in TensorRT's ONNX parser support matrix");
+            return;
+        }
+        match op_type.as_str() {
+            "QuantizeLinear" | "DequantizeLinear" => self.qdq(n),
+            "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceMax"
+            | "ReduceMean" | "ReduceMin" | "ReduceProd" | "ReduceSum" | "ReduceSumSquare"
+            | "Squeeze" | "Unsqueeze" => self.constant_operand(n, 1, "axes"),
+            "Slice" => self.constant_operand(n, 3, "axes"),
+            "Pad" => self.constant_operand(n, 3, "axes"),
+            "CumSum" => self.constant_operand(n, 1, "axis"),
+            "OneHot" => self.constant_operand(n, 1, "depth"),
+            "MaxPool" | "AveragePool" => {
+                if let Some(r) = self.input(n, 0).and_then(|v| self.rank(v))
+                    && !(4..=5).contains(&r)
+                {
+                    self.finding(n, format!("2D or 3D pooling only (input rank {r})"));
+                }
+                if self.m.nodes[n].outputs.get(1).copied().flatten().is_some() {
+                    self.finding(n, "the Indices output is not supported");
+                }
+            }
+            "LayerNormalization" if self.m.nodes[n].outputs.iter().skip(1).any(Option::is_some) => {
+                self.finding(n, "only the first output Y is supported");
+            }
+            _ => {}
+        }
+    }
+
+    fn rank(&self, v: Value) -> Option<usize> {
+        self.m
+            .value_type(v)
+            .as_tensor()?
+            .shape
+            .as_ref()
+            .map(Vec::len)
+    }
+
+    /// TensorRT's Q/DQ: constant positive scales, zero points absent or constant zeros;
+    /// per-channel scales only where a constant weight is dequantized, on the weight's output
+    /// channel axis (0 for Conv and `transB = 1` Gemm, 1 for MatMul and Gemm).
+    fn qdq(&mut self, n: Node) {
+        let is_q = matches!(self.m.nodes[n].op, Op::QuantizeLinear { .. });
+        let Some(scale) = self.input(n, 1) else {
+            return;
+        };
+        let Some(sc) = const_of(self.m, scale) else {
+            self.finding(n, "the scale must be a constant");
+            return;
+        };
+        match values_f64(self.m, sc) {
+            Some(v) if v.iter().all(|x| x.is_finite() && *x > 0.0) => {}
+            _ => self.finding(n, "scales must be finite and positive"),
+        }
+        if let Some(z) = self.input(n, 2) {
+            match const_of(self.m, z).and_then(|c| values_f64(self.m, c)) {
+                Some(v) if v.iter().all(|x| *x == 0.0) => {}
+                _ => self.finding(
+                    n,
+                    "zero points must be constant zeros: TensorRT quantizes symmetric only (an \
+                     asymmetric unit needs a plugin, which this version does not emit)",
+                ),
+            }
+        }
+        // The quantized side: INT8, INT4 or FP8 E4M3 (TensorRT's quantized types).
+        let q_side = if is_q {
+            self.m.nodes[n].outputs.first().copied().flatten()
+        } else {
+            self.input(n, 0)
+        };
+        if let Some(dt) =
+            q_side.and_then(|v| self.m.value_type(v).as_tensor().and_then(|t| t.dtype))
+            && !matches!(dt, DType::I8 | DType::I4 | DType::F8E4M3FN)
+        {
+            self.finding(
+                n,
+                format!("quantized type {dt}: TensorRT quantizes to INT8, INT4 or FP8 E4M3 only"),
+            );
+        }
+        let per_channel = self.m.consts[sc].num_elements() > 1;
+        if !per_channel {
+            return;
+        }
+        let x = self.input(n, 0);
+        if is_q || x.and_then(|x| const_of(self.m, x)).is_none() {
+            self.finding(
+                n,
+                "per-channel scales on an activation (TensorRT takes them on weights only)",
+            );
+            return;
+        }
+        let axis = self.m.nodes[n].op.get::<i64>("axis").unwrap_or(1);
+        let Some(y) = self.m.nodes[n].outputs.first().copied().flatten() else {
+            return;
+        };
+        let consumers = self.consumers.get(&y).cloned().unwrap_or_default();
+        for c in consumers {
+            let cop = &self.m.nodes[c].op;
+            let want = match cop {
+                Op::Conv { .. } | Op::ConvTranspose { .. } => Some(0),
+                Op::MatMul { .. } => Some(1),
+                Op::Gemm { .. } => Some(if cop.get::<i64>("transB") == Some(1) {
+                    0
+                } else {
+                    1
+                }),
+                _ => None,
+            };
+            if let Some(want) = want
+                && axis != want
+            {
+                let t = cop.op_type().to_owned();
+                self.finding(
+                    n,
+                    format!("per-channel axis {axis} of a {t} weight (TensorRT wants {want})"),
+                );
+            }
+        }
+    }
+}
+
+/// Every violation in the graphs of entry `graph` (bodies included).
+pub fn lint_graph(m: &Module, graph: GraphId) -> Vec<Finding> {
+    let mut consumers: HashMap<Value, Vec<Node>> = HashMap::new();
+    let graphs = m.graph_tree(graph);
+    for &g in &graphs {
+        for &n in &m.graphs[g].nodes {
+            for v in m.nodes[n].inputs.iter().flatten() {
+                consumers.entry(*v).or_default().push(n);
+            }
+        }
+    }
+    let mut l = Linter {
+        m,
+        consumers,
+        out: Vec::new(),
+    };
+    for &g in &graphs {
+        for &n in &m.graphs[g].nodes {
+            l.node(n);
+        }
+    }
+    l.out
+}
+
+/// Every violation in every entry graph.
+pub fn lint(m: &Module) -> Vec<Finding> {
+    m.entries
+        .iter()
+        .flat_map(|e| lint_graph(m, e.graph))
+        .collect()
+}

@@ -1,0 +1,431 @@
+//! The package directory: `model.onnx` (one file per entry graph, with external data where the
+//! weights are large), `build_engine.sh` (trtexec, strongly typed, one optimization profile from
+//! the symbols' ranges) and `manifest.json` (files with hashes, inputs, outputs, profiles,
+//! quantization, findings).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use mmq_backend_ort::ExportOptions;
+use mmq_ir::{DType, Dim, GraphId, Module, Op, Sym, Type, Value};
+use sha2::{Digest, Sha256};
+
+use crate::lint::{Finding, lint};
+
+/// An optimization-profile range of one symbol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Profile {
+    pub min: i64,
+    pub opt: i64,
+    pub max: i64,
+}
+
+impl std::str::FromStr for Profile {
+    type Err = String;
+
+    /// `MIN:OPT:MAX`, or one value for all three.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let num = |p: &str| {
+            p.trim()
+                .parse::<i64>()
+                .ok()
+                .filter(|v| *v >= 1)
+                .ok_or_else(|| format!("'{p}' is not a dimension (an integer of at least 1)"))
+        };
+        let (min, opt, max) = match parts.as_slice() {
+            [v] => {
+                let v = num(v)?;
+                (v, v, v)
+            }
+            [a, b, c] => (num(a)?, num(b)?, num(c)?),
+            _ => return Err(format!("'{s}' is not MIN:OPT:MAX")),
+        };
+        if !(min <= opt && opt <= max) {
+            return Err(format!("'{s}': need MIN <= OPT <= MAX"));
+        }
+        Ok(Profile { min, opt, max })
+    }
+}
+
+/// The profile of a symbol without one given: its declared bounds where the model has them,
+/// else 1..16 (opt 1) for batch-like names and 1..2048 (opt 128) for sequence-like ones, 1..1024
+/// (opt 224) for spatial ones, and 1..64 (opt 1) otherwise.
+pub fn default_profile(name: &str, min: Option<i64>, max: Option<i64>) -> Profile {
+    let n = name.to_ascii_lowercase();
+    let (lo, opt, hi) = if n.contains("batch") || n == "n" || n == "b" {
+        (1, 1, 16)
+    } else if ["seq", "len", "token", "past", "total", "step", "position"]
+        .iter()
+        .any(|k| n.contains(k))
+    {
+        (1, 128, 2048)
+    } else if ["height", "width"].iter().any(|k| n.contains(k)) || n == "h" || n == "w" {
+        (1, 224, 1024)
+    } else {
+        (1, 1, 64)
+    };
+    let min = min.unwrap_or(lo).max(1);
+    let max = max.unwrap_or(hi).max(min);
+    Profile {
+        min,
+        opt: opt.clamp(min, max),
+        max,
+    }
+}
+
+/// What to write.
+#[derive(Clone, Debug, Default)]
+pub struct PackageOptions {
+    /// Profiles by symbol name; the others get [`default_profile`].
+    pub profiles: BTreeMap<String, Profile>,
+}
+
+/// What was written.
+#[derive(Clone, Debug)]
+pub struct Package {
+    /// Every file, model files first.
+    pub files: Vec<PathBuf>,
+    /// What TensorRT's rules refuse in the written models (empty when it will parse them).
+    pub findings: Vec<Finding>,
+    /// The profile of every symbol of the models' inputs.
+    pub profiles: BTreeMap<String, Profile>,
+}
+
+/// Writing the package failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TrtError {
+    /// A file could not be written.
+    #[error("cannot write {path}: {message}")]
+    Write { path: PathBuf, message: String },
+    /// A `--symbol` names no symbol of the model.
+    #[error("--symbol {0}: the model has no symbol of that name (its symbols: {1})")]
+    UnknownSymbol(String, String),
+}
+
+fn write_err(path: &Path, e: impl std::fmt::Display) -> TrtError {
+    TrtError::Write {
+        path: path.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory.
+fn write_atomic(path: &Path, bytes: &[u8], executable: bool) -> Result<(), TrtError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| write_err(path, e))?;
+    tmp.write_all(bytes).map_err(|e| write_err(path, e))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = if executable { 0o755 } else { 0o644 };
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(|e| write_err(path, e))?;
+    }
+    tmp.persist(path).map_err(|e| write_err(path, e.error))?;
+    Ok(())
+}
+
+fn sha256(path: &Path) -> Result<String, TrtError> {
+    let mut f = std::fs::File::open(path).map_err(|e| write_err(path, e))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).map_err(|e| write_err(path, e))?;
+    Ok(h.finalize().iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    }))
+}
+
+/// A tensor as the manifest lists it.
+#[derive(serde::Serialize)]
+struct TensorInfo {
+    name: String,
+    dtype: String,
+    shape: Vec<String>,
+}
+
+fn tensor_info(m: &Module, v: Value) -> TensorInfo {
+    let (dtype, shape) = match m.value_type(v) {
+        Type::Tensor(t) => (
+            t.dtype.map_or("unknown".to_owned(), |d| d.to_string()),
+            t.shape
+                .as_ref()
+                .map_or_else(Vec::new, |s| s.iter().map(|d| dim_text(m, d)).collect()),
+        ),
+        other => (format!("{other:?}"), Vec::new()),
+    };
+    TensorInfo {
+        name: m.values[v].name.clone().unwrap_or_default(),
+        dtype,
+        shape,
+    }
+}
+
+fn dim_text(m: &Module, d: &Dim) -> String {
+    match d.expr() {
+        Some(e) => e.render(&|s| m.symbols[s].name.clone()),
+        None => "?".into(),
+    }
+}
+
+fn symbols_of(m: &Module, graph: GraphId, out: &mut Vec<Sym>) {
+    for &v in &m.graphs[graph].inputs {
+        if let Type::Tensor(t) = m.value_type(v) {
+            for d in t.shape.iter().flatten() {
+                if let Some(e) = d.expr() {
+                    e.symbols(out);
+                }
+            }
+        }
+    }
+}
+
+/// Counts of Q/DQ by element type, over every graph of the entry.
+fn quantization(m: &Module, graph: GraphId) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for g in m.graph_tree(graph) {
+        for &n in &m.graphs[g].nodes {
+            let nd = &m.nodes[n];
+            let (kind, v) = match nd.op {
+                Op::QuantizeLinear { .. } => ("QuantizeLinear", nd.outputs.first()),
+                Op::DequantizeLinear { .. } => ("DequantizeLinear", nd.inputs.first()),
+                _ => continue,
+            };
+            let dt = v
+                .copied()
+                .flatten()
+                .and_then(|v| m.value_type(v).as_tensor().and_then(|t| t.dtype))
+                .map_or("unknown".to_owned(), |d: DType| d.to_string());
+            *out.entry(format!("{kind} {dt}")).or_insert(0) += 1;
+        }
+    }
+    out
+}
+
+/// Writes the package for `m` into `dir` (created if needed). `inputs` are the files `m` was
+/// loaded from (they name the models of a several-graph module).
+pub fn write_package(
+    m: &Module,
+    inputs: &[PathBuf],
+    dir: &Path,
+    opts: &PackageOptions,
+) -> Result<Package, TrtError> {
+    std::fs::create_dir_all(dir).map_err(|e| write_err(dir, e))?;
+    // Profiles: every symbol of the entry inputs.
+    let mut syms = Vec::new();
+    for e in &m.entries {
+        symbols_of(m, e.graph, &mut syms);
+    }
+    syms.sort();
+    syms.dedup();
+    let names: Vec<String> = syms.iter().map(|&s| m.symbols[s].name.clone()).collect();
+    for given in opts.profiles.keys() {
+        if !names.contains(given) {
+            return Err(TrtError::UnknownSymbol(given.clone(), names.join(", ")));
+        }
+    }
+    let profiles: BTreeMap<String, Profile> = syms
+        .iter()
+        .map(|&s| {
+            let sd = &m.symbols[s];
+            let p = opts
+                .profiles
+                .get(&sd.name)
+                .copied()
+                .unwrap_or_else(|| default_profile(&sd.name, sd.min, sd.max));
+            (sd.name.clone(), p)
+        })
+        .collect();
+
+    let mut files = Vec::new();
+    let mut models = Vec::new();
+    let single = m.entries.len() == 1;
+    for (i, e) in m.entries.iter().enumerate() {
+        let stem = if single {
+            "model".to_owned()
+        } else {
+            inputs
+                .get(i)
+                .and_then(|p| p.file_stem())
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| m.graphs[e.graph].name.clone())
+        };
+        let path = dir.join(format!("{stem}.onnx"));
+        let report = mmq_backend_ort::write_model(m, e.graph, &path, &ExportOptions::default())
+            .map_err(|err| write_err(&path, err))?;
+        let mut model_files = vec![path.clone()];
+        model_files.extend(report.data_path.clone());
+        let hashes: Vec<(String, String)> = model_files
+            .iter()
+            .map(|p| {
+                Ok((
+                    p.file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned(),
+                    sha256(p)?,
+                ))
+            })
+            .collect::<Result<_, TrtError>>()?;
+        let g = &m.graphs[e.graph];
+        models.push(serde_json::json!({
+            "file": format!("{stem}.onnx"),
+            "sha256": hashes.iter().map(|(f, h)| (f.clone(), serde_json::Value::from(h.clone()))).collect::<serde_json::Map<_, _>>(),
+            "inputs": g.inputs.iter().map(|&v| tensor_info(m, v)).collect::<Vec<_>>(),
+            "outputs": g.outputs.iter().map(|&v| tensor_info(m, v)).collect::<Vec<_>>(),
+            "quantization": quantization(m, e.graph),
+            "opset": m.onnx_opset(e.graph),
+        }));
+        files.extend(model_files);
+        let script = dir.join(if single {
+            "build_engine.sh".to_owned()
+        } else {
+            format!("build_engine_{stem}.sh")
+        });
+        write_atomic(
+            &script,
+            build_script(m, e.graph, &stem, &profiles).as_bytes(),
+            true,
+        )?;
+        files.push(script);
+    }
+    let findings = lint(m);
+    let manifest = serde_json::json!({
+        "format": "mmq-tensorrt-package",
+        "version": 1,
+        "producer": format!("mmq {}", env!("CARGO_PKG_VERSION")),
+        "tensorrt": {
+            "versions": ["10.x", "11.x"],
+            "strongly_typed": true,
+            "parser_opsets": "9..=20 (TensorRT 10; later releases read more)",
+        },
+        "models": models,
+        "profiles": profiles,
+        "plugins": [],
+        "findings": findings,
+    });
+    let mpath = dir.join("manifest.json");
+    let text = serde_json::to_string_pretty(&manifest).map_err(|e| write_err(&mpath, e))? + "\n";
+    write_atomic(&mpath, text.as_bytes(), false)?;
+    files.push(mpath);
+    Ok(Package {
+        files,
+        findings,
+        profiles,
+    })
+}
+
+/// `build_engine.sh` for one model.
+fn build_script(
+    m: &Module,
+    graph: GraphId,
+    stem: &str,
+    profiles: &BTreeMap<String, Profile>,
+) -> String {
+    let g = &m.graphs[graph];
+    // Inputs with symbolic dims, each dim as a literal or a symbol.
+    let mut dynamic: Vec<(String, Vec<String>)> = Vec::new();
+    for &v in &g.inputs {
+        let Type::Tensor(t) = m.value_type(v) else {
+            continue;
+        };
+        let Some(shape) = &t.shape else { continue };
+        if shape.iter().all(|d| d.as_known().is_some()) {
+            continue;
+        }
+        // Literals, or shell arithmetic over the symbols' variables (`@` becomes the profile
+        // point).
+        let dims = shape
+            .iter()
+            .map(|d| match (d.as_known(), d.expr()) {
+                (Some(k), _) => k.to_string(),
+                (None, Some(e)) => format!(
+                    "$(({}))",
+                    e.render(&|s| format!("${{{}_@}}", shell_var(&m.symbols[s].name)))
+                ),
+                (None, None) => "1".to_owned(),
+            })
+            .collect();
+        dynamic.push((m.values[v].name.clone().unwrap_or_default(), dims));
+    }
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "#!/usr/bin/env bash\n\
+         # Builds a TensorRT engine from {stem}.onnx (written by `mmq compile --target trt`).\n\
+         # The model carries its quantization as Q/DQ nodes, so the network is built strongly\n\
+         # typed: TensorRT 10.x and 11.x take --stronglyTyped and no precision flags.\n\
+         #\n\
+         #   ./build_engine.sh [--symbol NAME=MIN:OPT:MAX]... [--trtexec PATH] [trtexec options]\n\
+         #\n\
+         # Needs trtexec (TensorRT 10 or 11) and a GPU; writes {stem}.engine.\n\
+         set -euo pipefail\n\
+         cd \"$(dirname \"$0\")\"\n\
+         trtexec=\"${{TRTEXEC:-trtexec}}\""
+    );
+    for (name, p) in profiles {
+        let v = shell_var(name);
+        let _ = writeln!(
+            s,
+            "{v}_MIN={}; {v}_OPT={}; {v}_MAX={}  # {name}",
+            p.min, p.opt, p.max
+        );
+    }
+    let _ = writeln!(
+        s,
+        "extra=()\n\
+         while [[ $# -gt 0 ]]; do\n\
+         \x20   case \"$1\" in\n\
+         \x20       --symbol)\n\
+         \x20           [[ \"${{2:-}}\" =~ ^([A-Za-z0-9_.:-]+)=([0-9]+):([0-9]+):([0-9]+)$ ]] \\\n\
+         \x20               || {{ echo \"build_engine.sh: --symbol NAME=MIN:OPT:MAX, not '${{2:-}}'\" >&2; exit 2; }}\n\
+         \x20           var=\"$(printf '%s' \"${{BASH_REMATCH[1]}}\" | tr -c 'A-Za-z0-9_' '_')\"\n\
+         \x20           var=\"SYM_${{var}}\"\n\
+         \x20           declare -p \"${{var}}_MIN\" >/dev/null 2>&1 \\\n\
+         \x20               || {{ echo \"build_engine.sh: the model has no symbol ${{BASH_REMATCH[1]}}\" >&2; exit 2; }}\n\
+         \x20           printf -v \"${{var}}_MIN\" %s \"${{BASH_REMATCH[2]}}\"\n\
+         \x20           printf -v \"${{var}}_OPT\" %s \"${{BASH_REMATCH[3]}}\"\n\
+         \x20           printf -v \"${{var}}_MAX\" %s \"${{BASH_REMATCH[4]}}\"\n\
+         \x20           shift 2 ;;\n\
+         \x20       --trtexec) trtexec=\"$2\"; shift 2 ;;\n\
+         \x20       *) extra+=(\"$1\"); shift ;;\n\
+         \x20   esac\n\
+         done"
+    );
+    let mut args = vec![
+        format!("--onnx={stem}.onnx"),
+        "--stronglyTyped".to_owned(),
+        format!("--saveEngine={stem}.engine"),
+    ];
+    if !dynamic.is_empty() {
+        for (flag, point) in [("min", "MIN"), ("opt", "OPT"), ("max", "MAX")] {
+            let shapes: Vec<String> = dynamic
+                .iter()
+                .map(|(name, dims)| {
+                    let dims: Vec<String> = dims.iter().map(|d| d.replace('@', point)).collect();
+                    format!("{name}:{}", dims.join("x"))
+                })
+                .collect();
+            args.push(format!("--{flag}Shapes={}", shapes.join(",")));
+        }
+    }
+    let _ = writeln!(
+        s,
+        "set -x\n\"$trtexec\" {} \"${{extra[@]}}\"",
+        args.iter()
+            .map(|a| format!("\"{a}\""))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    s
+}
+
+fn shell_var(name: &str) -> String {
+    let body: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("SYM_{body}")
+}
