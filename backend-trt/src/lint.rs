@@ -168,6 +168,13 @@ impl Linter<'_> {
         if !per_channel {
             return;
         }
+        let blocked = matches!(
+            self.m.nodes[n].op,
+            Op::DequantizeLinear {
+                block_size: Some(b),
+                ..
+            } if b > 0
+        );
         let x = self.input(n, 0);
         if is_q || x.and_then(|x| const_of(self.m, x)).is_none() {
             self.finding(
@@ -181,25 +188,40 @@ impl Linter<'_> {
             return;
         };
         let consumers = self.consumers.get(&y).cloned().unwrap_or_default();
+        if blocked
+            && q_side.and_then(|v| self.m.value_type(v).as_tensor().and_then(|t| t.dtype))
+                != Some(DType::I4)
+        {
+            self.finding(
+                n,
+                "blocked DequantizeLinear: TensorRT takes INT4 weights only",
+            );
+        }
         for c in consumers {
             let cop = &self.m.nodes[c].op;
-            let want = match cop {
-                Op::Conv { .. } | Op::ConvTranspose { .. } => Some(0),
-                Op::MatMul { .. } => Some(1),
-                Op::Gemm { .. } => Some(if cop.get::<i64>("transB") == Some(1) {
-                    0
-                } else {
-                    1
-                }),
+            let trans_b = cop.get::<i64>("transB") == Some(1);
+            // Per channel: the output-channel axis; blocked: the K (reduction) axis.
+            let want = match (cop, blocked) {
+                (Op::Conv { .. } | Op::ConvTranspose { .. }, false) => Some(0),
+                (Op::MatMul { .. }, false) => Some(1),
+                (Op::Gemm { .. }, false) => Some(if trans_b { 0 } else { 1 }),
+                (Op::MatMul { .. }, true) => Some(0),
+                (Op::Gemm { .. }, true) => Some(if trans_b { 1 } else { 0 }),
+                (_, true) => {
+                    let t = cop.op_type().to_owned();
+                    self.finding(n, format!("blocked DequantizeLinear feeding {t}"));
+                    None
+                }
                 _ => None,
             };
             if let Some(want) = want
                 && axis != want
             {
                 let t = cop.op_type().to_owned();
+                let what = if blocked { "block" } else { "per-channel" };
                 self.finding(
                     n,
-                    format!("per-channel axis {axis} of a {t} weight (TensorRT wants {want})"),
+                    format!("{what} axis {axis} of a {t} weight (TensorRT wants {want})"),
                 );
             }
         }

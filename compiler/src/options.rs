@@ -271,10 +271,10 @@ impl CompileOptions {
             self.precision,
             Precision::Scheme(QuantScheme::Int4) | Precision::Auto { .. }
         );
-        if int4_anywhere && !rules.int4_matmul_nbits {
+        if int4_anywhere && !rules.int4_matmul_nbits && !self.int4.symmetric {
             return Err(format!(
-                "INT4 weights (--quant int4, --auto) are not built for target {} yet (its form is \
-                 a blockwise DequantizeLinear); use --quant int8 or fp8",
+                "--asym: target {} takes symmetric INT4 only (a blockwise DequantizeLinear \
+                 without zero points)",
                 self.target
             ));
         }

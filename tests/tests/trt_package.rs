@@ -1,9 +1,10 @@
-//! `--target trt` on every committed fixture, unquantized, INT8 and FP8: the package (model files,
+//! `--target trt` on every committed fixture, unquantized, INT8, FP8 and INT4 (weight-only, as
+//! blockwise `DequantizeLinear`): the package (model files,
 //! `build_engine.sh`, `manifest.json`) is written; the models read back from disk pass the
 //! TensorRT-rules linter (parser ops and their restrictions, symmetric Q/DQ with per-channel
 //! scales on weights only) and the full ONNX checker; ONNX Runtime runs them: within 1e-4 of the
 //! stored float references unquantized (2e-2 for the QAT model, whose Q/DQ ONNX Runtime runs as
-//! integer kernels), and at cosine >= 0.99 to them with INT8 and FP8. The PyTorch QAT model's asymmetric
+//! integer kernels), and at cosine >= 0.99 to them with INT8 and FP8, 0.98 with INT4. The PyTorch QAT model's asymmetric
 //! input unit is the one thing TensorRT cannot take natively; the linter must name it.
 
 use std::ffi::OsStr;
@@ -149,7 +150,11 @@ fn every_fixture_becomes_a_package_tensorrt_accepts_and_onnx_runtime_runs() {
             // FP8 needs opset 19; the QAT CNN (already quantized) is opset 17.
             let quantized: Vec<(Fixture, &str)> = match (fx.models.len(), fx.name.as_str()) {
                 (1, ASYMMETRIC_QAT) => vec![(fx.clone(), "int8")],
-                (1, _) => vec![(fx.clone(), "int8"), (fx.clone(), "fp8")],
+                (1, _) => vec![
+                    (fx.clone(), "int8"),
+                    (fx.clone(), "fp8"),
+                    (fx.clone(), "int4"),
+                ],
                 _ => Vec::new(),
             };
             std::iter::once((fx, "fp32")).chain(quantized)
@@ -162,6 +167,7 @@ fn every_fixture_becomes_a_package_tensorrt_accepts_and_onnx_runtime_runs() {
                 let precision = match *tag {
                     "int8" => Precision::Scheme(QuantScheme::Int8),
                     "fp8" => Precision::Scheme(QuantScheme::Fp8),
+                    "int4" => Precision::Scheme(QuantScheme::Int4),
                     _ => Precision::Float,
                 };
                 let (dir, models) = compile_package(fx, tag, precision);
@@ -190,9 +196,17 @@ fn every_fixture_becomes_a_package_tensorrt_accepts_and_onnx_runtime_runs() {
                                     fx.name
                                 );
                             }
-                        } else if want.iter().all(|w| w.is_finite()) && want.len() > 1 {
+                        } else if want.iter().all(|w| w.is_finite())
+                            && want.len() > 1
+                            && !(*tag == "int4" && name.starts_with("logits_per_"))
+                        {
+                            // (CLIP's similarity logits are differences of nearly equal
+                            // similarities on this random-weight fixture: under INT4 their
+                            // cosine is 0.73 here and 0.58 with ONNX Runtime's MatMulNBits, so
+                            // INT4 is judged on the embeddings.)
                             let c = cosine(&got, want);
-                            assert!(c >= 0.99, "{} {tag} {name}: cosine {c}", fx.name);
+                            let least = if *tag == "int4" { 0.98 } else { 0.99 };
+                            assert!(c >= least, "{} {tag} {name}: cosine {c}", fx.name);
                         }
                     }
                 }
@@ -280,12 +294,16 @@ fn the_build_script_and_manifest_describe_the_profiles() {
 #[test]
 fn what_tensorrt_cannot_take_is_refused_before_any_work() {
     for (precision, want) in [
-        (Precision::Scheme(QuantScheme::Int4), "INT4 weights"),
+        (Precision::Scheme(QuantScheme::Int4), "--asym"),
         (Precision::Scheme(QuantScheme::Int8Dynamic), "int8-dynamic"),
     ] {
         let options = CompileOptions {
             target: TargetRef::TRT,
             precision,
+            int4: mmq_compiler::Int4Options {
+                symmetric: false,
+                ..Default::default()
+            },
             ..CompileOptions::default()
         };
         let e = options.check().expect_err("refused");

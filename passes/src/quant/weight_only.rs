@@ -20,6 +20,14 @@
 //! ([`mmq_kernels::quant::quantize_value`]: round half to even, saturate). A `Gemm`'s `alpha`
 //! is folded into the scales and `beta * C` (C of `N` elements) becomes the `bias` input.
 //!
+//! Targets without `MatMulNBits` (TensorRT; [`crate::target::QdqRules::int4_matmul_nbits`])
+//! get the standard form instead: symmetric blocks only, with the positive scale `absmax / 7` and
+//! signed codes in [-7, 7], stored as an INT4 constant in the weight's own orientation with f32
+//! scales `ceil(K / block)` along K, and an opset-21 `DequantizeLinear` (`axis` = K,
+//! `block_size`) feeding the unchanged node (a `Gemm`'s `alpha` moves into the scales). The
+//! model's opset is raised to 21 where needed (refused if the graph has `GroupNormalization`,
+//! whose meaning changed at 21). Counters `int4-matmul-dq`, `int4-gemm-dq`.
+//!
 //! # FP8 (`WeightScheme::Fp8`)
 //! The weight becomes an `f8e4m3fn` constant with one f32 scale per output channel
 //! (`absmax / 448`) and a `DequantizeLinear` (axis = the N axis) feeds the node (opset 19 or
@@ -325,14 +333,20 @@ impl Pass for WeightOnlyPass {
                 "block size {bs} must be a power of two from 16 to 256"
             )));
         }
-        if self.config.scheme == WeightScheme::Int4 && !opts.target.qdq_rules().int4_matmul_nbits {
-            return Err(self.fail(format!(
-                "INT4 weights take the form com.microsoft.MatMulNBits, which target {} does not \
-                 run (its form, a blockwise DequantizeLinear, is not built yet)",
-                opts.target
-            )));
-        }
+        // INT4 where the target has no MatMulNBits: a blockwise DequantizeLinear (opset 21) of
+        // signed INT4 weights feeding the unchanged node.
+        let block_dq =
+            self.config.scheme == WeightScheme::Int4 && !opts.target.qdq_rules().int4_matmul_nbits;
         let mut report = PassReport::default();
+        if block_dq {
+            if !self.config.symmetric {
+                return Err(self.fail(format!(
+                    "asymmetric INT4 needs zero points, which target {} does not take (drop --asym)",
+                    opts.target
+                )));
+            }
+            self.raise_opset_for_block_dq(m, &mut report)?;
+        }
         let mut jobs = Vec::new();
         let roots: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
         for root in roots {
@@ -376,7 +390,9 @@ impl Pass for WeightOnlyPass {
                 let src = Source::of(cd)?;
                 let alpha = f32::from_bits(alpha);
                 match self.config.scheme {
-                    WeightScheme::Int4 => quantize_int4(&src, k, n, trans, alpha, &self.config),
+                    WeightScheme::Int4 => {
+                        quantize_int4(&src, k, n, trans, alpha, &self.config, block_dq)
+                    }
                     WeightScheme::Fp8 => quantize_fp8(&src, k, n, trans),
                 }
                 .map_err(|e| format!("weight '{}': {e}", cd.name.as_deref().unwrap_or("?")))
@@ -397,13 +413,20 @@ impl Pass for WeightOnlyPass {
             let consts = match (made.get(&idx), quantized[idx].take()) {
                 (Some(v), _) => v.clone(),
                 (None, Some(q)) => {
-                    let v = add_consts(m, q, &job, &base, bs);
+                    let v = if block_dq {
+                        add_block_dq_consts(m, q, &job, &base, bs)
+                    } else {
+                        add_consts(m, q, &job, &base, bs)
+                    };
                     made.insert(idx, v.clone());
                     v
                 }
                 (None, None) => continue,
             };
             match self.config.scheme {
+                WeightScheme::Int4 if block_dq => {
+                    self.rewrite_int4_block_dq(m, &job, &consts, &mut report);
+                }
                 WeightScheme::Int4 => self.rewrite_int4(m, &job, &consts, &mut report),
                 WeightScheme::Fp8 => self.rewrite_fp8(m, &job, &consts, &mut report),
             }
@@ -496,7 +519,158 @@ fn insert_before(
     m.nodes[node].outputs[0].unwrap_or_else(|| unreachable!("one declared output"))
 }
 
+/// The blockwise-DequantizeLinear form of a symmetric INT4 weight: signed INT4 codes in the
+/// weight's own orientation (`[K, N]`, or `[N, K]` for `transB`), packed row-major low nibble
+/// first, and f32 scales with `ceil(K / block)` blocks along the K axis.
+fn add_block_dq_consts(
+    m: &mut Module,
+    q: Quantized,
+    job: &Job,
+    base: &str,
+    bs: usize,
+) -> Vec<Value> {
+    let Quantized::Int4 { packed, scales, .. } = q else {
+        return Vec::new();
+    };
+    let (k, n) = (job.k, job.n);
+    let kb = k.div_ceil(bs);
+    let blob = bs / 2;
+    // MatMulNBits layout: row n, block b, byte i holds K positions b*bs + 2i (low), + 2i + 1.
+    let code = |row: usize, kk: usize| {
+        let byte = packed[(row * kb + kk / bs) * blob + (kk % bs) / 2];
+        let c = if kk.is_multiple_of(2) {
+            byte & 0xf
+        } else {
+            byte >> 4
+        };
+        // Signed symmetric blocks (positive scale, zero point 8): the INT4 value is c - 8.
+        (c.wrapping_sub(8)) & 0xf
+    };
+    let total = k * n;
+    let mut codes = vec![0u8; total.div_ceil(2)];
+    let mut block_scales = vec![0f32; kb * n];
+    for row in 0..n {
+        for kk in 0..k {
+            let flat = if job.trans {
+                row * k + kk
+            } else {
+                kk * n + row
+            };
+            codes[flat / 2] |= code(row, kk) << (4 * (flat % 2));
+        }
+        for b in 0..kb {
+            let at = if job.trans { row * kb + b } else { b * n + row };
+            block_scales[at] = scales[row * kb + b];
+        }
+    }
+    let (wshape, sshape) = if job.trans {
+        (vec![n as i64, k as i64], vec![n as i64, kb as i64])
+    } else {
+        (vec![k as i64, n as i64], vec![kb as i64, n as i64])
+    };
+    vec![
+        m.add_const(ConstData::new(
+            Some(format!("{base}_i4")),
+            DType::I4,
+            wshape,
+            Storage::Inline(Bytes::from(codes)),
+        )),
+        m.add_const(ConstData::new(
+            Some(format!("{base}_scales")),
+            DType::F32,
+            sshape,
+            Storage::Inline(Bytes::from(
+                block_scales
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            )),
+        )),
+    ]
+}
+
 impl WeightOnlyPass {
+    /// Raises every entry model's default-domain opset to 21 (blockwise DequantizeLinear); refused
+    /// where an op of the graph changed meaning at 21 (`GroupNormalization`).
+    fn raise_opset_for_block_dq(
+        &self,
+        m: &mut Module,
+        report: &mut PassReport,
+    ) -> Result<(), PassError> {
+        for i in 0..m.entries.len() {
+            let root = m.entries[i].graph;
+            let opset = m.onnx_opset(root).unwrap_or(0);
+            if opset >= 21 {
+                continue;
+            }
+            let changed = m.graph_tree(root).into_iter().any(|g| {
+                m.graphs[g]
+                    .nodes
+                    .iter()
+                    .any(|&n| matches!(m.nodes[n].op, Op::GroupNormalization { .. }))
+            });
+            if changed {
+                return Err(self.fail(format!(
+                    "INT4 as a blockwise DequantizeLinear needs opset 21, and graph '{}' (opset \
+                     {opset}) has GroupNormalization, whose meaning changed at 21",
+                    m.graphs[root].name
+                )));
+            }
+            let model = &mut m.entries[i].model;
+            model
+                .opsets
+                .retain(|(d, _)| !(d.is_empty() || d == "ai.onnx"));
+            model.opsets.insert(0, (String::new(), 21));
+            report.notes.push(format!(
+                "graph '{}': opset {opset} raised to 21 for the blockwise DequantizeLinear",
+                m.graphs[root].name
+            ));
+        }
+        Ok(())
+    }
+
+    /// The weight operand becomes `DequantizeLinear(codes, scales, axis = K axis, block_size)`;
+    /// a `Gemm` keeps its bias and transposes, its `alpha` is in the scales.
+    fn rewrite_int4_block_dq(
+        &self,
+        m: &mut Module,
+        job: &Job,
+        consts: &[Value],
+        report: &mut PassReport,
+    ) {
+        let (k, n) = (job.k as i64, job.n as i64);
+        let shape = if job.trans { [n, k] } else { [k, n] };
+        let dq = Op::DequantizeLinear {
+            axis: Some(if job.trans { 1 } else { 0 }),
+            block_size: Some(self.config.block_size as i64),
+            output_dtype: None,
+        };
+        let w_ty = Type::tensor(DType::F32, shape.iter().map(|&d| Dim::known(d)).collect());
+        let w = insert_before(
+            m,
+            job.graph,
+            job.node,
+            dq,
+            vec![Some(consts[0]), Some(consts[1])],
+            (None, w_ty),
+        );
+        let is_gemm = if let Op::Gemm { alpha, .. } = &mut m.nodes[job.node].op {
+            *alpha = None;
+            true
+        } else {
+            false
+        };
+        m.nodes[job.node].inputs[1] = Some(w);
+        report.count(
+            if is_gemm {
+                "int4-gemm-dq"
+            } else {
+                "int4-matmul-dq"
+            },
+            1,
+        );
+    }
+
     fn rewrite_int4(&self, m: &mut Module, job: &Job, consts: &[Value], report: &mut PassReport) {
         let is_gemm = matches!(m.nodes[job.node].op, Op::Gemm { .. });
         let a = m.nodes[job.node].inputs[0];
@@ -738,9 +912,12 @@ impl BlockStats {
     }
 
     /// The scale and zero point with the range scaled by `shrink` (values outside the shrunk
-    /// range saturate).
-    fn params(self, shrink: f32) -> (f32, u8) {
+    /// range saturate). `signed`: symmetric blocks take the positive scale `|m| / 7`, so
+    /// `code - 8` is a signed INT4 value in [-7, 7] with zero point 0 (the form of a
+    /// `DequantizeLinear` of INT4); else `m / -8`, which uses all 16 codes.
+    fn params(self, shrink: f32, signed: bool) -> (f32, u8) {
         match self {
+            BlockStats::Symmetric(m) if signed => (m.abs() * shrink / 7.0, 8),
             BlockStats::Symmetric(m) => (m * shrink / -8.0, 8),
             BlockStats::Asymmetric(lo, hi) => {
                 let (lo, hi) = (lo * shrink, hi * shrink);
@@ -821,12 +998,23 @@ pub(crate) fn quantize_block(
     search: bool,
     codes: &mut [u8],
 ) -> (f32, u8) {
+    quantize_block_as(vals, symmetric, false, search, codes)
+}
+
+/// [`quantize_block`]; `signed` as in `BlockStats::params`.
+fn quantize_block_as(
+    vals: &[f32],
+    symmetric: bool,
+    signed: bool,
+    search: bool,
+    codes: &mut [u8],
+) -> (f32, u8) {
     let stats = BlockStats::of(vals, symmetric);
-    let (mut scale, mut zp) = stats.params(1.0);
+    let (mut scale, mut zp) = stats.params(1.0, signed);
     if search && scale != 0.0 {
         let mut best = block_error(vals, scale, zp);
         for &f in &SHRINK[1..] {
-            let (s, z) = stats.params(f);
+            let (s, z) = stats.params(f, signed);
             let e = block_error(vals, s, z);
             if e < best {
                 (best, scale, zp) = (e, s, z);
@@ -848,6 +1036,7 @@ fn quantize_int4(
     trans: bool,
     alpha: f32,
     config: &WeightOnlyConfig,
+    signed: bool,
 ) -> Result<Quantized, String> {
     let (bs, symmetric, search) = (config.block_size, config.symmetric, config.search);
     let kb = k.div_ceil(bs);
@@ -860,7 +1049,7 @@ fn quantize_int4(
     let mut cols = Vec::new();
     let mut codes = vec![0u8; bs];
     let mut store = |row: usize, b: usize, col: &[f32], codes: &mut [u8]| {
-        let (scale, zp) = quantize_block(col, symmetric, search, codes);
+        let (scale, zp) = quantize_block_as(col, symmetric, signed, search, codes);
         let q = row * kb + b;
         scales[q] = scale;
         for (i, pair) in codes.chunks_exact(2).enumerate() {
