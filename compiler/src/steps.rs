@@ -425,15 +425,25 @@ fn plan_ranges(
 
 /// The scheme passes that quantize the nodes of `plan` (made for `m`; run them on `m` or on a
 /// copy of it), static INT8 with `ranges`.
+/// `symmetric_only`: the target takes symmetric activations only, so every INT8 node is
+/// quantized symmetric whatever the map says.
 fn plan_passes(
     m: &Module,
     plan: &Plan,
     ranges: &Ranges,
     placement: Placement,
+    symmetric_only: bool,
 ) -> Vec<Box<dyn Pass>> {
     let mut passes: Vec<Box<dyn Pass>> = Vec::new();
-    for symmetric in [false, true] {
-        let f = plan.filter_where(move |p| p.scheme == Scheme::Int8 && p.symmetric == symmetric);
+    let choices: &[bool] = if symmetric_only {
+        &[true]
+    } else {
+        &[false, true]
+    };
+    for &symmetric in choices {
+        let f = plan.filter_where(move |p| {
+            p.scheme == Scheme::Int8 && (symmetric_only || p.symmetric == symmetric)
+        });
         passes.push(Box::new(
             Int8Pass::new(Int8Scheme::Static {
                 ranges: ranges.clone(),
@@ -443,11 +453,14 @@ fn plan_passes(
             .with_placement(placement),
         ));
     }
-    passes.push(Box::new(
-        Int8Pass::new(Int8Scheme::Dynamic)
-            .with_filter(plan.filter(Scheme::Int8Dynamic))
-            .with_placement(placement),
-    ));
+    // Only when the plan has such nodes: a target without run-time quantization refuses the pass.
+    if !plan.nodes_with(Scheme::Int8Dynamic).is_empty() {
+        passes.push(Box::new(
+            Int8Pass::new(Int8Scheme::Dynamic)
+                .with_filter(plan.filter(Scheme::Int8Dynamic))
+                .with_placement(placement),
+        ));
+    }
     let mut groups: Vec<(usize, bool)> = Vec::new();
     for (_, p) in plan.iter().filter(|(_, p)| p.scheme == Scheme::Int4) {
         if let Some(Granularity::PerGroup { block }) = p.granularity
@@ -521,7 +534,8 @@ fn run_map(
         Vec::new()
     };
     let ranges = plan_ranges(m, graph, &plan, &samples, &mut report.notes).map_err(calib)?;
-    let passes = plan_passes(m, &plan, &ranges, ctx.placement);
+    let symmetric_only = opts.target.qdq_rules().symmetric_activations;
+    let passes = plan_passes(m, &plan, &ranges, ctx.placement, symmetric_only);
     run_nested(m, passes, opts, report)
 }
 
@@ -629,7 +643,13 @@ impl Pass for AutoStep {
             let map = auto::assignment_map(&cands.list, schemes, &in_order, &settings)?;
             let plan = map.plan(orig, graph, &labels);
             let mut q = orig.clone();
-            let mut pm = PassManager::new(plan_passes(orig, &plan, &ranges, ctx.placement));
+            let mut pm = PassManager::new(plan_passes(
+                orig,
+                &plan,
+                &ranges,
+                ctx.placement,
+                opts.target.qdq_rules().symmetric_activations,
+            ));
             pm.verify = false;
             pm.run(&mut q, opts).map_err(EvalError)?;
             Ok(reference.cosine(&q, &samples)?)

@@ -339,3 +339,63 @@ fn the_linter_names_what_tensorrt_refuses() {
         "{text:?}"
     );
 }
+
+#[test]
+fn a_precision_map_mixing_int8_int4_and_fp16_gives_a_package_tensorrt_accepts() {
+    let fx = fixtures()
+        .into_iter()
+        .find(|f| f.name == "clip")
+        .expect("clip fixture");
+    // INT8 vision projections, INT4 text projections, FP16 norms (a TensorRT-friendly map: the
+    // committed clip.toml has asymmetric INT4, which TensorRT cannot take).
+    let (map, _) = mmq_compiler::precision_map::parse(
+        r#"
+[default]
+scheme = "float"
+
+[[rule]]
+name = "vision projections"
+ops = ["MatMul", "Gemm"]
+modality = "vision"
+scheme = "int8"
+
+[[rule]]
+name = "text projections"
+ops = ["MatMul", "Gemm"]
+modality = "text"
+scheme = "int4"
+block = 32
+
+[[rule]]
+name = "norms"
+ops = ["LayerNormalization"]
+scheme = "fp16"
+"#,
+        "trt.toml",
+    )
+    .expect("map");
+    let (dir, models) = compile_package(&fx, "mixed", Precision::Map(Box::new(map)));
+    let reference = values(&fx.dir.join("outputs.npz"));
+    for model in &models {
+        check_written(&fx.name, model);
+        let manifest = std::fs::read_to_string(dir.join("manifest.json")).expect("manifest");
+        for kind in [
+            "DequantizeLinear i8",
+            "DequantizeLinear i4",
+            "QuantizeLinear i8",
+        ] {
+            assert!(manifest.contains(kind), "no {kind} in {manifest}");
+        }
+        for (name, got) in ort_outputs(&fx, model, &dir) {
+            if name.starts_with("logits_per_") {
+                continue;
+            }
+            let (_, want) = reference
+                .iter()
+                .find(|(n, _)| *n == name)
+                .expect("reference");
+            let c = cosine(&got, want);
+            assert!(c >= 0.98, "clip mixed {name}: cosine {c}");
+        }
+    }
+}

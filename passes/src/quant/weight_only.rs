@@ -341,7 +341,8 @@ impl Pass for WeightOnlyPass {
         if block_dq {
             if !self.config.symmetric {
                 return Err(self.fail(format!(
-                    "asymmetric INT4 needs zero points, which target {} does not take (drop --asym)",
+                    "asymmetric INT4 (--asym, or `symmetric = false` in a precision map) needs \
+                     zero points, which target {} does not take",
                     opts.target
                 )));
             }
