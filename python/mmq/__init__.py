@@ -123,12 +123,14 @@ def compile(
     modality: Mapping[str, str] | None = None,
     auto: float | None = None,
     progress: bool = True,
+    symbols: Mapping[str, str | tuple[int, int, int]] | None = None,
 ) -> Any:
     """Optimizes and quantizes a model for a target; the same as ``mmq compile``.
 
     Args:
         model: a path, serialized bytes or an ``onnx.ModelProto``.
-        target: ``"ort"`` (ONNX Runtime).
+        target: ``"ort"`` (ONNX Runtime) or ``"trt"`` (TensorRT: writes a package directory,
+            ``output`` is required, and the package's manifest is returned; see docs/trt.md).
         level: 0 (import and export only), 1 (canonicalize, const-fold, dce) or 2 (also the
             fusions).
         quant: ``"int8"``, ``"int8-dynamic"``, ``"int4"``, ``"fp8"``, ``"fp16"``, or ``"mixed"``
@@ -149,15 +151,24 @@ def compile(
         modality: input name to ``vision``, ``text``, ``audio`` or ``shared``.
         auto: choose a scheme per node for this end-to-end cosine.
         progress: show calibration progress on stderr.
+        symbols: ``target="trt"``: optimization profiles, symbol name to ``"MIN:OPT:MAX"`` or
+            ``(min, opt, max)``.
 
     Returns:
-        the compiled ``onnx.ModelProto``, or ``(model, report)`` with ``report=True``.
+        the compiled ``onnx.ModelProto`` (``target="trt"``: the package manifest as a dict),
+        or ``(result, report)`` with ``report=True``.
 
     Raises:
         MmqError: the model or an option is wrong, or a pass failed.
     """
     import onnx
 
+    if target == "trt" and output is None:
+        raise ValueError("target='trt' writes a package directory: pass output=DIR")
+    profiles = {
+        str(k): v if isinstance(v, str) else ":".join(str(int(x)) for x in v)
+        for k, v in (symbols or {}).items()
+    }
     options: dict[str, Any] = {
         "target": target,
         "level": int(level),
@@ -175,6 +186,7 @@ def compile(
         "modality": dict(modality or {}),
         "auto": auto,
         "accuracy": "full" if report else "off",
+        "symbols": profiles,
     }
     if precision_map is not None:
         text = os.fspath(precision_map)
@@ -197,7 +209,11 @@ def compile(
         )
         if warnings:
             sys.stderr.write(warnings)
-        result = onnx.load_model(out, load_external_data=output is None)
+        if target == "trt":
+            with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+                result = json.load(f)
+        else:
+            result = onnx.load_model(out, load_external_data=output is None)
     if report:
         return result, json.loads(report_json)
     return result

@@ -58,19 +58,21 @@ struct Options {
     modality: HashMap<String, String>,
     auto: Option<f64>,
     accuracy: String,
+    /// TensorRT profiles: symbol name to `MIN:OPT:MAX`.
+    #[serde(default)]
+    symbols: HashMap<String, String>,
 }
 
 /// `CompileOptions` from the Python keywords; `samples` are the calibration samples given as
 /// arrays (each a list of name and `.npy` bytes).
 fn options(o: Options, samples: Option<Vec<Arrays>>) -> PyResult<(CompileOptions, String)> {
     let target = match o.target.as_str() {
-        "trt" => {
-            return Err(err(
-                "target 'trt' is not supported yet (use target=\"ort\")",
-            ));
+        "ort" | "trt" => TargetRef::by_name(&o.target).ok_or_else(|| err("no such target"))?,
+        t => {
+            return Err(err(format!(
+                "unknown target '{t}' (expected \"ort\" or \"trt\")"
+            )));
         }
-        t => TargetRef::by_name(t)
-            .ok_or_else(|| err(format!("unknown target '{t}' (expected \"ort\")")))?,
     };
     let level: OptLevel = o.level.to_string().parse().map_err(err)?;
     let mut warnings = String::new();
@@ -226,15 +228,45 @@ fn compile(
     progress: Option<Py<PyAny>>,
 ) -> PyResult<(String, String)> {
     let o: Options = serde_json::from_str(options_json).map_err(err)?;
+    let trt = o.target == "trt";
+    let profiles = o
+        .symbols
+        .iter()
+        .map(|(name, range)| {
+            range
+                .parse::<mmq_backend_trt::Profile>()
+                .map(|p| (name.clone(), p))
+                .map_err(|e| err(format!("symbols[{name:?}]: {e}")))
+        })
+        .collect::<PyResult<_>>()?;
+    if !trt && !o.symbols.is_empty() {
+        return Err(err(
+            "symbols sets TensorRT profiles; it needs target=\"trt\"",
+        ));
+    }
     let (mut options, warnings) = options(o, samples)?;
     options.progress = progress.map(progress_fn);
     options.check().map_err(err)?;
     py.allow_threads(|| {
-        if inputs.len() == 1 {
+        if inputs.len() == 1 || trt {
             mmq_compiler::export::check_output(&output).map_err(err)?;
         }
         let mut module = load(&inputs)?;
         let report = mmq_compiler::compile(&mut module, &options).map_err(err)?;
+        if trt {
+            let package = mmq_compiler::export::write_trt(
+                &module,
+                &inputs,
+                &output,
+                &mmq_backend_trt::PackageOptions { profiles },
+            )
+            .map_err(err)?;
+            let mut warnings = warnings;
+            for f in &package.findings {
+                warnings.push_str(&format!("warning: TensorRT will refuse {f}\n"));
+            }
+            return Ok((report.to_json(), warnings));
+        }
         mmq_compiler::export::write(&module, &inputs, &output).map_err(err)?;
         Ok((report.to_json(), warnings))
     })

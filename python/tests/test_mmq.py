@@ -107,6 +107,33 @@ def test_the_library_writes_the_bytes_the_command_writes(tmp_path, mmq_bin):
     assert "QuantizeLinear" in ops or "DynamicQuantizeLinear" in ops, ops
 
 
+def test_trt_writes_the_package_the_command_writes(tmp_path, mmq_bin):
+    fx = fixture("vit_dynamic")
+    subprocess.run(
+        [mmq_bin, "compile", fx / "model.onnx", "--target", "trt", "--quant", "int8",
+         "--calib-random", "4", "--symbol", "batch=1:2:8", "-o", tmp_path / "cli",
+         "--no-accuracy"],
+        check=True, capture_output=True,
+    )
+    manifest = mmq.compile(fx / "model.onnx", target="trt", quant="int8", calibration=4,
+                           symbols={"batch": (1, 2, 8)}, output=tmp_path / "lib",
+                           progress=False)
+    assert manifest["findings"] == []
+    assert manifest["profiles"]["batch"] == {"min": 1, "opt": 2, "max": 8}
+    assert manifest["models"][0]["file"] == "model.onnx"
+    for name in ["model.onnx", "build_engine.sh", "manifest.json"]:
+        assert (tmp_path / "lib" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes()
+    qdq = {n.op_type for n in onnx.load(tmp_path / "lib" / "model.onnx").graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= qdq, qdq
+    with pytest.raises(ValueError, match="output=DIR"):
+        mmq.compile(fx / "model.onnx", target="trt")
+    with pytest.raises(mmq.MmqError, match="needs target=\"trt\""):
+        mmq.compile(fx / "model.onnx", symbols={"batch": "1:1:1"})
+    with pytest.raises(mmq.MmqError, match="MIN <= OPT <= MAX"):
+        mmq.compile(fx / "model.onnx", target="trt", symbols={"batch": (4, 2, 1)},
+                    output=tmp_path / "bad")
+
+
 def test_report_lists_the_quantization_passes_and_the_accuracy(capfd):
     fx = fixture("clip")
     model, report = mmq.compile(fx / "model.onnx", quant="int4", calibration=samples(fx, 4),
