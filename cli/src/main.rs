@@ -29,6 +29,37 @@ use crate::failure::Failure;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The most memory one tensor may take (`16GiB`, `512MiB`, `2G`, bytes); default three
+    /// quarters of physical memory. A tensor over it is an error naming the node or file.
+    #[arg(long, global = true, value_name = "SIZE", value_parser = parse_size)]
+    max_memory: Option<u64>,
+}
+
+/// Parses a byte size: a number with an optional `K`, `M`, `G`, `T` (powers of 1024; `KiB`,
+/// `KB` and `K` alike).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (for example 16GiB)"))?;
+    let shift = match unit
+        .trim()
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return Err(format!("'{s}': unknown unit (K, M, G or T)")),
+    };
+    n.checked_mul(1u64 << shift)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("'{s}' is not a positive size that fits 64 bits"))
 }
 
 #[derive(Subcommand)]
@@ -239,6 +270,9 @@ enum ExternalArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(bytes) = cli.max_memory {
+        mmq_kernels::set_memory_limit(bytes);
+    }
     let result = match cli.command {
         Command::Inspect {
             inputs,

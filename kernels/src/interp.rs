@@ -341,6 +341,7 @@ impl<'m> Interpreter<'m> {
                 opset: plan.opset,
                 env: &env,
             };
+            check_results(&cx)?;
             let start = self.stats.as_ref().map(|_| Instant::now());
             let outs = ops::eval(&cx, &args)?;
             if let (Some(stats), Some(start)) = (&self.stats, start)
@@ -411,6 +412,7 @@ impl<'m> Interpreter<'m> {
             opset: m.onnx_opset(data.graph).unwrap_or(23),
             env: &env,
         };
+        check_results(&cx)?;
         let mut outs = ops::eval(&cx, &inputs)?;
         outs.resize(data.outputs.len(), None);
         Ok(outs)
@@ -489,6 +491,29 @@ fn uses_of(m: &Module, n: Node) -> Vec<Value> {
         }
     }
     out
+}
+
+/// Refuses, before running it, a node whose results have static shapes too large for the memory
+/// limit ([`crate::memory_limit`]): an `Expand`, `Pad` or `OneHot` to 10^12 elements is an error
+/// naming the node, not an aborted process.
+fn check_results(cx: &OpCtx<'_>) -> Result<(), KernelError> {
+    let m = cx.interp.module();
+    for v in cx.node.outputs.iter().flatten() {
+        let Some(tt) = m.value_type(*v).as_tensor() else {
+            continue;
+        };
+        let (Some(dtype), Some(shape)) = (tt.dtype, &tt.shape) else {
+            continue;
+        };
+        let dims: Option<Vec<usize>> = shape
+            .iter()
+            .map(|d| d.as_known().and_then(|k| usize::try_from(k).ok()))
+            .collect();
+        if let Some(dims) = dims {
+            crate::tensor::check_size(&format!("{} result", cx.label()), dtype, &dims)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

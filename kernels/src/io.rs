@@ -72,14 +72,89 @@ pub fn npy_from_bytes(bytes: &[u8]) -> Result<Tensor, String> {
     npy_from_reader(bytes)
 }
 
+/// Reads the header of a `.npy` stream and checks its shape's element count before the array
+/// reader sees it (it multiplies the dims unchecked); returns the header bytes read.
+fn checked_header(r: &mut impl Read) -> Result<Vec<u8>, String> {
+    let mut head = vec![0u8; 10];
+    r.read_exact(&mut head)
+        .map_err(|e| format!("not a .npy array: {e}"))?;
+    if &head[..6] != b"\x93NUMPY" {
+        return Err("not a .npy array: no magic string".into());
+    }
+    let (len, extra) = if head[6] == 1 {
+        (usize::from(u16::from_le_bytes([head[8], head[9]])), 0)
+    } else {
+        let mut more = [0u8; 2];
+        r.read_exact(&mut more)
+            .map_err(|e| format!("not a .npy array: {e}"))?;
+        head.extend_from_slice(&more);
+        (
+            u32::from_le_bytes([head[8], head[9], more[0], more[1]]) as usize,
+            2,
+        )
+    };
+    if len > 1 << 20 {
+        return Err(format!("not a .npy array: a header of {len} bytes"));
+    }
+    let start = head.len();
+    head.resize(start + len, 0);
+    r.read_exact(&mut head[start..])
+        .map_err(|e| format!("not a .npy array: the header is cut short ({e})"))?;
+    let text = String::from_utf8_lossy(&head[10 + extra..]);
+    if let Some(at) = text.find("'shape'")
+        && let Some(open) = text[at..].find('(')
+        && let Some(close) = text[at + open..].find(')')
+    {
+        let tuple = &text[at + open + 1..at + open + close];
+        let mut count: u128 = 1;
+        for d in tuple.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            let d: u128 = d
+                .trim_end_matches('L')
+                .parse()
+                .map_err(|_| format!("not a .npy array: dimension '{d}' in the shape"))?;
+            count = count.saturating_mul(d);
+        }
+        // Bytes per element from the dtype string ('<f4', '|b1', '<U10': 4 bytes per char).
+        let item: u128 = text
+            .find("'descr'")
+            .and_then(|at| {
+                let rest = &text[at + 7..];
+                let q = rest.find('\'')?;
+                let end = rest[q + 1..].find('\'')?;
+                let descr = &rest[q + 1..q + 1 + end];
+                let digits: String = descr.chars().filter(char::is_ascii_digit).collect();
+                let n: u128 = digits.parse().ok()?;
+                Some(if descr.contains('U') { n * 4 } else { n })
+            })
+            .unwrap_or(8)
+            .max(1);
+        let bytes = count.saturating_mul(item);
+        if count > usize::MAX as u128 / 16 || bytes > u128::from(crate::tensor::memory_limit()) {
+            return Err(format!(
+                "shape ({tuple}): {bytes} bytes, more than the memory limit of {} bytes \
+                 (--max-memory; a corrupt or hostile header?)",
+                crate::tensor::memory_limit()
+            ));
+        }
+    }
+    Ok(head)
+}
+
 /// Parses `.npy` bytes from a reader.
-fn npy_from_reader(r: impl Read) -> Result<Tensor, String> {
-    let npy = NpyFile::new(r).map_err(|e| format!("not a .npy array: {e}"))?;
+fn npy_from_reader(mut r: impl Read) -> Result<Tensor, String> {
+    let head = checked_header(&mut r)?;
+    let npy = NpyFile::new(std::io::Cursor::new(head).chain(r))
+        .map_err(|e| format!("not a .npy array: {e}"))?;
     let shape: Vec<usize> = npy
         .shape()
         .iter()
         .map(|&d| usize::try_from(d).map_err(|_| format!("dimension {d} is too large")))
         .collect::<Result<_, _>>()?;
+    if crate::tensor::numel(&shape).is_none() {
+        return Err(format!(
+            "shape {shape:?}: more elements than fit in memory (the header is corrupt or hostile)"
+        ));
+    }
     let fortran = npy.order() == Order::Fortran;
     let ts = match npy.dtype() {
         npyz::DType::Plain(ts) => ts,

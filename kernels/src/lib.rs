@@ -27,4 +27,4 @@ mod tensor;
 pub use error::KernelError;
 pub use interp::{Env, Interpreter, RunStats};
 pub use ops::{OpCtx, quant};
-pub use tensor::{Data, RtValue, Tensor};
+pub use tensor::{Data, RtValue, Tensor, check_size, memory_limit, numel, set_memory_limit};

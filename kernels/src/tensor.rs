@@ -144,10 +144,71 @@ impl Data {
     }
 }
 
+/// The element count of `shape`; `None` when it overflows `usize`.
+pub fn numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+static MEMORY_LIMIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The most bytes one tensor may take (see [`set_memory_limit`]); by default three quarters of
+/// the machine's physical memory (`MemTotal` of `/proc/meminfo`), or 64 GiB where that is
+/// unknown.
+pub fn memory_limit() -> u64 {
+    use std::sync::atomic::Ordering;
+    let v = MEMORY_LIMIT.load(Ordering::Relaxed);
+    if v != 0 {
+        return v;
+    }
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(64 << 30, |kb| kb.saturating_mul(1024) / 4 * 3);
+    MEMORY_LIMIT.store(total, Ordering::Relaxed);
+    total
+}
+
+/// Sets the most bytes one tensor may take (`--max-memory`); 0 restores the default.
+pub fn set_memory_limit(bytes: u64) {
+    MEMORY_LIMIT.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Checks that `n` elements of `dtype` (shape `shape`, for the message) fit the memory limit;
+/// `what` names the tensor or node.
+pub fn check_size(what: &str, dtype: DType, shape: &[usize]) -> Result<usize, KernelError> {
+    let too_big = |bytes: String| {
+        KernelError::Module(format!(
+            "{what}: a {dtype} tensor of shape {shape:?} ({bytes}) exceeds the memory limit of \
+             {} bytes (--max-memory)",
+            memory_limit()
+        ))
+    };
+    let n = numel(shape).ok_or_else(|| too_big("more elements than fit in 64 bits".into()))?;
+    let bits = match dtype.bits() {
+        0 => 64,
+        b => b,
+    };
+    let bytes = n
+        .checked_mul(bits)
+        .map_or(u64::MAX, |b| b.div_ceil(8) as u64);
+    if bytes > memory_limit() {
+        return Err(too_big(format!("{bytes} bytes")));
+    }
+    Ok(n)
+}
+
 impl Tensor {
     /// A tensor; fails when the element count does not match the shape.
     pub fn new(dtype: DType, shape: Vec<usize>, data: Data) -> Result<Tensor, KernelError> {
-        let n: usize = shape.iter().product();
+        let n = numel(&shape).ok_or_else(|| {
+            KernelError::Module(format!(
+                "{dtype} tensor of shape {shape:?}: the element count overflows"
+            ))
+        })?;
         if data.len() != n {
             return Err(KernelError::Module(format!(
                 "{dtype} tensor of shape {shape:?} needs {n} elements, got {}",
@@ -159,7 +220,7 @@ impl Tensor {
 
     /// A tensor of zeros (false, empty strings).
     pub fn zeros(dtype: DType, shape: Vec<usize>) -> Result<Tensor, KernelError> {
-        let n = shape.iter().product();
+        let n = check_size("a zero tensor", dtype, &shape)?;
         Ok(Tensor {
             dtype,
             shape,
@@ -292,8 +353,8 @@ impl Tensor {
     /// Decodes a constant's bytes (little-endian; sub-byte types packed low bits first).
     pub fn from_const(c: &ConstData) -> Result<Tensor, KernelError> {
         let shape: Vec<usize> = c.shape.iter().map(|&d| d.max(0) as usize).collect();
-        let n: usize = shape.iter().product();
         let name = c.name.as_deref().unwrap_or("<unnamed>");
+        let n = check_size(&format!("constant '{name}'"), c.dtype, &shape)?;
         if let Storage::Strings(v) = &c.storage {
             let strings = v
                 .iter()

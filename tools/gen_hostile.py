@@ -1,0 +1,55 @@
+"""Writes the hostile-input corpus in tests/hostile/ (run with .venv/bin/python; the files are
+committed, the tests never run this): models and arrays whose sizes explode or overflow."""
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "hostile"
+HUGE = np.array([1_000_000, 1_000_000], np.int64)
+
+
+def save(name, nodes, inputs, inits):
+    y = h.make_tensor_value_info("y", T.FLOAT, None)
+    g = h.make_graph(nodes, name, inputs, [y], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 18)], producer_name="gen_hostile")
+    onnx.save(m, OUT / f"{name}.onnx")
+
+
+def npy_header(shape, descr="<f4"):
+    """A .npy v1 header claiming `shape`, with no data after it."""
+    text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+    text += " " * (63 - (10 + len(text)) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode()
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    x = h.make_tensor_value_info("x", T.FLOAT, [1])
+    save("expand_1e12", [h.make_node("Expand", ["x", "s"], ["y"], name="big_expand")], [x],
+         [nh.from_array(HUGE, "s")])
+    save("cos_of_1e12", [h.make_node("ConstantOfShape", ["s"], ["c"], name="big_fill"),
+                         h.make_node("Cos", ["c"], ["y"], name="cos")], [x],
+         [nh.from_array(HUGE, "s")])
+    save("pad_1e12", [h.make_node("Pad", ["x", "p"], ["y"], name="big_pad")], [x],
+         [nh.from_array(np.array([0, 10**12], np.int64), "p")])
+    save("onehot_1e12",
+         [h.make_node("OneHot", ["i", "d", "v"], ["y"], name="big_onehot")],
+         [h.make_tensor_value_info("i", T.INT64, [1])],
+         [nh.from_array(np.array(10**12, np.int64), "d"),
+          nh.from_array(np.array([0, 1], np.float32), "v")])
+    np.savez(OUT / "x.npz", x=np.ones(1, np.float32))
+    np.savez(OUT / "i.npz", i=np.zeros(1, np.int64))
+    # (2^62, 4): the element count wraps to 0 in 64 bits.
+    (OUT / "wrapping_shape.npy").write_bytes(npy_header((2**62, 4)))
+    # 2^40 f32 elements: 4 TiB claimed, no data.
+    (OUT / "huge_shape.npy").write_bytes(npy_header((2**20, 2**20)))
+
+
+if __name__ == "__main__":
+    main()
