@@ -9,4 +9,6 @@ mod lint;
 mod package;
 
 pub use lint::{Finding, lint, lint_graph};
-pub use package::{Package, PackageOptions, Profile, TrtError, default_profile, write_package};
+pub use package::{
+    Package, PackageOptions, Profile, Reference, TrtError, default_profile, write_package,
+};

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use mmq_backend_ort::ExportOptions;
 use mmq_ir::{DType, Dim, GraphId, Module, Op, Sym, Type, Value};
+use mmq_kernels::Tensor;
 use sha2::{Digest, Sha256};
 
 use crate::lint::{Finding, lint};
@@ -76,11 +77,24 @@ pub fn default_profile(name: &str, min: Option<i64>, max: Option<i64>) -> Profil
     }
 }
 
+/// Inputs and the outputs the reference interpreter computes from them, for one model: what an
+/// engine built from the package must reproduce.
+#[derive(Clone, Debug, Default)]
+pub struct Reference {
+    pub inputs: Vec<(String, Tensor)>,
+    pub outputs: Vec<(String, Tensor)>,
+    /// Why the inputs are not at the profile's opt point, when they are not.
+    pub note: Option<String>,
+}
+
 /// What to write.
 #[derive(Clone, Debug, Default)]
 pub struct PackageOptions {
     /// Profiles by symbol name; the others get [`default_profile`].
     pub profiles: BTreeMap<String, Profile>,
+    /// Per entry graph, in order: the reference to store (`<model>.reference_inputs.npz`,
+    /// `<model>.reference_outputs.npz`), or why there is none.
+    pub references: Vec<Result<Reference, String>>,
 }
 
 /// What was written.
@@ -92,6 +106,8 @@ pub struct Package {
     pub findings: Vec<Finding>,
     /// The profile of every symbol of the models' inputs.
     pub profiles: BTreeMap<String, Profile>,
+    /// What the user should know (a reference that could not be made at the opt point).
+    pub notes: Vec<String>,
 }
 
 /// Writing the package failed.
@@ -226,7 +242,7 @@ pub fn write_package(
             return Err(TrtError::UnknownSymbol(given.clone(), names.join(", ")));
         }
     }
-    let profiles: BTreeMap<String, Profile> = syms
+    let mut profiles: BTreeMap<String, Profile> = syms
         .iter()
         .map(|&s| {
             let sd = &m.symbols[s];
@@ -238,9 +254,11 @@ pub fn write_package(
             (sd.name.clone(), p)
         })
         .collect();
+    let tie = tie_total_to_past_and_seq(&mut profiles, &opts.profiles);
 
     let mut files = Vec::new();
     let mut models = Vec::new();
+    let mut notes = Vec::new();
     let single = m.entries.len() == 1;
     for (i, e) in m.entries.iter().enumerate() {
         let stem = if single {
@@ -269,8 +287,38 @@ pub fn write_package(
                 ))
             })
             .collect::<Result<_, TrtError>>()?;
+        let reference = match opts.references.get(i) {
+            Some(Ok(r)) => {
+                let mut out = serde_json::Map::new();
+                if let Some(note) = &r.note {
+                    out.insert("note".into(), note.clone().into());
+                    notes.push(format!("{stem}: {note}"));
+                }
+                for (kind, arrays) in [("inputs", &r.inputs), ("outputs", &r.outputs)] {
+                    let file = dir.join(format!("{stem}.reference_{kind}.npz"));
+                    let refs: Vec<(&str, &Tensor)> =
+                        arrays.iter().map(|(n, t)| (n.as_str(), t)).collect();
+                    mmq_kernels::io::write_npz(&file, &refs).map_err(|e| write_err(&file, e))?;
+                    out.insert(
+                        kind.to_owned(),
+                        serde_json::json!({
+                            "file": file.file_name().unwrap_or_default().to_string_lossy(),
+                            "sha256": sha256(&file)?,
+                        }),
+                    );
+                    files.push(file);
+                }
+                serde_json::Value::Object(out)
+            }
+            Some(Err(why)) => {
+                notes.push(format!("{stem}: no reference outputs: {why}"));
+                serde_json::json!({ "missing": why })
+            }
+            None => serde_json::Value::Null,
+        };
         let g = &m.graphs[e.graph];
         models.push(serde_json::json!({
+            "reference": reference,
             "file": format!("{stem}.onnx"),
             "sha256": hashes.iter().map(|(f, h)| (f.clone(), serde_json::Value::from(h.clone()))).collect::<serde_json::Map<_, _>>(),
             "inputs": g.inputs.iter().map(|&v| tensor_info(m, v)).collect::<Vec<_>>(),
@@ -286,7 +334,7 @@ pub fn write_package(
         });
         write_atomic(
             &script,
-            build_script(m, e.graph, &stem, &profiles).as_bytes(),
+            build_script(m, e.graph, &stem, &profiles, tie.as_ref()).as_bytes(),
             true,
         )?;
         files.push(script);
@@ -314,7 +362,43 @@ pub fn write_package(
         files,
         findings,
         profiles,
+        notes,
     })
+}
+
+/// Exporters of decoders with a KV cache name the attention length `total_seq` without saying it
+/// is `past + seq`; every profile point must keep that sum, or the mask and the cache disagree.
+/// Applies unless the total's profile was given.
+fn tie_total_to_past_and_seq(
+    profiles: &mut BTreeMap<String, Profile>,
+    given: &BTreeMap<String, Profile>,
+) -> Option<[String; 3]> {
+    let find = |f: &dyn Fn(&str) -> bool| {
+        profiles
+            .keys()
+            .find(|k| f(&k.to_ascii_lowercase()))
+            .cloned()
+    };
+    let (Some(total), Some(past), Some(seq)) = (
+        find(&|n| n.contains("total")),
+        find(&|n| n.contains("past")),
+        find(&|n| n.contains("seq") && !n.contains("past") && !n.contains("total")),
+    ) else {
+        return None;
+    };
+    if given.contains_key(&total) {
+        return None;
+    }
+    let (p, q) = (profiles[&past], profiles[&seq]);
+    profiles.insert(
+        total.clone(),
+        Profile {
+            min: p.min + q.min,
+            opt: p.opt + q.opt,
+            max: p.max + q.max,
+        },
+    );
+    Some([total, past, seq])
 }
 
 /// `build_engine.sh` for one model.
@@ -323,6 +407,7 @@ fn build_script(
     graph: GraphId,
     stem: &str,
     profiles: &BTreeMap<String, Profile>,
+    tie: Option<&[String; 3]>,
 ) -> String {
     let g = &m.graphs[graph];
     // Inputs with symbolic dims, each dim as a literal or a symbol.
@@ -388,12 +473,26 @@ fn build_script(
          \x20           printf -v \"${{var}}_MIN\" %s \"${{BASH_REMATCH[2]}}\"\n\
          \x20           printf -v \"${{var}}_OPT\" %s \"${{BASH_REMATCH[3]}}\"\n\
          \x20           printf -v \"${{var}}_MAX\" %s \"${{BASH_REMATCH[4]}}\"\n\
+         \x20           printf -v \"given_${{var}}\" %s 1\n\
          \x20           shift 2 ;;\n\
          \x20       --trtexec) trtexec=\"$2\"; shift 2 ;;\n\
          \x20       *) extra+=(\"$1\"); shift ;;\n\
          \x20   esac\n\
          done"
     );
+    if let Some([total, past, seq]) = tie {
+        let (t, p, q) = (shell_var(total), shell_var(past), shell_var(seq));
+        let _ = writeln!(
+            s,
+            "# {total} is {past} + {seq} at every profile point unless given.\n\
+             if [[ -z \"${{given_{t}:-}}\" ]]; then\n\
+             \x20   for point in MIN OPT MAX; do\n\
+             \x20       p=\"{p}_$point\"; q=\"{q}_$point\"\n\
+             \x20       printf -v \"{t}_$point\" %s \"$(( ${{!p}} + ${{!q}} ))\"\n\
+             \x20   done\n\
+             fi"
+        );
+    }
     let mut args = vec![
         format!("--onnx={stem}.onnx"),
         "--stronglyTyped".to_owned(),

@@ -310,6 +310,7 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     if args.target == CompileTarget::Trt {
         let options = mmq_backend_trt::PackageOptions {
             profiles: args.symbols.iter().cloned().collect(),
+            ..Default::default()
         };
         let package =
             mmq_compiler::export::write_trt(&module, &args.inputs, &args.output, &options)?;
@@ -330,6 +331,9 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
                 "trt: profile {name} = {}:{}:{}",
                 p.min, p.opt, p.max
             );
+        }
+        for note in &package.notes {
+            let _ = writeln!(stderr, "warning: trt: {note}");
         }
         if !package.findings.is_empty() {
             let _ = writeln!(

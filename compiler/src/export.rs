@@ -77,6 +77,66 @@ pub fn write_trt(
             output.display()
         )));
     }
-    mmq_backend_trt::write_package(m, inputs, output, options)
+    let mut options = options.clone();
+    if options.references.is_empty() {
+        // Symbols at the profile's opt point: the shapes the engine is tuned for.
+        let opt: std::collections::HashMap<String, i64> =
+            m.symbols
+                .iter()
+                .map(|(_, sd)| {
+                    let p = options.profiles.get(&sd.name).copied().unwrap_or_else(|| {
+                        mmq_backend_trt::default_profile(&sd.name, sd.min, sd.max)
+                    });
+                    (sd.name.clone(), p.opt)
+                })
+                .collect();
+        // Where the opt point does not run (a symbol past what the model supports, such as a
+        // sequence longer than its position table), the small values calibration draws.
+        options.references = m
+            .entries
+            .iter()
+            .map(|e| {
+                reference(m, e.graph, opt.clone()).or_else(|at_opt| {
+                    let mut r = reference(m, e.graph, Default::default())?;
+                    r.note = Some(format!(
+                        "the reference interpreter cannot run at the profiles' opt point \
+                         ({at_opt}): the profiles are probably too large for this model (set \
+                         them with --symbol); reference inputs drawn at small sizes instead"
+                    ));
+                    Ok(r)
+                })
+            })
+            .collect();
+    }
+    mmq_backend_trt::write_package(m, inputs, output, &options)
         .map_err(|e| ExportError(e.to_string()))
+}
+
+/// One random sample (seed 0, drawn as calibration draws them, symbols at `opt`) of `graph`'s
+/// inputs and the reference interpreter's outputs on it.
+fn reference(
+    m: &Module,
+    graph: mmq_ir::GraphId,
+    opt: std::collections::HashMap<String, i64>,
+) -> Result<mmq_backend_trt::Reference, String> {
+    let sample = mmq_passes::quant::calibrate::random_samples_bound(m, graph, 1, 0, opt)
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or("no sample")?
+        .map_err(|e| e.to_string())?;
+    let outputs = mmq_kernels::Interpreter::new(m)
+        .run(graph, &sample)
+        .map_err(|e| e.to_string())?;
+    let tensors = |v: Vec<(String, mmq_kernels::RtValue)>| -> Vec<(String, mmq_kernels::Tensor)> {
+        v.into_iter()
+            .filter_map(|(n, v)| v.as_tensor().map(|t| (n, (**t).clone())))
+            .collect()
+    };
+    let mut inputs: Vec<(String, mmq_kernels::RtValue)> = sample.into_iter().collect();
+    inputs.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(mmq_backend_trt::Reference {
+        inputs: tensors(inputs),
+        outputs: tensors(outputs),
+        note: None,
+    })
 }

@@ -258,10 +258,16 @@ fn compile(
                 &module,
                 &inputs,
                 &output,
-                &mmq_backend_trt::PackageOptions { profiles },
+                &mmq_backend_trt::PackageOptions {
+                    profiles,
+                    ..Default::default()
+                },
             )
             .map_err(err)?;
             let mut warnings = warnings;
+            for note in &package.notes {
+                warnings.push_str(&format!("warning: trt: {note}\n"));
+            }
             for f in &package.findings {
                 warnings.push_str(&format!("warning: TensorRT will refuse {f}\n"));
             }

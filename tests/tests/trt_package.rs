@@ -59,6 +59,19 @@ fn compile_package(fx: &Fixture, tag: &str, precision: Precision) -> (PathBuf, V
         "{} {tag}: no manifest.json",
         fx.name
     );
+    // The reference of each model: inputs and the interpreter's outputs, listed with hashes.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest"))
+            .expect("JSON");
+    for model in manifest["models"].as_array().expect("models") {
+        for kind in ["inputs", "outputs"] {
+            let file = model["reference"][kind]["file"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{} {tag}: no reference {kind}: {model}", fx.name));
+            let arrays = mmq_kernels::io::read_npz(&dir.join(file)).expect("reference npz");
+            assert!(!arrays.is_empty(), "{} {tag}: empty {file}", fx.name);
+        }
+    }
     let scripts = package
         .files
         .iter()
@@ -111,11 +124,21 @@ fn check_written(name: &str, model: &Path) {
 
 /// ONNX Runtime's outputs of `model` on the fixture's inputs, by name.
 fn ort_outputs(fx: &Fixture, model: &Path, dir: &Path) -> Vec<(String, Vec<f64>)> {
+    ort_outputs_on(fx, model, dir, &fx.dir.join("inputs.npz"))
+}
+
+/// ONNX Runtime's outputs of `model` on `inputs`, by name.
+fn ort_outputs_on(
+    fx: &Fixture,
+    model: &Path,
+    dir: &Path,
+    inputs: &Path,
+) -> Vec<(String, Vec<f64>)> {
     let out_path = dir.join(format!(
-        "{}.ort.npz",
-        model.file_stem().unwrap_or_default().to_string_lossy()
+        "{}.{}.ort.npz",
+        model.file_stem().unwrap_or_default().to_string_lossy(),
+        inputs.file_stem().unwrap_or_default().to_string_lossy()
     ));
-    let inputs = fx.dir.join("inputs.npz");
     let out = oracle(&[
         OsStr::new("run"),
         model.as_os_str(),
@@ -175,6 +198,30 @@ fn every_fixture_becomes_a_package_tensorrt_accepts_and_onnx_runtime_runs() {
                 let mut compared = 0;
                 for model in &models {
                     check_written(&fx.name, model);
+                    // The package's reference outputs are what ONNX Runtime computes from its
+                    // reference inputs (the same quantized arithmetic; ONNX Runtime runs Q/DQ
+                    // units as integer kernels, so a cosine, not equality).
+                    let stem = model.file_stem().unwrap_or_default().to_string_lossy();
+                    let ref_in = dir.join(format!("{stem}.reference_inputs.npz"));
+                    let ref_out = values(&dir.join(format!("{stem}.reference_outputs.npz")));
+                    for (name, got) in ort_outputs_on(fx, model, &dir, &ref_in) {
+                        let (_, want) = ref_out
+                            .iter()
+                            .find(|(n, _)| *n == name)
+                            .unwrap_or_else(|| panic!("{} {tag}: no reference {name}", fx.name));
+                        if *tag == "fp32" && fx.name != ASYMMETRIC_QAT {
+                            for (g, w) in got.iter().zip(want) {
+                                assert!(
+                                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                                    "{} reference {name}: {g} vs {w}",
+                                    fx.name
+                                );
+                            }
+                        } else if want.len() > 1 && want.iter().any(|w| *w != 0.0) {
+                            let c = cosine(&got, want);
+                            assert!(c >= 0.999, "{} {tag} reference {name}: cosine {c}", fx.name);
+                        }
+                    }
                     for (name, got) in ort_outputs(fx, model, &dir) {
                         let Some((_, want)) = reference.iter().find(|(n, _)| *n == name) else {
                             continue;
@@ -397,5 +444,70 @@ scheme = "fp16"
             let c = cosine(&got, want);
             assert!(c >= 0.98, "clip mixed {name}: cosine {c}");
         }
+    }
+}
+
+#[test]
+fn a_kv_decoder_keeps_total_equal_to_past_plus_seq_at_every_profile_point() {
+    let fx = fixtures()
+        .into_iter()
+        .find(|f| f.name == "gpt2_kv")
+        .expect("gpt2_kv fixture");
+    let (mut m, _) = mmq_compiler::load::load(&fx.models)
+        .and_then(|l| l.verified())
+        .expect("loads");
+    mmq_compiler::compile(
+        &mut m,
+        &CompileOptions {
+            target: TargetRef::TRT,
+            accuracy: Accuracy::Off,
+            ..CompileOptions::default()
+        },
+    )
+    .expect("compiles");
+    let dir = scratch_dir("trt/gpt2_kv-profiles");
+    let _ = std::fs::remove_dir_all(&dir);
+    let profiles = [("seq", "1:16:32"), ("past_seq", "1:16:64")]
+        .into_iter()
+        .map(|(n, p)| (n.to_owned(), p.parse().expect("profile")))
+        .collect();
+    let package = mmq_compiler::export::write_trt(
+        &m,
+        &fx.models,
+        &dir,
+        &mmq_backend_trt::PackageOptions {
+            profiles,
+            ..Default::default()
+        },
+    )
+    .expect("package");
+    // Within the model's position table, the reference runs at the opt point.
+    assert!(package.notes.is_empty(), "{:?}", package.notes);
+    let total = package.profiles["total_seq"];
+    assert_eq!((total.min, total.opt, total.max), (2, 32, 96));
+    let fake = dir.join("fake-trtexec");
+    std::fs::write(&fake, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n").expect("write");
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&fake)
+        .status()
+        .expect("chmod");
+    let out = std::process::Command::new("bash")
+        .arg(dir.join("build_engine.sh"))
+        .args(["--trtexec", &fake.to_string_lossy()])
+        .args(["--symbol", "seq=2:4:8"])
+        .output()
+        .expect("bash");
+    assert!(out.status.success());
+    let args = String::from_utf8_lossy(&out.stdout);
+    for (flag, mask) in [("min", "1x3"), ("opt", "1x20"), ("max", "16x72")] {
+        let line = args
+            .lines()
+            .find(|l| l.starts_with(&format!("--{flag}Shapes=")))
+            .expect("shapes");
+        assert!(
+            line.contains(&format!("attention_mask:{mask}")),
+            "{flag}: {line}"
+        );
     }
 }

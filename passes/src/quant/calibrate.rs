@@ -592,6 +592,17 @@ pub fn random_samples(
     n: usize,
     seed: u64,
 ) -> Result<impl Iterator<Item = Result<Sample, CalibError>> + '_, CalibError> {
+    random_samples_bound(m, graph, n, seed, HashMap::new())
+}
+
+/// [`random_samples`] with the symbols named in `fixed` bound to the given values.
+pub fn random_samples_bound(
+    m: &Module,
+    graph: GraphId,
+    n: usize,
+    seed: u64,
+    fixed: HashMap<String, i64>,
+) -> Result<impl Iterator<Item = Result<Sample, CalibError>> + '_, CalibError> {
     let g = m
         .graphs
         .get(graph)
@@ -665,7 +676,9 @@ pub fn random_samples(
             let d = &m.symbols[s];
             let lo = d.min.unwrap_or(1).max(0);
             let hi = d.max.map_or(lo + 7, |hi| hi.min(lo + 7)).max(lo);
-            let v = if d.name.to_ascii_lowercase().contains("batch") && lo <= 1 && 1 <= hi {
+            let v = if let Some(&v) = fixed.get(&d.name) {
+                v
+            } else if d.name.to_ascii_lowercase().contains("batch") && lo <= 1 && 1 <= hi {
                 1
             } else {
                 rng.random_range(lo..=hi)
