@@ -287,6 +287,7 @@ pub fn write_package(
                 ))
             })
             .collect::<Result<_, TrtError>>()?;
+        let mut ref_files = Vec::new();
         let reference = match opts.references.get(i) {
             Some(Ok(r)) => {
                 let mut out = serde_json::Map::new();
@@ -306,7 +307,7 @@ pub fn write_package(
                             "sha256": sha256(&file)?,
                         }),
                     );
-                    files.push(file);
+                    ref_files.push(file);
                 }
                 serde_json::Value::Object(out)
             }
@@ -327,6 +328,7 @@ pub fn write_package(
             "opset": m.onnx_opset(e.graph),
         }));
         files.extend(model_files);
+        files.extend(ref_files);
         let script = dir.join(if single {
             "build_engine.sh".to_owned()
         } else {

@@ -28,6 +28,11 @@ pub struct InspectOptions {
 
 /// Runs `inspect` and returns what to print.
 pub fn run(inputs: &[PathBuf], format: Format, o: &InspectOptions) -> Result<String, Failure> {
+    if let [dir] = inputs
+        && dir.join("manifest.json").is_file()
+    {
+        return package(dir, format);
+    }
     let loaded = load::load(inputs)?;
     let m = &loaded.module;
     let labels = if o.stats || o.labels || !o.modality.is_empty() {
@@ -181,4 +186,135 @@ fn dot(m: &Module) -> String {
         out.push_str("}\n");
     }
     out
+}
+
+/// A TensorRT package (`mmq compile --target trt`): its manifest (`--format json`), or a summary
+/// of its models, profiles, quantization, plugins and what TensorRT would refuse.
+fn package(dir: &std::path::Path, format: Format) -> Result<String, Failure> {
+    let path = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Failure::user(format!("error: {}: {e}\n", path.display())))?;
+    let j: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Failure::user(format!("error: {}: not JSON: {e}\n", path.display())))?;
+    if j["format"] != "mmq-tensorrt-package" {
+        return Err(Failure::user(format!(
+            "error: {}: not an mmq TensorRT package manifest\n",
+            path.display()
+        )));
+    }
+    if matches!(format, Format::Json) {
+        return Ok(text);
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "TensorRT package {} (format {}, {}; TensorRT {})",
+        dir.display(),
+        j["version"],
+        j["producer"].as_str().unwrap_or("?"),
+        j["tensorrt"]["versions"]
+            .as_array()
+            .map(|v| v
+                .iter()
+                .filter_map(|x| x.as_str())
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default()
+    );
+    let tensors = |v: &serde_json::Value| -> String {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| {
+                        let shape: Vec<&str> = t["shape"]
+                            .as_array()
+                            .map(|s| s.iter().filter_map(|d| d.as_str()).collect())
+                            .unwrap_or_default();
+                        format!(
+                            "{}: {}[{}]",
+                            t["name"].as_str().unwrap_or("?"),
+                            t["dtype"].as_str().unwrap_or("?"),
+                            shape.join(", ")
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    for model in j["models"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "model {} (opset {})",
+            model["file"].as_str().unwrap_or("?"),
+            model["opset"]
+        );
+        let _ = writeln!(out, "  inputs:  {}", tensors(&model["inputs"]));
+        let _ = writeln!(out, "  outputs: {}", tensors(&model["outputs"]));
+        let q: Vec<String> = model["quantization"]
+            .as_object()
+            .map(|o| o.iter().map(|(k, v)| format!("{v} {k}")).collect())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  quantization: {}",
+            if q.is_empty() {
+                "none".to_owned()
+            } else {
+                q.join(", ")
+            }
+        );
+        let reference = &model["reference"];
+        let _ = writeln!(
+            out,
+            "  reference: {}",
+            match (
+                reference["inputs"]["file"].as_str(),
+                reference["missing"].as_str()
+            ) {
+                (Some(f), _) => format!(
+                    "{f}, {}{}",
+                    reference["outputs"]["file"].as_str().unwrap_or("?"),
+                    reference["note"]
+                        .as_str()
+                        .map(|n| format!(" ({n})"))
+                        .unwrap_or_default()
+                ),
+                (None, Some(why)) => format!("none: {why}"),
+                _ => "none".to_owned(),
+            }
+        );
+    }
+    for (name, p) in j["profiles"].as_object().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "profile {name} = {}:{}:{}",
+            p["min"], p["opt"], p["max"]
+        );
+    }
+    let plugins = j["plugins"].as_array().map_or(0, Vec::len);
+    let _ = writeln!(
+        out,
+        "plugins: {}",
+        if plugins == 0 {
+            "none (every node is a TensorRT parser op)".to_owned()
+        } else {
+            plugins.to_string()
+        }
+    );
+    let findings = j["findings"].as_array().cloned().unwrap_or_default();
+    if findings.is_empty() {
+        let _ = writeln!(out, "TensorRT rules: no finding");
+    } else {
+        let _ = writeln!(out, "TensorRT will refuse {} node(s):", findings.len());
+        for f in &findings {
+            let _ = writeln!(
+                out,
+                "  {}: {}",
+                f["node"].as_str().unwrap_or("?"),
+                f["message"].as_str().unwrap_or("?")
+            );
+        }
+    }
+    Ok(out)
 }
