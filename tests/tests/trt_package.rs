@@ -511,3 +511,35 @@ fn a_kv_decoder_keeps_total_equal_to_past_plus_seq_at_every_profile_point() {
         );
     }
 }
+
+#[test]
+fn opset_23_ops_the_parser_lacks_are_kept_and_reported_not_a_broken_module() {
+    // An opset-23 export with `Attention`, `RMSNormalization` and `RotaryEmbedding`: no parser
+    // form exists for them, so extraction must keep them (an infinite cost used to leave the
+    // graph without a term) and the linter must name each.
+    let fx = mmq_tests::matrix_fixtures()
+        .into_iter()
+        .find(|f| f.name == "matrix/llama_gqa_kv_dynamo23_sdpa_dynamic")
+        .expect("matrix cell");
+    let (mut m, _) = mmq_compiler::load::load(&fx.models)
+        .and_then(|l| l.verified())
+        .expect("loads");
+    mmq_compiler::compile(
+        &mut m,
+        &CompileOptions {
+            target: TargetRef::TRT,
+            accuracy: Accuracy::Off,
+            ..CompileOptions::default()
+        },
+    )
+    .expect("compiles");
+    let findings = mmq_backend_trt::lint(&m);
+    for op in ["RMSNormalization", "RotaryEmbedding", "Attention"] {
+        assert!(
+            findings
+                .iter()
+                .any(|f| f.node.contains(&format!("({op})")) && f.message.contains("support")),
+            "{op}: {findings:?}"
+        );
+    }
+}
