@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
-use mmq_ir::{Const, DType, GraphId, Module, Node, Op, Value, ValueDef};
+use mmq_ir::{Const, DType, GraphId, Module, Node, Op, Value};
 use mmq_kernels::Tensor;
+use mmq_passes::quant::weight_only::const_source as const_of;
 use mmq_passes::target::trt::parser_supports;
 
 /// One violation: the node (its name and op) and what is wrong.
@@ -20,18 +21,6 @@ pub struct Finding {
 impl std::fmt::Display for Finding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.node, self.message)
-    }
-}
-
-/// The constant behind `v` (an initializer or a `Constant` node).
-fn const_of(m: &Module, v: Value) -> Option<Const> {
-    match m.values.get(v)?.def {
-        ValueDef::Const(c) => Some(c),
-        ValueDef::Output { node, .. } => match &m.nodes[node].op {
-            Op::Constant { value: Some(c), .. } => Some(*c),
-            _ => None,
-        },
-        ValueDef::Input { .. } => None,
     }
 }
 

@@ -515,15 +515,15 @@ impl Device {
         Ok(Buffer { slice })
     }
 
-    /// `len` zeroed elements.
+    /// `len` (at least 1) zeroed elements.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(
         &self,
         len: usize,
     ) -> Result<Buffer<T>, CudaError> {
-        let slice = self
-            .stream
-            .alloc_zeros(len.max(1))
-            .map_err(driver("allocation"))?;
+        if len == 0 {
+            return invalid("a device buffer needs at least one element");
+        }
+        let slice = self.stream.alloc_zeros(len).map_err(driver("allocation"))?;
         Ok(Buffer { slice })
     }
 

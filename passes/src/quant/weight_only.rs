@@ -197,8 +197,8 @@ enum Quantized {
 }
 
 /// The constant a value holds: an initializer, or the tensor of a `Constant` node (shared by
-/// the weight-only, INT8 and FP16 passes).
-pub(crate) fn const_source(m: &Module, v: Value) -> Option<Const> {
+/// the weight-only, INT8 and FP16 passes and the TensorRT linter).
+pub fn const_source(m: &Module, v: Value) -> Option<Const> {
     match m.values.get(v)?.def {
         ValueDef::Const(c) => Some(c),
         ValueDef::Output { node, .. } => match &m.nodes[node].op {
@@ -590,6 +590,33 @@ fn add_block_dq_consts(
     ]
 }
 
+/// `DequantizeLinear(codes, scales, axis[, block_size])` of a weight in its own orientation
+/// (`[K, N]`, or `[N, K]` for `transB`), placed before the job's node; the f32 weight.
+fn insert_weight_dq(
+    m: &mut Module,
+    job: &Job,
+    consts: &[Value],
+    axis: i64,
+    block_size: Option<i64>,
+) -> Value {
+    let (k, n) = (job.k as i64, job.n as i64);
+    let shape = if job.trans { [n, k] } else { [k, n] };
+    let dq = Op::DequantizeLinear {
+        axis: Some(axis),
+        block_size,
+        output_dtype: None,
+    };
+    let w_ty = Type::tensor(DType::F32, shape.iter().map(|&d| Dim::known(d)).collect());
+    insert_before(
+        m,
+        job.graph,
+        job.node,
+        dq,
+        vec![Some(consts[0]), Some(consts[1])],
+        (None, w_ty),
+    )
+}
+
 impl WeightOnlyPass {
     /// Raises every entry model's default-domain opset to 21 (blockwise DequantizeLinear); refused
     /// where an op of the graph changed meaning at 21 (`GroupNormalization`).
@@ -639,22 +666,8 @@ impl WeightOnlyPass {
         consts: &[Value],
         report: &mut PassReport,
     ) {
-        let (k, n) = (job.k as i64, job.n as i64);
-        let shape = if job.trans { [n, k] } else { [k, n] };
-        let dq = Op::DequantizeLinear {
-            axis: Some(if job.trans { 1 } else { 0 }),
-            block_size: Some(self.config.block_size as i64),
-            output_dtype: None,
-        };
-        let w_ty = Type::tensor(DType::F32, shape.iter().map(|&d| Dim::known(d)).collect());
-        let w = insert_before(
-            m,
-            job.graph,
-            job.node,
-            dq,
-            vec![Some(consts[0]), Some(consts[1])],
-            (None, w_ty),
-        );
+        let axis = if job.trans { 1 } else { 0 };
+        let w = insert_weight_dq(m, job, consts, axis, Some(self.config.block_size as i64));
         let is_gemm = if let Op::Gemm { alpha, .. } = &mut m.nodes[job.node].op {
             *alpha = None;
             true
@@ -720,22 +733,8 @@ impl WeightOnlyPass {
     }
 
     fn rewrite_fp8(&self, m: &mut Module, job: &Job, consts: &[Value], report: &mut PassReport) {
-        let (k, n) = (job.k as i64, job.n as i64);
-        let shape = if job.trans { [n, k] } else { [k, n] };
-        let dq = Op::DequantizeLinear {
-            axis: Some(if job.trans { 0 } else { 1 }),
-            block_size: None,
-            output_dtype: None,
-        };
-        let w_ty = Type::tensor(DType::F32, shape.iter().map(|&d| Dim::known(d)).collect());
-        let w = insert_before(
-            m,
-            job.graph,
-            job.node,
-            dq,
-            vec![Some(consts[0]), Some(consts[1])],
-            (None, w_ty),
-        );
+        let axis = if job.trans { 0 } else { 1 };
+        let w = insert_weight_dq(m, job, consts, axis, None);
         m.nodes[job.node].inputs[1] = Some(w);
         report.count("fp8-weights", 1);
         let Some(a) = m.nodes[job.node].inputs[0] else {
