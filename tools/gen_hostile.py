@@ -14,10 +14,10 @@ OUT = Path(__file__).resolve().parent.parent / "tests" / "hostile"
 HUGE = np.array([1_000_000, 1_000_000], np.int64)
 
 
-def save(name, nodes, inputs, inits):
+def save(name, nodes, inputs, inits, opset=18):
     y = h.make_tensor_value_info("y", T.FLOAT, None)
     g = h.make_graph(nodes, name, inputs, [y], inits)
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 18)], producer_name="gen_hostile")
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)], producer_name="gen_hostile")
     onnx.save(m, OUT / f"{name}.onnx")
 
 
@@ -43,6 +43,11 @@ def main():
          [h.make_tensor_value_info("i", T.INT64, [1])],
          [nh.from_array(np.array(10**12, np.int64), "d"),
           nh.from_array(np.array([0, 1], np.float32), "v")])
+    w = np.linspace(-1, 1, 32 * 4, dtype=np.float32).reshape(32, 4)
+    w[3, 1] = np.nan
+    save("nan_weight", [h.make_node("MatMul", ["a", "proj_weight"], ["y"], name="proj")],
+         [h.make_tensor_value_info("a", T.FLOAT, [1, 32])], [nh.from_array(w, "proj_weight")],
+         opset=20)
     np.savez(OUT / "x.npz", x=np.ones(1, np.float32))
     np.savez(OUT / "i.npz", i=np.zeros(1, np.int64))
     # (2^62, 4): the element count wraps to 0 in 64 bits.

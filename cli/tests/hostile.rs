@@ -112,3 +112,69 @@ fn the_memory_limit_is_a_command_line_option() {
     );
     assert_eq!(code, 0, "{stderr}");
 }
+
+#[test]
+fn paths_that_are_not_regular_files_are_refused_before_opening() {
+    let dir = scratch("hostile-not-regular");
+    // A FIFO as the model (or an input array) would block the open forever.
+    let fifo = dir.join("model.onnx");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success(), "mkfifo failed");
+    let folder = dir.join("folder.onnx");
+    std::fs::create_dir(&folder).expect("dir");
+    let vit = repo()
+        .join("tests/fixtures/vit/model.onnx")
+        .display()
+        .to_string();
+    let fifo_s = fifo.display().to_string();
+    let folder_s = folder.display().to_string();
+    let input = format!("pixel_values={fifo_s}");
+    let cases: [(&[&str], &str); 5] = [
+        (&["inspect", &fifo_s], "FIFO"),
+        (&["verify", &fifo_s], "FIFO"),
+        (&["inspect", &folder_s], "a directory"),
+        (&["inspect", "/dev/zero"], "a character device"),
+        (&["run", &vit, "--input", &input], "FIFO"),
+    ];
+    for (args, what) in cases {
+        let out = common::mmq()
+            .current_dir(&dir)
+            .args(args)
+            .timeout(std::time::Duration::from_secs(60))
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(what) && stderr.contains("not a regular file"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn non_finite_weights_are_not_quantized_silently() {
+    let model = file("nan_weight.onnx");
+    for quant in ["int8", "int4", "fp8"] {
+        refused(
+            &format!("nan-{quant}"),
+            &[
+                "compile",
+                &model,
+                "--target",
+                "ort",
+                "--quant",
+                quant,
+                "--calib-random",
+                "2",
+                "--no-accuracy",
+                "-o",
+                "out.onnx",
+            ],
+            &["proj_weight", "non-finite value NaN"],
+        );
+    }
+}

@@ -93,7 +93,8 @@ fn load_opts(paths: &[PathBuf], opts: &mmq_ir::text::ParseOptions) -> Result<Loa
 }
 
 fn load_text(path: &Path, opts: &mmq_ir::text::ParseOptions) -> Result<Loaded, LoadError> {
-    let src = std::fs::read_to_string(path)
+    let src = mmq_ir::check_regular_file(path)
+        .and_then(|()| std::fs::read_to_string(path))
         .map_err(|e| LoadError::user(format!("error: cannot read {}: {e}\n", path.display())))?;
     let mut files = SimpleFiles::new();
     let file = files.add(path.display().to_string(), src);

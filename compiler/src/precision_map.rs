@@ -47,9 +47,11 @@ pub fn parse(src: &str, origin: &str) -> Result<(PrecisionMap, String), LoadErro
 
 /// Reads and parses the precision map at `path` (see [`parse`]).
 pub fn load(path: &Path) -> Result<(PrecisionMap, String), LoadError> {
-    let src = std::fs::read_to_string(path).map_err(|e| LoadError {
-        rendered: format!("error: cannot read precision map {}: {e}\n", path.display()),
-        usage: false,
-    })?;
+    let src = mmq_ir::check_regular_file(path)
+        .and_then(|()| std::fs::read_to_string(path))
+        .map_err(|e| LoadError {
+            rendered: format!("error: cannot read precision map {}: {e}\n", path.display()),
+            usage: false,
+        })?;
     parse(&src, &path.display().to_string())
 }

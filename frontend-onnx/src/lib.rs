@@ -145,6 +145,8 @@ fn finish(m: &mut mmq_ir::Module, opts: &LoadOptions) {
 
 /// Maps a file read-only and wraps the map in [`Bytes`] (no copy).
 fn map_file(path: &Path) -> Result<Bytes> {
+    mmq_ir::check_regular_file(path)
+        .map_err(|e| err!(Io, "cannot open '{}': {e}", path.display()))?;
     let file = File::open(path).map_err(|e| err!(Io, "cannot open '{}': {e}", path.display()))?;
     let len = file
         .metadata()

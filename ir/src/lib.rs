@@ -40,7 +40,7 @@ pub mod view;
 
 pub use arena::{Arena, EntityRef, SecondaryMap};
 pub use attr::{Attr, AttrValue};
-pub use constant::{Const, ConstData, ExternalFile, Storage};
+pub use constant::{Const, ConstData, ExternalFile, Storage, check_regular_file};
 pub use diag::{Entity, IrError, Severity};
 pub use dim::{Dim, DimExpr, Sym, SymbolData};
 pub use dtype::DType;

@@ -36,16 +36,23 @@ fn error(path: &Path, member: Option<&str>, message: impl Into<String>) -> NpyEr
     }
 }
 
+/// Opens a regular file for reading (a FIFO would block the open).
+fn open(path: &Path) -> Result<File, NpyError> {
+    mmq_ir::check_regular_file(path)
+        .and_then(|()| File::open(path))
+        .map_err(|e| error(path, None, format!("cannot open: {e}")))
+}
+
 /// Reads one `.npy` file.
 pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
-    let file = File::open(path).map_err(|e| error(path, None, format!("cannot open: {e}")))?;
+    let file = open(path)?;
     npy_from_reader(BufReader::new(file)).map_err(|m| error(path, None, m))
 }
 
 /// Reads every array of an `.npz` archive, in archive order, keyed by array name (the member
 /// name without its `.npy` suffix).
 pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>, NpyError> {
-    let file = File::open(path).map_err(|e| error(path, None, format!("cannot open: {e}")))?;
+    let file = open(path)?;
     let mut zip = zip::ZipArchive::new(BufReader::new(file))
         .map_err(|e| error(path, None, format!("not an .npz archive: {e}")))?;
     let mut out = Vec::with_capacity(zip.len());

@@ -724,6 +724,14 @@ fn dq_weight(
     let ishape = data.shape.clone();
     let t = Tensor::from_const(data).map_err(|e| fail(format!("weight: {e}")))?;
     let xs = t.to_f32().map_err(|e| fail(format!("weight: {e}")))?;
+    if let Some(i) = xs.iter().position(|v| !v.is_finite()) {
+        return Err(fail(format!(
+            "weight '{}': non-finite value {} at element {i}: it would become a finite code \
+             without a word; fix the weight or keep this node in float",
+            data.name.as_deref().unwrap_or("<unnamed>"),
+            xs[i]
+        )));
+    }
     let (codes, scales) = if b.per_tensor {
         quantize_weight_per_channel(&xs, &[1, xs.len()], 0, b.qmax)
     } else {
