@@ -57,7 +57,7 @@ impl ExternalFiles {
         if let Some(f) = self.files.get(&path) {
             return Ok(f.clone());
         }
-        let file = ExternalFile::open(&path, location).map_err(|e| {
+        let file = ExternalFile::open_contained(dir, location).map_err(|e| {
             err!(
                 ExternalData,
                 "tensor '{tensor}': cannot open external data '{}': {e}",

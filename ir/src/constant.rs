@@ -58,6 +58,40 @@ pub fn check_regular_file(path: &Path) -> std::io::Result<()> {
 }
 
 impl ExternalFile {
+    /// Opens external data `location` (as a model records it) relative to the model's directory
+    /// `dir`: the location must be a relative path of plain components, and the file must resolve,
+    /// after symbolic links, inside `dir` — a model cannot read `/etc/passwd` through a link.
+    pub fn open_contained(dir: &Path, location: &str) -> std::io::Result<ExternalFile> {
+        use std::path::Component;
+        let invalid = |msg: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, msg);
+        let rel = Path::new(location);
+        if location.is_empty()
+            || rel
+                .components()
+                .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(invalid(format!(
+                "'{location}' must be a relative path inside the model's directory"
+            )));
+        }
+        let path = dir.join(rel);
+        let real = std::fs::canonicalize(&path)?;
+        let root = std::fs::canonicalize(if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        })?;
+        if !real.starts_with(&root) {
+            return Err(invalid(format!(
+                "'{location}' resolves to {}, outside the model's directory {} (through a \
+                 symbolic link)",
+                real.display(),
+                root.display()
+            )));
+        }
+        ExternalFile::open(&path, location)
+    }
+
     /// Opens and maps `path`. `location` is the name recorded in the model.
     pub fn open(path: &Path, location: &str) -> std::io::Result<ExternalFile> {
         check_regular_file(path)?;

@@ -617,7 +617,7 @@ impl Parser<'_> {
         };
         let file = match self.files.get(&location) {
             Some(f) => f.clone(),
-            None => match ExternalFile::open(&dir.join(&location), &location) {
+            None => match ExternalFile::open_contained(&dir, &location) {
                 Ok(f) => {
                     let f = Arc::new(f);
                     self.files.insert(location.clone(), f.clone());
@@ -643,10 +643,22 @@ impl Parser<'_> {
             ));
         }
         let data = ConstData::new(name, dtype, shape, Storage::External { file, offset, len });
-        Ok(match hash {
-            Some(h) => data.with_hash(h),
-            None => data,
-        })
+        // The stated hash must be the bytes' own: a swapped or edited data file is an error, not
+        // a constant that claims another's identity.
+        if let Some(h) = hash
+            && data.content_hash() != h
+        {
+            return Err(self.error(
+                lspan.start..close.end,
+                format!(
+                    "bytes {offset}..{} of `{location}` hash to {}, not the stated {h:012x} (the \
+                     data file changed since the text was written)",
+                    offset + len,
+                    data.short_hash()
+                ),
+            ));
+        }
+        Ok(data)
     }
 
     /// The elements of `dense<[...]>`, as storage.
