@@ -7,19 +7,8 @@
 
 use half::{bf16, f16};
 
+use crate::cuda::{RawScaleMap, quant_plan};
 use crate::packed::{self, Format, KV_BLOCK_BYTES, ScaleMap};
-
-/// `MmqScaleMap` of mmq_blocks.cuh.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct RawMap {
-    mode: i64,
-    axis_len: i64,
-    inner: i64,
-    row_len: i64,
-    group: i64,
-    chunk_uniform: i64,
-}
 
 unsafe extern "C" {
     fn mmq_host_f32_to_f16(x: f32) -> u16;
@@ -33,7 +22,7 @@ unsafe extern "C" {
         n: i64,
         scales: *const f32,
         zeros: *const u8,
-        map: RawMap,
+        map: RawScaleMap,
         saturate: i32,
         out: *mut u8,
     );
@@ -44,7 +33,7 @@ unsafe extern "C" {
         n: i64,
         scales: *const f32,
         zeros: *const u8,
-        map: RawMap,
+        map: RawScaleMap,
         y: *mut u8,
     );
     fn mmq_host_quantize_dynamic(
@@ -189,33 +178,6 @@ impl In {
     }
 }
 
-fn raw(map: &ScaleMap) -> RawMap {
-    let mut r = RawMap {
-        mode: 0,
-        axis_len: 0,
-        inner: 0,
-        row_len: 0,
-        group: 0,
-        chunk_uniform: 1,
-    };
-    match *map {
-        ScaleMap::Tensor => {}
-        ScaleMap::Axis { axis_len, inner } => {
-            r.mode = 1;
-            r.axis_len = axis_len as i64;
-            r.inner = inner as i64;
-            r.chunk_uniform = i64::from(inner % 8 == 0);
-        }
-        ScaleMap::Group { row_len, group } => {
-            r.mode = 2;
-            r.row_len = row_len as i64;
-            r.group = group as i64;
-            r.chunk_uniform = i64::from(group % 8 == 0 && row_len % 8 == 0);
-        }
-    }
-    r
-}
-
 /// f32 values around every binary16 / bfloat16 rounding edge: all f32 with the low 12 bits zero
 /// (every sign, exponent and top-11 mantissa pattern) plus their neighbours.
 fn conversion_edges() -> Vec<f32> {
@@ -329,6 +291,16 @@ fn quantize_and_dequantize_bodies_match_the_reference() {
                     continue;
                 }
                 let zp = zeros.as_ref().map_or(std::ptr::null(), |z| z.as_ptr());
+                // The map the launcher passes: the bodies run with what `quant_plan` builds.
+                let raw = quant_plan(
+                    n,
+                    format,
+                    &map,
+                    scales.len(),
+                    zeros.as_ref().map(Vec::len),
+                    format.bytes(n),
+                )
+                .expect("a valid plan");
                 let values = test_values(&mut rng, n, 0.02);
                 for input in In::ALL {
                     let (bytes, exact) = input.encode(&values);
@@ -351,7 +323,7 @@ fn quantize_and_dequantize_bodies_match_the_reference() {
                                 n as i64,
                                 scales.as_ptr(),
                                 zp,
-                                raw(&map),
+                                raw,
                                 i32::from(saturate),
                                 got.as_mut_ptr(),
                             )
@@ -372,7 +344,7 @@ fn quantize_and_dequantize_bodies_match_the_reference() {
                             n as i64,
                             scales.as_ptr(),
                             zp,
-                            raw(&map),
+                            raw,
                             out.as_mut_ptr(),
                         )
                     };

@@ -15,19 +15,57 @@ use mmq_passes::{OptLevel, TargetRef};
 use mmq_tests::{Fixture, cosine, fixtures, oracle, scratch_dir};
 use rayon::prelude::*;
 
-fn compile_package(fx: &Fixture, tag: &str, precision: Precision) -> (PathBuf, Vec<PathBuf>) {
+/// The fixture's models loaded and compiled with `options`.
+fn compiled(fx: &Fixture, options: &CompileOptions) -> mmq_ir::Module {
     let (mut m, _) = mmq_compiler::load::load(&fx.models)
         .and_then(|l| l.verified())
         .unwrap_or_else(|e| panic!("{}: {e}", fx.name));
-    let options = CompileOptions {
+    mmq_compiler::compile(&mut m, options).unwrap_or_else(|e| panic!("{}: {e}", fx.name));
+    m
+}
+
+/// The TensorRT target's defaults, without the accuracy measurement.
+fn trt_defaults() -> CompileOptions {
+    CompileOptions {
         target: TargetRef::TRT,
-        level: OptLevel::O2,
-        precision,
-        calibration: CalibrationSource::Random { count: 8, seed: 0 },
         accuracy: Accuracy::Off,
         ..CompileOptions::default()
-    };
-    mmq_compiler::compile(&mut m, &options).unwrap_or_else(|e| panic!("{} {tag}: {e}", fx.name));
+    }
+}
+
+/// Runs the package's `build_engine.sh` with `args` and a fake trtexec that prints its own
+/// arguments: (exit code, trtexec's arguments, stderr).
+fn run_build_script(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let fake = dir.join("fake-trtexec");
+    std::fs::write(&fake, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n").expect("write");
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&fake)
+        .status()
+        .expect("chmod");
+    let out = std::process::Command::new("bash")
+        .arg(dir.join("build_engine.sh"))
+        .args(["--trtexec", &fake.to_string_lossy()])
+        .args(args)
+        .output()
+        .expect("bash");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn compile_package(fx: &Fixture, tag: &str, precision: Precision) -> (PathBuf, Vec<PathBuf>) {
+    let m = compiled(
+        fx,
+        &CompileOptions {
+            level: OptLevel::O2,
+            precision,
+            calibration: CalibrationSource::Random { count: 8, seed: 0 },
+            ..trt_defaults()
+        },
+    );
     let dir = scratch_dir(&format!("trt/{}-{tag}", fx.name.replace('/', "-")));
     let _ = std::fs::remove_dir_all(&dir);
     let package = mmq_compiler::export::write_trt(
@@ -290,27 +328,10 @@ fn the_build_script_and_manifest_describe_the_profiles() {
         .as_str()
         .expect("hash");
     assert_eq!(sha.len(), 64);
-    // The script runs up to trtexec: a fake trtexec records its arguments.
-    let fake = dir.join("fake-trtexec");
-    std::fs::write(
-        &fake,
-        "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$(dirname \"$0\")/args.txt\"\n",
-    )
-    .expect("write");
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&fake)
-        .status()
-        .expect("chmod");
+    // The script runs up to trtexec, which a fake stands in for.
     let (name, _) = profiles.iter().next().expect("a symbol");
-    let status = std::process::Command::new("bash")
-        .arg(dir.join("build_engine.sh"))
-        .args(["--trtexec", &fake.to_string_lossy()])
-        .args(["--symbol", &format!("{name}=2:3:5")])
-        .status()
-        .expect("bash");
-    assert!(status.success());
-    let args = std::fs::read_to_string(dir.join("args.txt")).expect("args");
+    let (code, args, stderr) = run_build_script(&dir, &["--symbol", &format!("{name}=2:3:5")]);
+    assert_eq!(code, Some(0), "{stderr}");
     assert!(args.contains("--onnx=model.onnx"), "{args}");
     let min = args
         .lines()
@@ -328,14 +349,9 @@ fn the_build_script_and_manifest_describe_the_profiles() {
         max.contains(":5x") || max.contains("x5x") || max.ends_with("x5"),
         "{max}"
     );
-    let bad = std::process::Command::new("bash")
-        .arg(dir.join("build_engine.sh"))
-        .args(["--trtexec", &fake.to_string_lossy()])
-        .args(["--symbol", "no_such_symbol=1:1:1"])
-        .output()
-        .expect("bash");
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("no symbol no_such_symbol"));
+    let (code, _, stderr) = run_build_script(&dir, &["--symbol", "no_such_symbol=1:1:1"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("no symbol no_such_symbol"), "{stderr}");
 }
 
 #[test]
@@ -366,17 +382,16 @@ fn the_linter_names_what_tensorrt_refuses() {
         .into_iter()
         .find(|f| f.name == "qat_cnn" || f.name == "vit")
         .expect("fixture");
-    let (mut m, _) = mmq_compiler::load::load(&fx.models)
-        .and_then(|l| l.verified())
-        .expect("loads");
-    let options = CompileOptions {
-        target: TargetRef::ORT,
-        precision: Precision::Scheme(QuantScheme::Int8),
-        calibration: CalibrationSource::Random { count: 4, seed: 0 },
-        accuracy: Accuracy::Off,
-        ..CompileOptions::default()
-    };
-    mmq_compiler::compile(&mut m, &options).expect("compiles");
+    let m = compiled(
+        &fx,
+        &CompileOptions {
+            target: TargetRef::ORT,
+            precision: Precision::Scheme(QuantScheme::Int8),
+            calibration: CalibrationSource::Random { count: 4, seed: 0 },
+            accuracy: Accuracy::Off,
+            ..CompileOptions::default()
+        },
+    );
     let findings = mmq_backend_trt::lint(&m);
     let text: Vec<String> = findings.iter().map(ToString::to_string).collect();
     assert!(
@@ -453,18 +468,7 @@ fn a_kv_decoder_keeps_total_equal_to_past_plus_seq_at_every_profile_point() {
         .into_iter()
         .find(|f| f.name == "gpt2_kv")
         .expect("gpt2_kv fixture");
-    let (mut m, _) = mmq_compiler::load::load(&fx.models)
-        .and_then(|l| l.verified())
-        .expect("loads");
-    mmq_compiler::compile(
-        &mut m,
-        &CompileOptions {
-            target: TargetRef::TRT,
-            accuracy: Accuracy::Off,
-            ..CompileOptions::default()
-        },
-    )
-    .expect("compiles");
+    let m = compiled(&fx, &trt_defaults());
     let dir = scratch_dir("trt/gpt2_kv-profiles");
     let _ = std::fs::remove_dir_all(&dir);
     let profiles = [("seq", "1:16:32"), ("past_seq", "1:16:64")]
@@ -485,21 +489,8 @@ fn a_kv_decoder_keeps_total_equal_to_past_plus_seq_at_every_profile_point() {
     assert!(package.notes.is_empty(), "{:?}", package.notes);
     let total = package.profiles["total_seq"];
     assert_eq!((total.min, total.opt, total.max), (2, 32, 96));
-    let fake = dir.join("fake-trtexec");
-    std::fs::write(&fake, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n").expect("write");
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&fake)
-        .status()
-        .expect("chmod");
-    let out = std::process::Command::new("bash")
-        .arg(dir.join("build_engine.sh"))
-        .args(["--trtexec", &fake.to_string_lossy()])
-        .args(["--symbol", "seq=2:4:8"])
-        .output()
-        .expect("bash");
-    assert!(out.status.success());
-    let args = String::from_utf8_lossy(&out.stdout);
+    let (code, args, stderr) = run_build_script(&dir, &["--symbol", "seq=2:4:8"]);
+    assert_eq!(code, Some(0), "{stderr}");
     for (flag, mask) in [("min", "1x3"), ("opt", "1x20"), ("max", "16x72")] {
         let line = args
             .lines()
@@ -521,18 +512,7 @@ fn opset_23_ops_the_parser_lacks_are_kept_and_reported_not_a_broken_module() {
         .into_iter()
         .find(|f| f.name == "matrix/llama_gqa_kv_dynamo23_sdpa_dynamic")
         .expect("matrix cell");
-    let (mut m, _) = mmq_compiler::load::load(&fx.models)
-        .and_then(|l| l.verified())
-        .expect("loads");
-    mmq_compiler::compile(
-        &mut m,
-        &CompileOptions {
-            target: TargetRef::TRT,
-            accuracy: Accuracy::Off,
-            ..CompileOptions::default()
-        },
-    )
-    .expect("compiles");
+    let m = compiled(&fx, &trt_defaults());
     let findings = mmq_backend_trt::lint(&m);
     for op in ["RMSNormalization", "RotaryEmbedding", "Attention"] {
         assert!(
