@@ -119,6 +119,10 @@ pub struct CompileArgs {
     pub auto: Option<f64>,
     /// `--auto-map MAP.toml`: where `--auto` writes its choice.
     pub auto_map: Option<PathBuf>,
+    /// `--kv-cache FORMAT`.
+    pub kv_cache: Option<mmq_kernels::cache::CacheFormat>,
+    /// `--image-cache FORMAT`.
+    pub image_cache: Option<mmq_kernels::cache::CacheFormat>,
 }
 
 /// The end-to-end cosine a quantized model should keep; below it the accuracy line says how to
@@ -183,6 +187,8 @@ fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, F
             symmetric: !args.asym,
         },
         modality: args.modality.clone(),
+        kv_cache: args.kv_cache,
+        image_cache: args.image_cache,
         accuracy: if args.report.is_some() {
             Accuracy::Full
         } else if args.no_accuracy {

@@ -231,7 +231,21 @@ enum Command {
         /// .precision.toml).
         #[arg(long, value_name = "MAP.toml", requires = "auto")]
         auto_map: Option<PathBuf>,
+        /// Quantize the KV cache at the graph interface: every `past…` input whose `present…`
+        /// output continues it becomes codes plus `<name>_scale` (int8/fp8: 512-byte blocks,
+        /// one f32 scale per head and block; int4: groups of 64, binary16 scales).
+        #[arg(long, value_name = "int8|fp8|int4", value_parser = parse_cache_format)]
+        kv_cache: Option<mmq_kernels::cache::CacheFormat>,
+        /// Store vision feature outputs as INT4 groups of 64 with binary16 scales
+        /// (`<name>` + `<name>_scale`); a graph compiled with them that reads the same name
+        /// dequantizes it.
+        #[arg(long, value_name = "int4", value_parser = parse_cache_format)]
+        image_cache: Option<mmq_kernels::cache::CacheFormat>,
     },
+}
+
+fn parse_cache_format(s: &str) -> Result<mmq_kernels::cache::CacheFormat, String> {
+    s.parse()
 }
 
 fn parse_level(s: &str) -> Result<mmq_passes::OptLevel, String> {
@@ -356,6 +370,8 @@ fn main() -> ExitCode {
             modality,
             auto,
             auto_map,
+            kv_cache,
+            image_cache,
         } => compile::run(&compile::CompileArgs {
             inputs,
             target,
@@ -379,6 +395,8 @@ fn main() -> ExitCode {
             awq,
             auto,
             auto_map,
+            kv_cache,
+            image_cache,
         })
         .map(|err| {
             let _ = std::io::stderr().write_all(err.as_bytes());

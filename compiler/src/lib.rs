@@ -29,6 +29,7 @@ mod steps;
 use std::sync::{Arc, Mutex};
 
 use mmq_ir::Module;
+use mmq_passes::quant::cache::{ImageCachePass, KvCachePass};
 use mmq_passes::quant::calibrate::Sample;
 use mmq_passes::{Pass, PassError, PassOptions};
 
@@ -129,12 +130,31 @@ fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Bo
     out
 }
 
+/// The passes that change the graph interface, run after the accuracy figures.
+fn interface_passes(options: &CompileOptions) -> Vec<(Stage, Box<dyn Pass>)> {
+    let mut out: Vec<(Stage, Box<dyn Pass>)> = Vec::new();
+    if let Some(format) = options.image_cache {
+        out.push((
+            Stage::Interface,
+            Box::new(ImageCachePass {
+                format,
+                modality: options.modality.clone(),
+            }),
+        ));
+    }
+    if let Some(format) = options.kv_cache {
+        out.push((Stage::Interface, Box::new(KvCachePass { format })));
+    }
+    out
+}
+
 /// The names of the passes a compilation with `options` runs, in order (what `dump_after`
 /// can select).
 pub fn pass_names(options: &CompileOptions) -> Vec<String> {
     let ctx = Arc::new(context(options));
     passes(options, &ctx)
         .iter()
+        .chain(&interface_passes(options))
         .map(|(_, p)| p.name().to_owned())
         .collect()
 }
@@ -189,7 +209,22 @@ pub fn compile(
     let original = measure.map(|_| module.clone());
 
     let ctx = Arc::new(context(options));
-    let passes = passes(options, &ctx);
+    let (run, stages) = run_stage(module, options, passes(options, &ctx))?;
+    let mut report = CompileReport::new(options, &run, &stages);
+    report.auto = ctx.auto.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let (Some(mode), Some(original)) = (measure, &original) {
+        report.accuracy = Some(accuracy(original, module, options, mode)?);
+    }
+    let (run, stages) = run_stage(module, options, interface_passes(options))?;
+    Ok(report.with_run(&run, &stages))
+}
+
+/// Runs `passes` in one pass manager; returns its report and the passes' stages.
+fn run_stage(
+    module: &mut Module,
+    options: &CompileOptions,
+    passes: Vec<(Stage, Box<dyn Pass>)>,
+) -> Result<(mmq_passes::PipelineReport, Vec<Stage>), CompileError> {
     let stages: Vec<Stage> = passes.iter().map(|(s, _)| *s).collect();
     let mut pm = mmq_passes::PassManager::new(passes.into_iter().map(|(_, p)| p).collect());
     pm.verify = options.verify;
@@ -201,12 +236,7 @@ pub fn compile(
             explain: false,
         },
     )?;
-    let mut report = CompileReport::new(options, &run, &stages);
-    report.auto = ctx.auto.lock().unwrap_or_else(|e| e.into_inner()).take();
-    if let (Some(mode), Some(original)) = (measure, &original) {
-        report.accuracy = Some(accuracy(original, module, options, mode)?);
-    }
-    Ok(report)
+    Ok((run, stages))
 }
 
 /// The accuracy samples: the calibration source, or [`ACCURACY_SAMPLES`] random ones.

@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use mmq_ir::modality::Modality;
+use mmq_kernels::cache::CacheFormat;
 use mmq_passes::quant::calibrate::Observer;
 use mmq_passes::quant::place::Placement;
 use mmq_passes::quant::precision::PrecisionMap;
@@ -181,6 +182,10 @@ pub struct CompileOptions {
     pub modality: Vec<(String, Modality)>,
     /// Accuracy measurement after compiling.
     pub accuracy: Accuracy,
+    /// Quantized KV-cache inputs and outputs (`--kv-cache`).
+    pub kv_cache: Option<CacheFormat>,
+    /// Vision feature outputs as INT4 groups (`--image-cache int4`).
+    pub image_cache: Option<CacheFormat>,
     /// Keep the module text after the selected passes in the report.
     pub dump_after: Option<DumpAfter>,
     /// Verify the module before the first pass and after each one (on in debug builds).
@@ -203,6 +208,8 @@ impl Default for CompileOptions {
             int4: Int4Options::default(),
             modality: Vec::new(),
             accuracy: Accuracy::EndToEnd,
+            kv_cache: None,
+            image_cache: None,
             dump_after: None,
             verify: cfg!(debug_assertions),
             progress: None,
@@ -224,6 +231,8 @@ impl fmt::Debug for CompileOptions {
             .field("int4", &self.int4)
             .field("modality", &self.modality)
             .field("accuracy", &self.accuracy)
+            .field("kv_cache", &self.kv_cache)
+            .field("image_cache", &self.image_cache)
             .field("dump_after", &self.dump_after)
             .field("verify", &self.verify)
             .finish_non_exhaustive()
@@ -284,6 +293,20 @@ impl CompileOptions {
             return Err(format!(
                 "--quant int8-dynamic: target {} has no run-time activation quantization; use \
                  --quant int8 with --calib or --calib-random",
+                self.target
+            ));
+        }
+        if let Some(f) = self.image_cache
+            && f != CacheFormat::Int4
+        {
+            return Err(format!(
+                "--image-cache {f}: image features are cached as int4 (groups of 64)"
+            ));
+        }
+        if (self.kv_cache.is_some() || self.image_cache.is_some()) && !rules.cache_io {
+            return Err(format!(
+                "--kv-cache/--image-cache: target {} writes caches through its cache-write \
+                 plugin, which this version does not emit; compile for ort",
                 self.target
             ));
         }

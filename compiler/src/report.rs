@@ -19,6 +19,9 @@ pub enum Stage {
     Quantize,
     /// The passes that finish a quantized module.
     Finish,
+    /// The passes that change the graph interface (quantized caches), after the accuracy
+    /// figures, which compare like interfaces.
+    Interface,
 }
 
 /// What one pass did.
@@ -86,6 +89,19 @@ pub struct CompileReport {
 
 impl CompileReport {
     pub(crate) fn new(options: &CompileOptions, run: &PipelineReport, stages: &[Stage]) -> Self {
+        CompileReport {
+            target: options.target.name().to_owned(),
+            level: options.level.to_string(),
+            passes: Vec::new(),
+            total_ms: 0.0,
+            accuracy: None,
+            auto: None,
+        }
+        .with_run(run, stages)
+    }
+
+    /// Adds the passes of `run`, of `stages` in order.
+    pub(crate) fn with_run(mut self, run: &PipelineReport, stages: &[Stage]) -> Self {
         let passes = run
             .passes
             .iter()
@@ -100,15 +116,10 @@ impl CompileReport {
                 egraphs: p.report.egraphs.clone(),
                 dump: p.dump.clone(),
             })
-            .collect();
-        CompileReport {
-            target: options.target.name().to_owned(),
-            level: options.level.to_string(),
-            passes,
-            total_ms: run.total_time().as_secs_f64() * 1e3,
-            accuracy: None,
-            auto: None,
-        }
+            .collect::<Vec<_>>();
+        self.passes.extend(passes);
+        self.total_ms += run.total_time().as_secs_f64() * 1e3;
+        self
     }
 
     /// The report as pretty-printed JSON.

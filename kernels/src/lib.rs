@@ -11,6 +11,7 @@
 //! - [`packed`] defines the packed quantized layouts of the CUDA kernels, which [`cuda`] launches
 //!   through cudarc.
 
+pub mod cache;
 pub mod cuda;
 #[cfg(all(test, mmq_host_cuh))]
 mod cuda_bodies;

@@ -124,6 +124,8 @@ def compile(
     auto: float | None = None,
     progress: bool = True,
     symbols: Mapping[str, str | tuple[int, int, int]] | None = None,
+    kv_cache: Literal["int8", "fp8", "int4"] | None = None,
+    image_cache: Literal["int4"] | None = None,
 ) -> Any:
     """Optimizes and quantizes a model for a target; the same as ``mmq compile``.
 
@@ -153,6 +155,10 @@ def compile(
         progress: show calibration progress on stderr.
         symbols: ``target="trt"``: optimization profiles, symbol name to ``"MIN:OPT:MAX"`` or
             ``(min, opt, max)``.
+        kv_cache: quantize the KV cache at the graph interface: each ``past…`` input and its
+            ``present…`` output become codes plus ``<name>_scale`` (see docs/caches.md).
+        image_cache: ``"int4"``: vision feature outputs become INT4 codes plus
+            ``<name>_scale``.
 
     Returns:
         the compiled ``onnx.ModelProto`` (``target="trt"``: the package manifest as a dict),
@@ -187,6 +193,8 @@ def compile(
         "auto": auto,
         "accuracy": "full" if report else "off",
         "symbols": profiles,
+        "kv_cache": kv_cache,
+        "image_cache": image_cache,
     }
     if precision_map is not None:
         text = os.fspath(precision_map)

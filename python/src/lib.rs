@@ -61,6 +61,12 @@ struct Options {
     /// TensorRT profiles: symbol name to `MIN:OPT:MAX`.
     #[serde(default)]
     symbols: HashMap<String, String>,
+    /// `--kv-cache`.
+    #[serde(default)]
+    kv_cache: Option<String>,
+    /// `--image-cache`.
+    #[serde(default)]
+    image_cache: Option<String>,
 }
 
 /// `CompileOptions` from the Python keywords; `samples` are the calibration samples given as
@@ -151,6 +157,18 @@ fn options(o: Options, samples: Option<Vec<Arrays>>) -> PyResult<(CompileOptions
                 symmetric: !o.asym,
             },
             modality,
+            kv_cache: o
+                .kv_cache
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(err)?,
+            image_cache: o
+                .image_cache
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(err)?,
             accuracy: match o.accuracy.as_str() {
                 "off" => Accuracy::Off,
                 "end_to_end" => Accuracy::EndToEnd,

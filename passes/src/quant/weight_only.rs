@@ -346,7 +346,9 @@ impl Pass for WeightOnlyPass {
                     opts.target
                 )));
             }
-            self.raise_opset_for_block_dq(m, &mut report)?;
+            let notes = super::raise_opset(m, 21, "INT4 as a blockwise DequantizeLinear")
+                .map_err(|e| self.fail(e))?;
+            report.notes.extend(notes);
         }
         let mut jobs = Vec::new();
         let roots: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
@@ -618,45 +620,6 @@ fn insert_weight_dq(
 }
 
 impl WeightOnlyPass {
-    /// Raises every entry model's default-domain opset to 21 (blockwise DequantizeLinear); refused
-    /// where an op of the graph changed meaning at 21 (`GroupNormalization`).
-    fn raise_opset_for_block_dq(
-        &self,
-        m: &mut Module,
-        report: &mut PassReport,
-    ) -> Result<(), PassError> {
-        for i in 0..m.entries.len() {
-            let root = m.entries[i].graph;
-            let opset = m.onnx_opset(root).unwrap_or(0);
-            if opset >= 21 {
-                continue;
-            }
-            let changed = m.graph_tree(root).into_iter().any(|g| {
-                m.graphs[g]
-                    .nodes
-                    .iter()
-                    .any(|&n| matches!(m.nodes[n].op, Op::GroupNormalization { .. }))
-            });
-            if changed {
-                return Err(self.fail(format!(
-                    "INT4 as a blockwise DequantizeLinear needs opset 21, and graph '{}' (opset \
-                     {opset}) has GroupNormalization, whose meaning changed at 21",
-                    m.graphs[root].name
-                )));
-            }
-            let model = &mut m.entries[i].model;
-            model
-                .opsets
-                .retain(|(d, _)| !(d.is_empty() || d == "ai.onnx"));
-            model.opsets.insert(0, (String::new(), 21));
-            report.notes.push(format!(
-                "graph '{}': opset {opset} raised to 21 for the blockwise DequantizeLinear",
-                m.graphs[root].name
-            ));
-        }
-        Ok(())
-    }
-
     /// The weight operand becomes `DequantizeLinear(codes, scales, axis = K axis, block_size)`;
     /// a `Gemm` keeps its bias and transposes, its `alpha` is in the scales.
     fn rewrite_int4_block_dq(

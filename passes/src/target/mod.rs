@@ -88,6 +88,10 @@ pub struct QdqRules {
     pub dynamic_activations: bool,
     /// INT4 weights as `com.microsoft.MatMulNBits`.
     pub int4_matmul_nbits: bool,
+    /// Quantized caches cross the graph interface as codes and scales, quantized and
+    /// dequantized by standard ops in the graph; `false` where the target writes caches
+    /// through its cache-write plugin.
+    pub cache_io: bool,
 }
 
 /// The relative cost of a standard ONNX op, shared by the targets that have no measured table

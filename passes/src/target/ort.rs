@@ -60,6 +60,7 @@ pub const QDQ: QdqRules = QdqRules {
     quantize_all: false,
     dynamic_activations: true,
     int4_matmul_nbits: true,
+    cache_io: true,
 };
 
 impl Target for Ort {

@@ -196,6 +196,7 @@ pub const QDQ: QdqRules = QdqRules {
     quantize_all: true,
     dynamic_activations: false,
     int4_matmul_nbits: false,
+    cache_io: false,
 };
 
 impl Target for Trt {
