@@ -8,6 +8,7 @@ mod failure;
 mod inspect;
 mod modality;
 mod opt;
+mod plan_cache;
 mod run;
 
 use std::io::Write;
@@ -144,6 +145,29 @@ enum Command {
         target: OptTarget,
         /// Write the result here (`.mmir` or `.onnx`) instead of printing it.
         #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Plan one 128-byte-aligned pool for the quantized KV cache of the decoders and the INT4
+    /// image features of the vision encoders among MODELS: offsets, strides, scale tables, bytes
+    /// per token and per image, and how many tokens fit in the budget.
+    PlanCache {
+        /// The ONNX models (a decoder with past…/present… inputs and outputs, a vision encoder).
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// The pool's size limit (16GiB, 512MiB, 2GB, or bytes).
+        #[arg(long, value_parser = mmq_compiler::cache_plan::parse_bytes)]
+        budget: u64,
+        /// The KV code format.
+        #[arg(long, value_name = "int8|fp8|int4", default_value = "int8", value_parser = parse_cache_format)]
+        kv: mmq_kernels::cache::CacheFormat,
+        /// Image slots to reserve (when a model has vision feature outputs).
+        #[arg(long, default_value_t = 1)]
+        images: u64,
+        /// Set an input's modality instead of guessing it (repeatable).
+        #[arg(long, value_name = "INPUT=KIND", value_parser = modality::parse_modality_arg)]
+        modality: Vec<(String, mmq_ir::modality::Modality)>,
+        /// Write the plan here as JSON.
+        #[arg(short, long, value_name = "PLAN.json")]
         output: Option<PathBuf>,
     },
     /// Optimize models for a target and export them.
@@ -313,6 +337,24 @@ fn main() -> ExitCode {
             fsync,
         } => convert(&input, &output, external_data, fsync),
         Command::Verify { input } => verify(&input),
+        Command::PlanCache {
+            inputs,
+            budget,
+            kv,
+            images,
+            modality,
+            output,
+        } => plan_cache::run(
+            &inputs,
+            &mmq_compiler::cache_plan::PlanOptions {
+                kv_format: kv,
+                images,
+                budget,
+                modality,
+            },
+            output.as_deref(),
+        )
+        .and_then(|text| emit(&text)),
         Command::Run {
             model,
             inputs,

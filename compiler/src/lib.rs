@@ -16,6 +16,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod cache_plan;
 pub mod calibration;
 pub mod diagnostics;
 pub mod export;

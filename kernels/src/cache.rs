@@ -11,6 +11,9 @@
 //! even. These are the layouts the CUDA kernels write ([`crate::packed::kv_append`],
 //! [`crate::cuda::Device::image_features_int4`]).
 
+pub mod plan;
+pub mod pool;
+
 use std::fmt;
 use std::str::FromStr;
 
@@ -22,7 +25,8 @@ use crate::packed::{Format, KV_BLOCK_BYTES};
 pub const INT4_GROUP: usize = 64;
 
 /// The code format of a quantized cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum CacheFormat {
     /// INT8 blocks of 512 bytes.
     Int8,

@@ -413,3 +413,39 @@ fn gpu_kv_append_matches_the_reference_step_by_step() {
         assert!(e.to_string().contains("past the cache"), "{e}");
     }
 }
+
+#[test]
+fn gpu_cache_pool_keeps_the_plan_offsets_on_the_device() {
+    use mmq_kernels::cache::CacheFormat;
+    use mmq_kernels::cache::plan::{KvTensor, PlanRequest, plan};
+    use mmq_kernels::cache::pool::CachePool;
+    let kv = (0..4)
+        .map(|i| KvTensor {
+            name: format!("t{i}"),
+            heads: 2,
+            head_dim: 64,
+        })
+        .collect();
+    let p = plan(PlanRequest {
+        kv,
+        kv_format: CacheFormat::Int8,
+        image: None,
+        images: 0,
+        budget: 1 << 16,
+    })
+    .expect("plan");
+    let mut pool = CachePool::new(p).expect("pool");
+    let pages: Vec<_> = (0..2).map(|_| pool.alloc_page().expect("page")).collect();
+    for pos in 0..12 {
+        let step: Vec<f32> = (0..128)
+            .map(|i| (i as f32 - 60.0) * 0.01 * (pos + 1) as f32)
+            .collect();
+        pool.append_kv(&pages, 1, pos, &step).expect("append");
+    }
+    let Some(dev) = gpu("gpu_cache_pool_keeps_the_plan_offsets_on_the_device") else {
+        return;
+    };
+    let buf = pool.to_device(&dev).expect("upload");
+    let back = dev.download(&buf).expect("download");
+    assert_eq!(back, pool.bytes());
+}

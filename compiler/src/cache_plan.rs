@@ -1,0 +1,127 @@
+//! The cache pool of a set of models (`mmq plan-cache`): the KV tensors of the decoders (the
+//! `past…` inputs the KV-cache pass quantizes) and the image features of the vision encoders
+//! (their vision-only outputs), planned by [`mmq_kernels::cache::plan`].
+
+use mmq_ir::Module;
+use mmq_ir::modality::{self, Modality};
+use mmq_kernels::cache::CacheFormat;
+use mmq_kernels::cache::plan::{CachePlan, ImageTensor, KvTensor, PlanRequest, plan};
+use mmq_passes::quant::cache::kv_pairs;
+
+/// What to plan besides the models.
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    /// The KV code format.
+    pub kv_format: CacheFormat,
+    /// Image slots to reserve.
+    pub images: u64,
+    /// The pool's size limit in bytes.
+    pub budget: u64,
+    /// Modality overrides (input name, label).
+    pub modality: Vec<(String, Modality)>,
+}
+
+/// Plans the pool for the models of `m`.
+pub fn plan_module(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
+    let mut kv = Vec::new();
+    let mut image = None;
+    for e in &m.entries {
+        let (pairs, _) = kv_pairs(m, e.graph);
+        for p in pairs {
+            let ty = m.value_type(p.past);
+            let name = m.values[p.past].name.clone().unwrap_or_default();
+            let shape = ty.shape().unwrap_or_default();
+            // [batch, heads, tokens, head_dim]: the heads are the dims between batch and tokens.
+            let heads = shape[1..shape.len().saturating_sub(2)]
+                .iter()
+                .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+                .try_fold(1u64, |acc, d| d.map(|d| acc * d))
+                .ok_or_else(|| format!("KV input '{name}': the head count is not static"))?;
+            kv.push(KvTensor {
+                name,
+                heads,
+                head_dim: p.width as u64,
+            });
+        }
+        let labels = modality::analyze(m, e.graph, &options.modality).map_err(|e| e.to_string())?;
+        for &o in &m.graphs[e.graph].outputs {
+            if labels.value(o) != Modality::Vision || image.is_some() {
+                continue;
+            }
+            let shape = m.value_type(o).shape().unwrap_or_default();
+            let known: Option<Vec<u64>> = shape
+                .iter()
+                .skip(1)
+                .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+                .collect();
+            if let Some([tokens, width]) = known.as_deref() {
+                image = Some(ImageTensor {
+                    name: m.values[o].name.clone().unwrap_or_default(),
+                    tokens: *tokens,
+                    width: *width,
+                });
+            }
+        }
+    }
+    plan(PlanRequest {
+        kv,
+        kv_format: options.kv_format,
+        image,
+        images: options.images,
+        budget: options.budget,
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Parses a byte count: `16GiB`, `512MiB`, `64KiB`, `2GB`, `1000000`.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        u => {
+            return Err(format!(
+                "'{text}': unknown unit '{u}' (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+            ));
+        }
+    };
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (for example 16GiB)"))?;
+    let bytes = value * scale as f64;
+    if !(bytes.is_finite() && bytes >= 1.0 && bytes < 2f64.powi(63)) {
+        return Err(format!("'{text}' is not a size between 1 byte and 8 EiB"));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!(parse_bytes("16GiB"), Ok(16 << 30));
+        assert_eq!(parse_bytes("1.5 MiB"), Ok(1_572_864));
+        assert_eq!(parse_bytes("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(
+            parse_bytes("16 parsecs")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("-1GiB").is_err());
+    }
+}
