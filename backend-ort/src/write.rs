@@ -5,13 +5,13 @@ use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use mmq_ir::{GraphId, Module, Storage};
+use mmq_ir::{ConstData, GraphId, Module, Storage};
 use prost::Message;
 use tempfile::NamedTempFile;
 
 use crate::error::ExportError;
 use crate::export::{export_model, used_consts};
-use crate::external::{DataFileSink, InlineSink};
+use crate::external::{DataFileSink, ExternalLocation, ExternalSink, InlineSink};
 use crate::proto as pb;
 
 /// The largest protobuf message ONNX tools can read (2 GiB - 1).
@@ -47,6 +47,10 @@ pub struct ExportOptions {
     /// leaves a half-written model; the flush adds durability across power loss at the cost of
     /// writing every weight to disk before returning.
     pub sync: bool,
+    /// Tensors whose bytes already lie in a file beside the model (a quantization-parameter
+    /// table): by tensor name, where they are. They are written as `external_data` references
+    /// to that file, never copied, whatever `external_data` says for the other tensors.
+    pub references: Vec<(String, ExternalLocation)>,
 }
 
 impl Default for ExportOptions {
@@ -55,6 +59,35 @@ impl Default for ExportOptions {
             external_data: ExternalData::Auto,
             size_threshold: 1024,
             sync: false,
+            references: Vec::new(),
+        }
+    }
+}
+
+/// Answers the tensors of `refs` with their location, and offers the others to `inner`.
+struct ReferenceSink<'a> {
+    refs: &'a [(String, ExternalLocation)],
+    inner: &'a mut dyn ExternalSink,
+}
+
+impl ExternalSink for ReferenceSink<'_> {
+    fn offer(
+        &mut self,
+        name: &str,
+        data: &ConstData,
+    ) -> Result<Option<ExternalLocation>, ExportError> {
+        match self.refs.iter().find(|(n, _)| n == name) {
+            Some((_, loc)) if loc.length == data.byte_len() => Ok(Some(loc.clone())),
+            Some((_, loc)) => Err(ExportError::BadTensor {
+                tensor: name.to_owned(),
+                reason: format!(
+                    "{} bytes, but its reference into {} holds {}",
+                    data.byte_len(),
+                    loc.location,
+                    loc.length
+                ),
+            }),
+            None => self.inner.offer(name, data),
         }
     }
 }
@@ -248,12 +281,27 @@ pub fn write_model(
             .try_clone()
             .map_err(|e| ExportError::io("cannot open", tmp.path(), e))?;
         let mut sink = DataFileSink::new(file, &data_path, &data_name, threshold);
-        let (model, stats) = export_model(m, graph, &mut sink)?;
+        let (model, stats) = export_model(
+            m,
+            graph,
+            &mut ReferenceSink {
+                refs: &opts.references,
+                inner: &mut sink,
+            },
+        )?;
         external_tensors = sink.tensors_written();
         sink.finish(opts.sync)?;
         (model, stats, (external_tensors > 0).then_some(tmp))
     } else {
-        let (model, stats) = export_model(m, graph, &mut InlineSink)?;
+        let mut inline = InlineSink;
+        let (model, stats) = export_model(
+            m,
+            graph,
+            &mut ReferenceSink {
+                refs: &opts.references,
+                inner: &mut inline,
+            },
+        )?;
         (model, stats, None)
     };
 

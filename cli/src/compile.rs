@@ -123,6 +123,8 @@ pub struct CompileArgs {
     pub kv_cache: Option<mmq_kernels::cache::CacheFormat>,
     /// `--image-cache FORMAT`.
     pub image_cache: Option<mmq_kernels::cache::CacheFormat>,
+    /// `--qparams TABLE.qpqr`.
+    pub qparams: Option<PathBuf>,
 }
 
 /// The end-to-end cosine a quantized model should keep; below it the accuracy line says how to
@@ -313,6 +315,10 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
         write_atomic(path, (report.to_json() + "\n").as_bytes())
             .map_err(|e| Failure::user(format!("error: --report: {e}\n")))?;
     }
+    let references = match &args.qparams {
+        Some(table) => write_qparams(&mut module, args, table, &mut stderr)?,
+        None => Vec::new(),
+    };
     if args.target == CompileTarget::Trt {
         let options = mmq_backend_trt::PackageOptions {
             profiles: args.symbols.iter().cloned().collect(),
@@ -353,9 +359,70 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
             }
         }
     } else {
-        mmq_compiler::export::write(&module, &args.inputs, &args.output)?;
+        mmq_compiler::export::write_referencing(&module, &args.inputs, &args.output, &references)?;
     }
     Ok(stderr)
+}
+
+/// `--qparams TABLE`: writes the table; returns the references that make the exported ONNX
+/// Runtime model read its scales from it (when it lies in the model's directory).
+fn write_qparams(
+    module: &mut mmq_ir::Module,
+    args: &CompileArgs,
+    table: &Path,
+    stderr: &mut String,
+) -> Result<Vec<(String, mmq_backend_ort::ExternalLocation)>, Failure> {
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    };
+    if args.inputs.iter().any(|i| same(i, table)) || same(&args.output, table) {
+        return Err(Failure::usage(format!(
+            "--qparams {}: that is an input or the output",
+            table.display()
+        )));
+    }
+    let model_dir = if module.entries.len() > 1 {
+        std::fs::create_dir_all(&args.output).map_err(|e| {
+            Failure::user(format!(
+                "error: cannot create {}: {e}
+",
+                args.output.display()
+            ))
+        })?;
+        args.output.clone()
+    } else {
+        match args.output.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    };
+    let ort = args.target == CompileTarget::Ort;
+    let (written, references) =
+        mmq_compiler::qparams::write_table(module, table, ort.then_some(model_dir.as_path()))
+            .map_err(|e| Failure::user(format!("error: --qparams: {e}\n")))?;
+    let pairs: u64 = written.entries.iter().map(|e| u64::from(e.count)).sum();
+    let _ = writeln!(
+        stderr,
+        "qparams: wrote {}: {pairs} scale/zero-point pairs of {} tensors, {} bytes",
+        table.display(),
+        written.entries.len(),
+        written.bytes
+    );
+    if !written.entries.is_empty() {
+        let _ = writeln!(
+            stderr,
+            "qparams: {}",
+            if !references.is_empty() {
+                "the model reads its scales from the table (external data)"
+            } else if ort {
+                "the table is not in the model's directory: the model keeps its own scales"
+            } else {
+                "the TensorRT model keeps its own scales"
+            }
+        );
+    }
+    Ok(references)
 }
 
 /// Parses `--symbol NAME=MIN:OPT:MAX`.

@@ -64,6 +64,10 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 #[derive(Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per run; `compile` has many flags"
+)]
 enum Command {
     /// Print a model's IR (`.mmir` text), a JSON summary, a DOT graph or statistics.
     Inspect {
@@ -155,7 +159,7 @@ enum Command {
         #[arg(required = true)]
         inputs: Vec<PathBuf>,
         /// The pool's size limit (16GiB, 512MiB, 2GB, or bytes).
-        #[arg(long, value_parser = mmq_compiler::cache_plan::parse_bytes)]
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         budget: u64,
         /// The KV code format.
         #[arg(long, value_name = "int8|fp8|int4", default_value = "int8", value_parser = parse_cache_format)]
@@ -265,7 +269,51 @@ enum Command {
         /// dequantizes it.
         #[arg(long, value_name = "int4", value_parser = parse_cache_format)]
         image_cache: Option<mmq_kernels::cache::CacheFormat>,
+        /// Write every scale and zero point into one memory-mapped table (QPQR, see
+        /// docs/qparams.md); in the model's directory, the ONNX Runtime model reads its scales
+        /// from it, so processes serving the model share one copy.
+        #[arg(long, value_name = "TABLE.qpqr")]
+        qparams: Option<PathBuf>,
     },
+    /// Read a quantization-parameter table (QPQR).
+    Qparams {
+        #[command(subcommand)]
+        command: QparamsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum QparamsCommand {
+    /// List the table's tensors: scheme, code type, count, axis, group, first pair.
+    Inspect {
+        /// The table.
+        file: PathBuf,
+    },
+    /// Check the table's layout, checksum and pairs (exit 1 when anything is wrong).
+    Verify {
+        /// The table.
+        file: PathBuf,
+    },
+}
+
+fn qparams(command: &QparamsCommand) -> Result<String, Failure> {
+    use mmq_compiler::qparams::{QParamTable, summary};
+    let fail = |e: mmq_compiler::qparams::QParamError| Failure::user(format!("error: {e}\n"));
+    match command {
+        QparamsCommand::Inspect { file } => {
+            QParamTable::open(file).map(|t| summary(&t)).map_err(fail)
+        }
+        QparamsCommand::Verify { file } => {
+            let t = QParamTable::open(file).map_err(fail)?;
+            t.verify().map_err(fail)?;
+            Ok(format!(
+                "{}: ok ({} pairs, {} tensors, checksum matches)\n",
+                file.display(),
+                t.len(),
+                t.entries().len()
+            ))
+        }
+    }
 }
 
 fn parse_cache_format(s: &str) -> Result<mmq_kernels::cache::CacheFormat, String> {
@@ -337,6 +385,7 @@ fn main() -> ExitCode {
             fsync,
         } => convert(&input, &output, external_data, fsync),
         Command::Verify { input } => verify(&input),
+        Command::Qparams { command } => qparams(&command).and_then(|text| emit(&text)),
         Command::PlanCache {
             inputs,
             budget,
@@ -414,6 +463,7 @@ fn main() -> ExitCode {
             auto_map,
             kv_cache,
             image_cache,
+            qparams,
         } => compile::run(&compile::CompileArgs {
             inputs,
             target,
@@ -439,6 +489,7 @@ fn main() -> ExitCode {
             auto_map,
             kv_cache,
             image_cache,
+            qparams,
         })
         .map(|err| {
             let _ = std::io::stderr().write_all(err.as_bytes());

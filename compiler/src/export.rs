@@ -31,10 +31,25 @@ pub fn check_output(output: &Path) -> Result<(), ExportError> {
 /// file per graph into the directory `output`, named after `inputs` (the files they were
 /// loaded from) or the graph. Returns the files written.
 pub fn write(m: &Module, inputs: &[PathBuf], output: &Path) -> Result<Vec<PathBuf>, ExportError> {
+    write_referencing(m, inputs, output, &[])
+}
+
+/// [`write`], with the tensors of `references` written as references into the files that
+/// already hold them (a quantization-parameter table beside the models).
+pub fn write_referencing(
+    m: &Module,
+    inputs: &[PathBuf],
+    output: &Path,
+    references: &[(String, mmq_backend_ort::ExternalLocation)],
+) -> Result<Vec<PathBuf>, ExportError> {
+    let options = ExportOptions {
+        references: references.to_vec(),
+        ..ExportOptions::default()
+    };
     match m.entries.as_slice() {
         [] => Err(ExportError("the module has no graph".to_owned())),
         [entry] => {
-            write_graph(m, entry.graph, output)?;
+            write_graph(m, entry.graph, output, &options)?;
             Ok(vec![output.to_owned()])
         }
         entries => {
@@ -49,7 +64,7 @@ pub fn write(m: &Module, inputs: &[PathBuf], output: &Path) -> Result<Vec<PathBu
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_else(|| m.graphs[entry.graph].name.clone());
                 let path = output.join(format!("{stem}.onnx"));
-                write_graph(m, entry.graph, &path)?;
+                write_graph(m, entry.graph, &path, &options)?;
                 written.push(path);
             }
             Ok(written)
@@ -57,8 +72,13 @@ pub fn write(m: &Module, inputs: &[PathBuf], output: &Path) -> Result<Vec<PathBu
     }
 }
 
-fn write_graph(m: &Module, graph: mmq_ir::GraphId, path: &Path) -> Result<(), ExportError> {
-    mmq_backend_ort::write_model(m, graph, path, &ExportOptions::default())
+fn write_graph(
+    m: &Module,
+    graph: mmq_ir::GraphId,
+    path: &Path,
+    options: &ExportOptions,
+) -> Result<(), ExportError> {
+    mmq_backend_ort::write_model(m, graph, path, options)
         .map(|_| ())
         .map_err(|e| ExportError(format!("cannot write {}: {e}", path.display())))
 }

@@ -24,6 +24,7 @@ pub mod inspect;
 pub mod load;
 mod options;
 pub mod precision_map;
+pub mod qparams;
 mod report;
 mod steps;
 

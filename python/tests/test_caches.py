@@ -191,3 +191,37 @@ def test_image_and_kv_caches_decode_a_multimodal_chat_like_fp32(tmp_path, mmq_bi
     # An image's features: 16 x 64 fp32 = 4096 bytes against 512 bytes of codes + 32 of scales.
     qbytes = 16 * 64 // 2 + 16 * 2
     assert 16 * 64 * 4 / qbytes >= 7.5
+
+
+def test_a_model_reading_its_scales_from_the_qparams_table_runs_as_before(tmp_path, mmq_bin):
+    import subprocess
+
+    import onnxruntime as ort
+
+    src = fixture("llama_gqa_kv") / "model.onnx"
+    base = ["compile", str(src), "--target", "ort", "--quant", "int4", "--no-accuracy"]
+    subprocess.run([mmq_bin, *base, "-o", tmp_path / "plain.onnx"], check=True)
+    subprocess.run(
+        [mmq_bin, *base, "-o", tmp_path / "m.onnx", "--qparams", tmp_path / "m.qpqr"], check=True
+    )
+    model = onnx.load(tmp_path / "m.onnx", load_external_data=False)
+    refs = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert refs and all(
+        dict((e.key, e.value) for e in t.external_data)["location"] == "m.qpqr" for t in refs
+    )
+    feeds = dict(np.load(fixture("llama_gqa_kv") / "inputs.npz"))
+    want = ort.InferenceSession(str(tmp_path / "plain.onnx")).run(None, feeds)
+    got = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, feeds)
+    for a, b in zip(want, got):
+        assert np.array_equal(a, b)
+    out = subprocess.run(
+        [mmq_bin, "qparams", "verify", tmp_path / "m.qpqr"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "checksum matches" in out.stdout
+    data = bytearray((tmp_path / "m.qpqr").read_bytes())
+    data[-1] ^= 0xFF
+    (tmp_path / "m.qpqr").write_bytes(bytes(data))
+    out = subprocess.run(
+        [mmq_bin, "qparams", "verify", tmp_path / "m.qpqr"], capture_output=True, text=True
+    )
+    assert out.returncode == 1 and "checksum" in out.stderr

@@ -1,0 +1,122 @@
+//! QPQR tables: what `write_table` writes is every scale and zero point of the compiled model,
+//! bit for bit; the reader refuses every truncation and every single-byte corruption (layout
+//! errors at `open`, the rest at `verify`), never reading out of bounds.
+
+use std::path::Path;
+
+use mmq_compiler::qparams::{QParamTable, Scheme, collect, write_table};
+use mmq_compiler::{CompileOptions, Precision, QuantScheme, compile};
+use mmq_ir::{DType, Module};
+use mmq_passes::quant::place::Placement;
+use mmq_tests::{repo_root, scratch_dir};
+
+fn compiled(scheme: QuantScheme) -> Module {
+    let path = repo_root().join("tests/fixtures/llama_gqa_kv/model.onnx");
+    let (mut m, _) = mmq_compiler::load::load(&[path])
+        .and_then(|l| l.verified())
+        .unwrap_or_else(|e| panic!("{}", e.rendered));
+    let options = CompileOptions {
+        precision: Precision::Scheme(scheme),
+        placement: Placement::All,
+        calibration: mmq_compiler::CalibrationSource::Random { count: 2, seed: 0 },
+        accuracy: mmq_compiler::Accuracy::Off,
+        ..CompileOptions::default()
+    };
+    compile(&mut m, &options).unwrap_or_else(|e| panic!("{scheme}: {e}"));
+    m
+}
+
+#[test]
+fn the_table_holds_every_scale_and_zero_point_bit_for_bit() {
+    let dir = scratch_dir("qparams-exact");
+    for scheme in [QuantScheme::Int8, QuantScheme::Int4, QuantScheme::Fp8] {
+        let mut m = compiled(scheme);
+        let path = dir.join(format!("{scheme}.qpqr"));
+        let (written, refs) = write_table(&mut m, &path, Some(&dir)).expect("write");
+        assert!(!written.entries.is_empty(), "{scheme}: no scales");
+        assert_eq!(refs.len(), written.entries.len());
+        let t = QParamTable::open(&path).expect("open");
+        t.verify().expect("verify");
+        assert_eq!(t.entries(), written.entries.as_slice());
+        let found = collect(&m);
+        assert_eq!(found.len(), t.entries().len());
+        for (f, e) in found.iter().zip(t.entries()) {
+            let c = &m.consts[f.scale];
+            assert_eq!(m.values[f.value].name.as_deref(), Some(e.name.as_str()));
+            assert_eq!(t.raw(e), c.raw_bytes().unwrap(), "{}", e.name);
+            assert_eq!(e.count as usize, c.num_elements());
+            let pairs = t.pairs(e);
+            // Zero points: the model's, or MatMulNBits' default 8.
+            let zeros: Vec<i16> = match f.zero {
+                Some(z) => {
+                    let zc = &m.consts[z];
+                    let b = zc.raw_bytes().unwrap();
+                    match zc.dtype {
+                        DType::U8 if !f.packed_zero => b.iter().map(|&x| i16::from(x)).collect(),
+                        DType::I8 => b.iter().map(|&x| i16::from(x as i8)).collect(),
+                        _ => pairs.iter().map(|p| p.1).collect(),
+                    }
+                }
+                None => vec![f.default_zero as i16; pairs.len()],
+            };
+            assert_eq!(
+                pairs.iter().map(|p| p.1).collect::<Vec<_>>(),
+                zeros,
+                "{}",
+                e.name
+            );
+            match scheme {
+                QuantScheme::Int4 => {
+                    assert_eq!((e.scheme, e.group_size), (Scheme::PerGroup, 32));
+                }
+                _ => assert!(matches!(e.scheme, Scheme::PerTensor | Scheme::PerChannel)),
+            }
+        }
+    }
+}
+
+fn check_refused(path: &Path, bytes: &[u8], what: &str) {
+    std::fs::write(path, bytes).unwrap();
+    let verdict = QParamTable::open(path).and_then(|t| {
+        // Reading every entry through the validated offsets must stay in bounds.
+        for e in t.entries() {
+            let _ = (t.pairs(e), t.raw(e));
+        }
+        t.verify()
+    });
+    assert!(verdict.is_err(), "{what}: accepted");
+}
+
+#[test]
+fn truncated_and_corrupted_tables_are_refused() {
+    let dir = scratch_dir("qparams-hostile");
+    let mut m = compiled(QuantScheme::Int4);
+    let good = dir.join("good.qpqr");
+    write_table(&mut m, &good, None).expect("write");
+    let bytes = std::fs::read(&good).unwrap();
+    let bad = dir.join("bad.qpqr");
+    for len in [0, 3, 63, 64, bytes.len() / 2, bytes.len() - 1] {
+        check_refused(&bad, &bytes[..len], &format!("truncated to {len}"));
+    }
+    for at in 0..bytes.len() {
+        let mut b = bytes.clone();
+        b[at] ^= 0x5a;
+        check_refused(&bad, &b, &format!("byte {at} flipped"));
+    }
+    // The messages say what and where.
+    let mut b = bytes.clone();
+    b[0] ^= 1;
+    std::fs::write(&bad, &b).unwrap();
+    let e = QParamTable::open(&bad).err().unwrap().to_string();
+    assert!(e.contains("offset 0: magic"), "{e}");
+    let mut b = bytes.clone();
+    b[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    std::fs::write(&bad, &b).unwrap();
+    let e = QParamTable::open(&bad).err().unwrap().to_string();
+    assert!(
+        e.contains("offset 4:") && e.contains("run past the index"),
+        "{e}"
+    );
+    let e = QParamTable::open(&dir).err().unwrap().to_string();
+    assert!(e.contains("directory"), "{e}");
+}
