@@ -109,6 +109,8 @@ pub struct CompileArgs {
     pub block: usize,
     /// `--asym`: asymmetric INT4 blocks.
     pub asym: bool,
+    /// `--granularity`: run-time activation scales of int8-dynamic.
+    pub granularity: mmq_passes::quant::int8::ActGranularity,
     /// `--symbol NAME=MIN:OPT:MAX` (TensorRT profiles).
     pub symbols: Vec<(String, mmq_backend_trt::Profile)>,
     /// `--smoothquant ALPHA`: SmoothQuant before INT8.
@@ -188,6 +190,7 @@ fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, F
             block: args.block,
             symmetric: !args.asym,
         },
+        granularity: args.granularity,
         modality: args.modality.clone(),
         kv_cache: args.kv_cache,
         image_cache: args.image_cache,
@@ -503,7 +506,13 @@ fn check_side_outputs(args: &CompileArgs) -> Result<(), Failure> {
 fn accuracy_text(report: &CompileReport, full: bool) -> String {
     match &report.accuracy {
         None => String::new(),
-        Some(mmq_compiler::AccuracyReport::Full(r)) if full => r.table(),
+        Some(mmq_compiler::AccuracyReport::Full(r)) if full => {
+            let mut text = r.table();
+            for a in &report.activations {
+                text.push_str(&a.table());
+            }
+            text
+        }
         Some(a) => {
             let Some(e) = a.end_to_end() else {
                 return "accuracy: no float output to compare\n".to_owned();

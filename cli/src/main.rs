@@ -225,6 +225,11 @@ enum Command {
         /// Asymmetric INT4 blocks (with zero points) instead of symmetric ones.
         #[arg(long)]
         asym: bool,
+        /// Run-time activation scales of --quant int8-dynamic: per-tensor (one per tensor,
+        /// DynamicQuantizeLinear), per-token or per-patch (one per row, symmetric i8).
+        #[arg(long, value_name = "per-tensor|per-token|per-patch", default_value = "per-tensor",
+              value_parser = parse_granularity)]
+        granularity: mmq_passes::quant::int8::ActGranularity,
         /// SmoothQuant before --quant int8|int8-dynamic: migrate activation outlier channels
         /// into the weights with strength ALPHA in [0, 1] (0.5 is usual).
         #[arg(long, value_name = "ALPHA")]
@@ -314,6 +319,10 @@ fn qparams(command: &QparamsCommand) -> Result<String, Failure> {
             ))
         }
     }
+}
+
+fn parse_granularity(s: &str) -> Result<mmq_passes::quant::int8::ActGranularity, String> {
+    s.parse()
 }
 
 fn parse_cache_format(s: &str) -> Result<mmq_kernels::cache::CacheFormat, String> {
@@ -453,6 +462,7 @@ fn main() -> ExitCode {
             calib_random,
             block,
             asym,
+            granularity,
             smoothquant,
             awq,
             observer,
@@ -483,6 +493,7 @@ fn main() -> ExitCode {
             modality,
             block,
             asym,
+            granularity,
             smoothquant,
             awq,
             auto,

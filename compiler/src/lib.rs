@@ -167,6 +167,7 @@ fn context(options: &CompileOptions) -> steps::Context {
         observer: options.observer,
         placement: options.placement,
         int4: options.int4,
+        granularity: options.granularity,
         modality: options.modality.clone(),
         progress: options.progress.clone(),
         auto: Mutex::new(None),
@@ -216,6 +217,9 @@ pub fn compile(
     report.auto = ctx.auto.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let (Some(mode), Some(original)) = (measure, &original) {
         report.accuracy = Some(accuracy(original, module, options, mode)?);
+        if mode == Accuracy::Full {
+            report.activations = activation_analysis(original, options)?;
+        }
     }
     let (run, stages) = run_stage(module, options, interface_passes(options))?;
     Ok(report.with_run(&run, &stages))
@@ -239,6 +243,35 @@ fn run_stage(
         },
     )?;
     Ok((run, stages))
+}
+
+/// Samples of the activation analysis per graph (its cost grows with each).
+const ANALYSIS_SAMPLES: usize = 4;
+
+/// The activation granularity and symmetry of every entry graph of the unquantized module.
+fn activation_analysis(
+    original: &Module,
+    options: &CompileOptions,
+) -> Result<Vec<mmq_passes::quant::granularity::Analysis>, CompileError> {
+    let fail =
+        |e: &dyn std::fmt::Display| CompileError::Accuracy(format!("activation analysis: {e}"));
+    let source = match &options.calibration {
+        CalibrationSource::Default => CalibrationSource::Random {
+            count: ANALYSIS_SAMPLES,
+            seed: 0,
+        },
+        s => s.clone(),
+    };
+    let mut out = Vec::new();
+    for e in &original.entries {
+        let mut samples = source.collect(original, e.graph).map_err(|e| fail(&e))?;
+        samples.truncate(ANALYSIS_SAMPLES);
+        out.push(
+            mmq_passes::quant::granularity::analyze(original, e.graph, &samples, &options.modality)
+                .map_err(|e| fail(&e))?,
+        );
+    }
+    Ok(out)
 }
 
 /// The accuracy samples: the calibration source, or [`ACCURACY_SAMPLES`] random ones.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use mmq_ir::modality::Modality;
 use mmq_kernels::cache::CacheFormat;
 use mmq_passes::quant::calibrate::Observer;
+use mmq_passes::quant::int8::ActGranularity;
 use mmq_passes::quant::place::Placement;
 use mmq_passes::quant::precision::PrecisionMap;
 use mmq_passes::{DumpAfter, OptLevel, TargetRef};
@@ -178,6 +179,8 @@ pub struct CompileOptions {
     pub awq: bool,
     /// INT4 block settings.
     pub int4: Int4Options,
+    /// Run-time activation scales of `int8-dynamic` (`--granularity`).
+    pub granularity: ActGranularity,
     /// Modality overrides (input name, label) for precision maps and `--auto`.
     pub modality: Vec<(String, Modality)>,
     /// Accuracy measurement after compiling.
@@ -206,6 +209,7 @@ impl Default for CompileOptions {
             smoothquant: None,
             awq: false,
             int4: Int4Options::default(),
+            granularity: ActGranularity::PerTensor,
             modality: Vec::new(),
             accuracy: Accuracy::EndToEnd,
             kv_cache: None,
@@ -229,6 +233,7 @@ impl fmt::Debug for CompileOptions {
             .field("smoothquant", &self.smoothquant)
             .field("awq", &self.awq)
             .field("int4", &self.int4)
+            .field("granularity", &self.granularity)
             .field("modality", &self.modality)
             .field("accuracy", &self.accuracy)
             .field("kv_cache", &self.kv_cache)
@@ -294,6 +299,16 @@ impl CompileOptions {
                 "--quant int8-dynamic: target {} has no run-time activation quantization; use \
                  --quant int8 with --calib or --calib-random",
                 self.target
+            ));
+        }
+        if self.granularity.per_row()
+            && !matches!(self.precision, Precision::Scheme(QuantScheme::Int8Dynamic))
+        {
+            return Err(format!(
+                "--granularity {}: activation scales per row are computed at run time; they need \
+                 --quant int8-dynamic, not {}",
+                self.granularity,
+                named(scheme)
             ));
         }
         if let Some(f) = self.image_cache

@@ -85,6 +85,10 @@ pub struct CompileReport {
     pub accuracy: Option<AccuracyReport>,
     /// What `Precision::Auto` chose.
     pub auto: Option<AutoOutcome>,
+    /// With full accuracy: per graph, the activation granularity and symmetry per layer and per
+    /// modality ([`mmq_passes::quant::granularity`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub activations: Vec<mmq_passes::quant::granularity::Analysis>,
 }
 
 impl CompileReport {
@@ -96,6 +100,7 @@ impl CompileReport {
             total_ms: 0.0,
             accuracy: None,
             auto: None,
+            activations: Vec::new(),
         }
         .with_run(run, stages)
     }

@@ -11,7 +11,7 @@ use mmq_ir::{GraphId, Module, Node, Value};
 use mmq_passes::quant::auto::{self, AutoError, Candidate, Choice, Reference};
 use mmq_passes::quant::calibrate::{self, CalibError, ChannelStats, Observer, Ranges, Sample};
 use mmq_passes::quant::fp16::Fp16Pass;
-use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
+use mmq_passes::quant::int8::{ActGranularity, Int8Pass, Int8Scheme};
 use mmq_passes::quant::place::Placement;
 use mmq_passes::quant::precision::{Granularity, NodePlan, Plan, PrecisionMap, Scheme, Settings};
 use mmq_passes::quant::smooth::Site;
@@ -28,6 +28,7 @@ pub(crate) struct Context {
     pub observer: Observer,
     pub placement: Placement,
     pub int4: Int4Options,
+    pub granularity: ActGranularity,
     pub modality: Vec<(String, Modality)>,
     pub progress: Option<ProgressFn>,
     pub auto: Mutex<Option<AutoOutcome>>,
@@ -206,7 +207,9 @@ impl Pass for Int8Step {
                 symmetric: opts.target.qdq_rules().symmetric_activations,
             }
         };
-        let pass = Int8Pass::new(scheme).with_placement(self.ctx.placement);
+        let pass = Int8Pass::new(scheme)
+            .with_placement(self.ctx.placement)
+            .with_granularity(self.ctx.granularity);
         run_with_notes(&pass, m, opts, notes)
     }
 }
@@ -454,12 +457,21 @@ fn plan_passes(
         ));
     }
     // Only when the plan has such nodes: a target without run-time quantization refuses the pass.
-    if !plan.nodes_with(Scheme::Int8Dynamic).is_empty() {
-        passes.push(Box::new(
-            Int8Pass::new(Int8Scheme::Dynamic)
-                .with_filter(plan.filter(Scheme::Int8Dynamic))
-                .with_placement(placement),
-        ));
+    // One pass per activation granularity the plan uses.
+    for granularity in ActGranularity::ALL {
+        let f = plan
+            .filter_where(move |p| p.scheme == Scheme::Int8Dynamic && p.activations == granularity);
+        let any = plan
+            .iter()
+            .any(|(_, p)| p.scheme == Scheme::Int8Dynamic && p.activations == granularity);
+        if any {
+            passes.push(Box::new(
+                Int8Pass::new(Int8Scheme::Dynamic)
+                    .with_filter(f)
+                    .with_placement(placement)
+                    .with_granularity(granularity),
+            ));
+        }
     }
     let mut groups: Vec<(usize, bool)> = Vec::new();
     for (_, p) in plan.iter().filter(|(_, p)| p.scheme == Scheme::Int4) {
@@ -591,12 +603,14 @@ impl Pass for AutoStep {
                 granularity: (block != 32).then_some(Granularity::PerGroup { block }),
                 symmetric: asym.then_some(false),
                 calibration: None,
+                activations: None,
             },
             Scheme::Int8 => Settings {
                 scheme: s,
                 granularity: None,
                 symmetric: None,
                 calibration: (observer != Observer::MinMax).then_some(observer),
+                activations: None,
             },
             _ => Settings {
                 scheme: s,
@@ -710,6 +724,7 @@ impl Pass for AutoStep {
             observer: ctx.observer,
             placement: ctx.placement,
             int4: ctx.int4,
+            granularity: ctx.granularity,
             modality: ctx.modality.clone(),
             progress: None,
             auto: Mutex::new(None),

@@ -126,6 +126,7 @@ def compile(
     symbols: Mapping[str, str | tuple[int, int, int]] | None = None,
     kv_cache: Literal["int8", "fp8", "int4"] | None = None,
     image_cache: Literal["int4"] | None = None,
+    granularity: Literal["per-tensor", "per-token", "per-patch"] = "per-tensor",
 ) -> Any:
     """Optimizes and quantizes a model for a target; the same as ``mmq compile``.
 
@@ -159,6 +160,8 @@ def compile(
             ``present…`` output become codes plus ``<name>_scale`` (see docs/caches.md).
         image_cache: ``"int4"``: vision feature outputs become INT4 codes plus
             ``<name>_scale``.
+        granularity: run-time activation scales of ``quant="int8-dynamic"``: one per tensor,
+            or one per row (``"per-token"``, ``"per-patch"``).
 
     Returns:
         the compiled ``onnx.ModelProto`` (``target="trt"``: the package manifest as a dict),
@@ -195,6 +198,7 @@ def compile(
         "symbols": profiles,
         "kv_cache": kv_cache,
         "image_cache": image_cache,
+        "granularity": granularity,
     }
     if precision_map is not None:
         text = os.fspath(precision_map)

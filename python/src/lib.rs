@@ -67,6 +67,9 @@ struct Options {
     /// `--image-cache`.
     #[serde(default)]
     image_cache: Option<String>,
+    /// `--granularity`.
+    #[serde(default)]
+    granularity: Option<String>,
 }
 
 /// `CompileOptions` from the Python keywords; `samples` are the calibration samples given as
@@ -155,6 +158,10 @@ fn options(o: Options, samples: Option<Vec<Arrays>>) -> PyResult<(CompileOptions
             int4: Int4Options {
                 block: o.block,
                 symmetric: !o.asym,
+            },
+            granularity: match o.granularity.as_deref() {
+                Some(g) => g.parse().map_err(err)?,
+                None => Default::default(),
             },
             modality,
             kv_cache: o

@@ -68,6 +68,61 @@ pub enum Int8Scheme {
     Dynamic,
 }
 
+/// How many scales a run-time quantized activation gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ActGranularity {
+    /// One scale for the tensor (`DynamicQuantizeLinear`, asymmetric u8).
+    #[default]
+    PerTensor,
+    /// One scale per token: per row, the last axis reduced (symmetric i8), for language.
+    PerToken,
+    /// One scale per patch: the same per-row form, named for vision activations.
+    PerPatch,
+}
+
+impl ActGranularity {
+    /// Every granularity, in the order help texts list them.
+    pub const ALL: [ActGranularity; 3] = [
+        ActGranularity::PerTensor,
+        ActGranularity::PerToken,
+        ActGranularity::PerPatch,
+    ];
+
+    /// The name `--granularity` and precision maps take.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActGranularity::PerTensor => "per-tensor",
+            ActGranularity::PerToken => "per-token",
+            ActGranularity::PerPatch => "per-patch",
+        }
+    }
+
+    /// One scale per row.
+    pub fn per_row(self) -> bool {
+        self != ActGranularity::PerTensor
+    }
+}
+
+impl std::fmt::Display for ActGranularity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ActGranularity {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        ActGranularity::ALL
+            .into_iter()
+            .find(|g| g.name() == s)
+            .ok_or_else(|| {
+                format!("unknown activation granularity '{s}' (expected per-tensor, per-token or per-patch)")
+            })
+    }
+}
+
 /// Quantizes the `MatMul` and `Conv` nodes with constant weights to INT8 (see the module doc).
 pub struct Int8Pass {
     /// The scheme.
@@ -82,6 +137,8 @@ pub struct Int8Pass {
     /// Which units stay integer ([`Placement::Cost`] by default: the target's cost model
     /// decides, see [`crate::quant::place`]).
     pub placement: Placement,
+    /// Run-time activation scales of the dynamic scheme: per tensor, or per row.
+    pub granularity: ActGranularity,
 }
 
 impl Int8Pass {
@@ -92,7 +149,14 @@ impl Int8Pass {
             filter: None,
             reduce_range: true,
             placement: Placement::default(),
+            granularity: ActGranularity::PerTensor,
         }
+    }
+
+    /// The same pass with another activation granularity (dynamic scheme).
+    pub fn with_granularity(mut self, granularity: ActGranularity) -> Self {
+        self.granularity = granularity;
+        self
     }
 
     /// The same pass with another placement.
@@ -545,7 +609,7 @@ impl Pass for Int8Pass {
                     }
                     (Int8Scheme::Dynamic, Kind::MatMul) => {
                         units.extend(unit(m, n));
-                        matmul_dynamic(m, &mut b, n, &s)?;
+                        matmul_dynamic(m, &mut b, n, &s, self.granularity)?;
                         report.count("quantized-matmul", 1);
                         if body {
                             report.count("quantized-subgraph", 1);
@@ -847,7 +911,13 @@ fn conv_static(
     Ok(())
 }
 
-fn matmul_dynamic(m: &mut Module, b: &mut Builder, n: Node, s: &Site) -> Result<(), PassError> {
+fn matmul_dynamic(
+    m: &mut Module,
+    b: &mut Builder,
+    n: Node,
+    s: &Site,
+    granularity: ActGranularity,
+) -> Result<(), PassError> {
     let Some(c) = const_source(m, s.weight) else {
         return Err(fail("weight is not a constant".into()));
     };
@@ -874,6 +944,9 @@ fn matmul_dynamic(m: &mut Module, b: &mut Builder, n: Node, s: &Site) -> Result<
         vec![scales.len() as i64],
         f32_bytes(&scales),
     );
+    if granularity.per_row() {
+        return matmul_dynamic_per_row(m, b, n, act, wq, wsv);
+    }
     let (qn, sn, zn) = (
         b.name(m, act, "quantized"),
         b.name(m, act, "scale"),
@@ -934,6 +1007,78 @@ fn matmul_dynamic(m: &mut Module, b: &mut Builder, n: Node, s: &Site) -> Result<
     let node = &mut m.nodes[n];
     node.op = Op::Mul {};
     node.inputs = vec![Some(cast), Some(prod)];
+    Ok(())
+}
+
+/// Per-row dynamic INT8 (per token, per patch): one symmetric scale per row of the activation
+/// (`ReduceMax(|a|)` over the last axis / 127), i8 codes, `MatMulInteger` (i8 × i8), then the
+/// int32 result times the weight's column scales, then times the row scales.
+fn matmul_dynamic_per_row(
+    m: &mut Module,
+    b: &mut Builder,
+    n: Node,
+    act: Value,
+    wq: Value,
+    wsv: Value,
+) -> Result<(), PassError> {
+    let opset = m.onnx_opset(b.graph).unwrap_or(0);
+    let unknown = |b: &mut Builder, m: &Module, what: &str| (b.name(m, act, what), Type::Unknown);
+    let op = |b: &mut Builder, m: &mut Module, op: Op, inputs: Vec<Value>, what: &str| {
+        let out = unknown(b, m, what);
+        b.node(m, n, false, op, inputs, vec![out])[0]
+    };
+    let f32c = |b: &mut Builder, m: &mut Module, v: f32, what: &str| {
+        let name = b.name(m, act, what);
+        const_value(m, name, DType::F32, vec![], f32_bytes(&[v]))
+    };
+    let abs = op(b, m, Op::Abs {}, vec![act], "abs");
+    let amax = if opset >= 18 {
+        let name = b.name(m, act, "axes");
+        let axes = const_value(m, name, DType::I64, vec![1], (-1i64).to_le_bytes().to_vec());
+        let reduce = Op::ReduceMax {
+            axes: None,
+            keepdims: Some(1),
+            noop_with_empty_axes: None,
+        };
+        op(b, m, reduce, vec![abs, axes], "row_max")
+    } else {
+        let reduce = Op::ReduceMax {
+            axes: Some(vec![-1]),
+            keepdims: Some(1),
+            noop_with_empty_axes: None,
+        };
+        op(b, m, reduce, vec![abs], "row_max")
+    };
+    let qmax = f32c(b, m, 127.0, "qmax");
+    let raw = op(b, m, Op::Div {}, vec![amax, qmax], "row_scale_raw");
+    let zero = f32c(b, m, 0.0, "zero");
+    let one = f32c(b, m, 1.0, "one");
+    let pos = op(b, m, Op::Greater {}, vec![raw, zero], "row_scale_pos");
+    let scale = op(b, m, Op::Where {}, vec![pos, raw, one], "row_scale");
+    let scaled = op(b, m, Op::Div {}, vec![act, scale], "scaled");
+    let rounded = op(b, m, Op::Round {}, vec![scaled], "rounded");
+    let (lo, hi) = (f32c(b, m, -127.0, "lo"), f32c(b, m, 127.0, "hi"));
+    let clip = Op::Clip {
+        min: None,
+        max: None,
+    };
+    let clipped = op(b, m, clip, vec![rounded, lo, hi], "clipped");
+    let cast_to = |d: DType| Op::Cast {
+        round_mode: None,
+        saturate: None,
+        to: Some(i64::from(d.onnx_code())),
+    };
+    let qa = op(b, m, cast_to(DType::I8), vec![clipped], "quantized");
+    let mmi = op(b, m, Op::MatMulInteger {}, vec![qa, wq], "int32");
+    let float = op(b, m, cast_to(DType::F32), vec![mmi], "float");
+    // Column scales first, then row scales, in two `Mul`s: ONNX Runtime fuses
+    // `Mul(Cast(MatMulInteger), Mul(a_scale, b_scale))` into `MatMulIntegerToFloat`, which
+    // reads `a_scale` as one scale for the whole tensor.
+    let columns = op(b, m, Op::Mul {}, vec![float, wsv], "column_scaled");
+    // The original MatMul becomes the final Mul, keeping its result value and name.
+    let node = &mut m.nodes[n];
+    node.op = Op::Mul {};
+    node.inputs = vec![Some(columns), Some(scale)];
     Ok(())
 }
 

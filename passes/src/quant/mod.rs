@@ -6,6 +6,7 @@ pub mod awq;
 pub mod cache;
 pub mod calibrate;
 pub mod fp16;
+pub mod granularity;
 pub mod int8;
 pub mod place;
 pub mod precision;

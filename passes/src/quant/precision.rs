@@ -47,6 +47,7 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
 use crate::quant::calibrate::Observer;
+use crate::quant::int8::ActGranularity;
 use crate::quant::int8::NodeFilter;
 
 /// A quantization scheme a node can be given.
@@ -159,6 +160,9 @@ pub struct Settings {
     pub symmetric: Option<bool>,
     /// Calibration method for activation ranges, if given.
     pub calibration: Option<Observer>,
+    /// Run-time activation scales of `int8-dynamic` (`granularity = "per-token"` or
+    /// `"per-patch"`; the weights stay per channel), if given.
+    pub activations: Option<ActGranularity>,
 }
 
 impl Settings {
@@ -169,6 +173,7 @@ impl Settings {
             granularity: None,
             symmetric: None,
             calibration: None,
+            activations: None,
         }
     }
 
@@ -196,6 +201,7 @@ impl Settings {
             } else {
                 None
             },
+            activations: self.activations.unwrap_or_default(),
             rule: None,
         }
     }
@@ -212,6 +218,8 @@ pub struct NodePlan {
     pub symmetric: bool,
     /// Calibration method (`Some` exactly for calibrated schemes: `int8`, `fp8`).
     pub calibration: Option<Observer>,
+    /// Run-time activation scales (`int8-dynamic`).
+    pub activations: ActGranularity,
     /// Index of the rule that matched, `None` for the map's default.
     pub rule: Option<usize>,
 }
@@ -396,6 +404,9 @@ impl Settings {
                 out.push_str(&format!("granularity = \"per-group\"\nblock = {block}\n"));
             }
             None => {}
+        }
+        if let Some(a) = self.activations.filter(|a| a.per_row()) {
+            out.push_str(&format!("granularity = \"{a}\"\n"));
         }
         if let Some(s) = self.symmetric {
             out.push_str(&format!("symmetric = {s}\n"));
@@ -601,10 +612,25 @@ impl Parser<'_> {
         };
         let mut ok = true;
         let mut granularity = None;
+        let mut activations = None;
         let mut gran_span = None;
         if let Some(v) = get("granularity") {
             gran_span = Some(v.span());
             match self.string(v, "granularity") {
+                Some(a @ ("per-token" | "per-patch")) if scheme == Scheme::Int8Dynamic => {
+                    activations = a.parse().ok();
+                }
+                Some(a @ ("per-token" | "per-patch")) => {
+                    self.error(
+                        v.span(),
+                        format!(
+                            "'{a}' activation scales are computed at run time: they need scheme \
+                             \"int8-dynamic\", not \"{scheme}\""
+                        ),
+                        "run-time scales",
+                    );
+                    ok = false;
+                }
                 Some("per-tensor") => granularity = Some(Granularity::PerTensor),
                 Some("per-channel") => granularity = Some(Granularity::PerChannel),
                 Some("per-group") => granularity = Some(Granularity::PerGroup { block: 32 }),
@@ -612,7 +638,8 @@ impl Parser<'_> {
                     self.error(
                         v.span(),
                         format!(
-                            "unknown granularity '{other}' (expected per-tensor, per-channel or per-group)"
+                            "unknown granularity '{other}' (expected per-tensor, per-channel, per-group, \
+                             or per-token / per-patch with int8-dynamic)"
                         ),
                         "unknown granularity",
                     );
@@ -736,6 +763,7 @@ impl Parser<'_> {
             granularity,
             symmetric,
             calibration,
+            activations,
         })
     }
 
@@ -1414,12 +1442,14 @@ scheme = "fp16"
             granularity: Some(Granularity::PerGroup { block: 64 }),
             symmetric: Some(false),
             calibration: None,
+            activations: None,
         };
         let int8 = Settings {
             scheme: Scheme::Int8,
             granularity: Some(Granularity::PerTensor),
             symmetric: None,
             calibration: Some(Observer::Percentile { percentile: 99.9 }),
+            activations: None,
         };
         let weird = "say \"hi\"\\ [x]*\ttab";
         let rules = vec![
