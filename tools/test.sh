@@ -5,6 +5,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup-venv.sh
+# Debian's Chromium renders the HTML report in python/tests/test_report_html.py; installed here
+# when missing, and required (the test fails instead of skipping).
+if ! command -v chromium >/dev/null 2>&1; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 ||
+            { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+    else
+        echo "tools/test.sh: chromium is missing; install Debian's chromium package (as root)" >&2
+        exit 1
+    fi
+fi
+export MMQ_REQUIRE_BROWSER=1
 # The CUDA toolchain from the Python registry (no GPU needed): nvcc builds the kernels' fatbin and
 # NVRTC compiles their source in the tests; both are required, so neither check can skip.
 cu13="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13"

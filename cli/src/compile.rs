@@ -511,6 +511,18 @@ fn accuracy_text(report: &CompileReport, full: bool) -> String {
             for a in &report.activations {
                 text.push_str(&a.table());
             }
+            for a in &report.alignment {
+                text.push_str(&format!(
+                    "alignment: {} Δs = s_quant - s_fp: mean {:+.5}, mean |Δs| {:.5}, max |Δs| \
+                     {:.5} (mean |s_fp| {:.5}) over {} held-back sample(s)\n",
+                    a.what,
+                    a.mean_delta,
+                    a.mean_abs_delta,
+                    a.max_abs_delta,
+                    a.mean_abs_fp,
+                    a.samples
+                ));
+            }
             text
         }
         Some(a) => {

@@ -280,6 +280,16 @@ enum Command {
         #[arg(long, value_name = "TABLE.qpqr")]
         qparams: Option<PathBuf>,
     },
+    /// Turn a compile report (`mmq compile --report OUT.json`) into one self-contained HTML page:
+    /// per-layer SQNR bars by modality, the precision of each layer, the activation granularity
+    /// and symmetry comparisons, the alignment outputs' similarity error.
+    Report {
+        /// The report JSON.
+        report: PathBuf,
+        /// The page to write.
+        #[arg(short, long, value_name = "report.html")]
+        output: PathBuf,
+    },
     /// Read a quantization-parameter table (QPQR).
     Qparams {
         #[command(subcommand)]
@@ -319,6 +329,24 @@ fn qparams(command: &QparamsCommand) -> Result<String, Failure> {
             ))
         }
     }
+}
+
+fn html_report(report: &std::path::Path, output: &std::path::Path) -> Result<(), Failure> {
+    let fail = |m: String| Failure::user(format!("error: {m}\n"));
+    mmq_ir::check_regular_file(report).map_err(|e| fail(format!("{}: {e}", report.display())))?;
+    let text =
+        std::fs::read_to_string(report).map_err(|e| fail(format!("{}: {e}", report.display())))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        fail(format!(
+            "{}: not JSON: {e} (line {}, column {})",
+            report.display(),
+            e.line(),
+            e.column()
+        ))
+    })?;
+    let html = mmq_compiler::html::render(&json)
+        .map_err(|e| fail(format!("{}: {e}", report.display())))?;
+    compile::write_atomic(output, html.as_bytes()).map_err(fail)
 }
 
 fn parse_granularity(s: &str) -> Result<mmq_passes::quant::int8::ActGranularity, String> {
@@ -394,6 +422,7 @@ fn main() -> ExitCode {
             fsync,
         } => convert(&input, &output, external_data, fsync),
         Command::Verify { input } => verify(&input),
+        Command::Report { report, output } => html_report(&report, &output),
         Command::Qparams { command } => qparams(&command).and_then(|text| emit(&text)),
         Command::PlanCache {
             inputs,

@@ -16,10 +16,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod analysis;
 pub mod cache_plan;
 pub mod calibration;
 pub mod diagnostics;
 pub mod export;
+pub mod html;
 pub mod inspect;
 pub mod load;
 mod options;
@@ -219,6 +221,18 @@ pub fn compile(
         report.accuracy = Some(accuracy(original, module, options, mode)?);
         if mode == Accuracy::Full {
             report.activations = activation_analysis(original, options)?;
+            if let Some(AccuracyReport::Full(r)) = &report.accuracy {
+                report.layers = analysis::layer_views(original, module, r, &options.modality);
+            }
+            let samples = accuracy_samples(original, options).map_err(CompileError::Accuracy)?;
+            let held = (samples.len() / 4).max(1).min(samples.len());
+            report.alignment = analysis::alignment(
+                original,
+                module,
+                &samples[samples.len() - held..],
+                &options.modality,
+            )
+            .map_err(|e| CompileError::Accuracy(format!("alignment: {e}")))?;
         }
     }
     let (run, stages) = run_stage(module, options, interface_passes(options))?;

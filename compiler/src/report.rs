@@ -89,6 +89,12 @@ pub struct CompileReport {
     /// modality ([`mmq_passes::quant::granularity`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub activations: Vec<mmq_passes::quant::granularity::Analysis>,
+    /// With full accuracy: the compared layers with modality and precision.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<crate::analysis::LayerView>,
+    /// With full accuracy: the similarity error of the alignment outputs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub alignment: Vec<crate::analysis::Alignment>,
 }
 
 impl CompileReport {
@@ -101,6 +107,8 @@ impl CompileReport {
             accuracy: None,
             auto: None,
             activations: Vec::new(),
+            layers: Vec::new(),
+            alignment: Vec::new(),
         }
         .with_run(run, stages)
     }
