@@ -48,6 +48,26 @@ def main():
     save("nan_weight", [h.make_node("MatMul", ["a", "proj_weight"], ["y"], name="proj")],
          [h.make_tensor_value_info("a", T.FLOAT, [1, 32])], [nh.from_array(w, "proj_weight")],
          opset=20)
+    # Models that standard readers refuse, which must not verify either.
+    relu = [h.make_node("Relu", ["x"], ["y"], name="act")]
+    g = h.make_graph(relu, "no_opset", [x], [h.make_tensor_value_info("y", T.FLOAT, [1])])
+    m = h.make_model(g, producer_name="gen_hostile")
+    del m.opset_import[:]
+    onnx.save(m, OUT / "no_opset.onnx")
+    save("unknown_op", [h.make_node("FooBar", ["x"], ["y"], name="mystery")], [x], [])
+    then_g = h.make_graph([h.make_node("Relu", ["x"], ["a"]), h.make_node("Neg", ["x"], ["b"])],
+                          "then", [], [h.make_tensor_value_info(n, T.FLOAT, [1]) for n in "ab"])
+    else_g = h.make_graph([h.make_node("Neg", ["x"], ["c"])], "else", [],
+                          [h.make_tensor_value_info("c", T.FLOAT, [1])])
+    save("if_branch_counts",
+         [h.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_g, else_branch=else_g)],
+         [x, h.make_tensor_value_info("cond", T.BOOL, [])], [])
+    save("conv_dilation_2e40",
+         [h.make_node("Conv", ["img", "w"], ["y"], name="dilated", dilations=[2**40, 2**40])],
+         [h.make_tensor_value_info("img", T.FLOAT, [1, 1, 8, 8])],
+         [nh.from_array(np.ones((1, 1, 3, 3), np.float32), "w")])
+    save("input_2e80", [h.make_node("Relu", ["wide"], ["y"], name="act")],
+         [h.make_tensor_value_info("wide", T.FLOAT, [2**40, 2**40])], [])
     np.savez(OUT / "x.npz", x=np.ones(1, np.float32))
     np.savez(OUT / "i.npz", i=np.zeros(1, np.int64))
     # (2^62, 4): the element count wraps to 0 in 64 bits.

@@ -76,6 +76,52 @@ fn results_too_large_for_memory_are_errors_naming_the_node() {
 }
 
 #[test]
+fn models_standard_readers_refuse_do_not_verify() {
+    for (model, want) in [
+        (
+            "no_opset.onnx",
+            &[
+                "imports no opset for the ONNX default domain",
+                "'act' (Relu)",
+            ][..],
+        ),
+        (
+            "unknown_op.onnx",
+            &[
+                "'FooBar' is not an operator of the ONNX default domain",
+                "mystery",
+            ],
+        ),
+        (
+            "if_branch_counts.onnx",
+            &[
+                "branch",
+                "then branch returns 2 values, the node has 1 results",
+            ],
+        ),
+        ("conv_dilation_2e40.onnx", &["value 'y' has a negative dim"]),
+        (
+            "input_2e80.onnx",
+            &[
+                "value 'wide' has dims [1099511627776, 1099511627776]",
+                "more than 2^63",
+            ],
+        ),
+    ] {
+        let mut all = vec![model];
+        all.extend_from_slice(want);
+        refused(model, &["verify", &file(model)], &all);
+        let mut tail = want.to_vec();
+        tail.push(model);
+        refused(
+            &format!("{model}-convert"),
+            &["convert", &file(model), "-o", "out.onnx"],
+            &tail,
+        );
+    }
+}
+
+#[test]
 fn array_headers_whose_size_wraps_or_explodes_are_errors_naming_the_file() {
     let vit = repo()
         .join("tests/fixtures/vit/model.onnx")

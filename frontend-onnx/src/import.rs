@@ -132,6 +132,28 @@ impl Importer<'_> {
         };
         let mut scopes = Vec::new();
         let gid = self.graph(graph, None, &mut scopes, fallback_name)?;
+        if !opsets.iter().any(|(d, _)| d.is_empty() || d == "ai.onnx") {
+            // Every node of the default domain needs the domain's opset to have a meaning.
+            let first = self.m.graph_tree(gid).into_iter().find_map(|g| {
+                self.m.graphs[g]
+                    .nodes
+                    .iter()
+                    .copied()
+                    .find(|&n| matches!(self.m.nodes[n].op.domain(), "" | "ai.onnx"))
+            });
+            if let Some(n) = first {
+                let nd = &self.m.nodes[n];
+                let node = match nd.name.as_deref().filter(|s| !s.is_empty()) {
+                    Some(name) => format!("node '{name}' ({})", nd.op.op_type()),
+                    None => format!("an unnamed {} node", nd.op.op_type()),
+                };
+                return Err(err!(
+                    Invalid,
+                    "the model imports no opset for the ONNX default domain (opset_import), but \
+                     {node} is in it"
+                ));
+            }
+        }
         let info = mmq_ir::ModelInfo {
             ir_version: ir,
             opsets,

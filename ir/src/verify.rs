@@ -11,7 +11,8 @@
 //!    the same graph or a value visible from an enclosing graph; graph outputs are visible;
 //! 5. arity of modeled ops and attribute sanity (permutations, dtype codes, axes in range);
 //! 6. value names are unique within a top-level graph and its subgraphs;
-//! 7. when the module is otherwise valid, declared types that contradict inference (warnings).
+//! 7. sizes: no known dim is negative, and no static shape holds more than 2^63 − 1 elements;
+//! 8. when the module is otherwise valid, declared types that contradict inference (warnings).
 
 use std::collections::{HashMap, HashSet};
 
@@ -46,6 +47,7 @@ pub fn verify_all(m: &Module) -> Vec<IrError> {
     v.scopes();
     v.ops();
     v.names();
+    v.sizes();
     if !v.errors.iter().any(|e| e.severity == Severity::Error) {
         let mut copy = m.clone();
         for w in infer_module(&mut copy) {
@@ -67,6 +69,23 @@ struct Verifier<'a> {
 
 /// Unbounded arity (the op table's `*`).
 const MANY: usize = usize::MAX;
+
+/// Every operator name of the ONNX default domain (all opsets; `tools/onnx_op_names.py`).
+const ONNX_OPS: &str = include_str!("onnx_ops.txt");
+
+/// Ops that ONNX Runtime registers in the default domain although ONNX does not define them
+/// (its RMS norm, which mmq's ONNX Runtime target emits, and ORT's optimizer writes).
+const RUNTIME_DEFAULT_DOMAIN_OPS: &[&str] = &["SimplifiedLayerNormalization"];
+
+/// Whether `op_type` is an operator of the ONNX default domain in some opset, or one that ONNX
+/// Runtime adds to it.
+pub fn is_onnx_op(op_type: &str) -> bool {
+    RUNTIME_DEFAULT_DOMAIN_OPS.contains(&op_type)
+        || ONNX_OPS
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .any(|l| l == op_type)
+}
 
 /// Why a default-domain node of a modeled op type did not become the typed op: the first
 /// attribute that is unknown, repeated, or of another kind than the op table's.
@@ -595,6 +614,41 @@ impl Verifier<'_> {
             }
             if let Op::Custom(c) = &d.op
                 && matches!(c.domain.as_str(), "" | "ai.onnx")
+                && Op::attr_names(&c.op_type).is_none()
+                && !is_onnx_op(&c.op_type)
+            {
+                self.err(
+                    Entity::Node(n),
+                    format!(
+                        "{}: '{}' is not an operator of the ONNX default domain (in any opset \
+                         up to 28); an op of one's own needs a domain of its own",
+                        self.nl(n),
+                        c.op_type
+                    ),
+                );
+            }
+            if let Op::If {
+                then_branch,
+                else_branch,
+            } = &d.op
+            {
+                for (which, g) in [("then", then_branch), ("else", else_branch)] {
+                    let count = g.and_then(|g| m.graphs.get(g)).map(|gd| gd.outputs.len());
+                    if let Some(count) = count.filter(|&c| c != d.outputs.len()) {
+                        self.err(
+                            Entity::Node(n),
+                            format!(
+                                "{}: its {which} branch returns {count} values, the node has \
+                                 {} results",
+                                self.nl(n),
+                                d.outputs.len()
+                            ),
+                        );
+                    }
+                }
+            }
+            if let Op::Custom(c) = &d.op
+                && matches!(c.domain.as_str(), "" | "ai.onnx")
                 && let Some(known) = Op::attr_names(&c.op_type)
             {
                 let why = custom_fallback_reason(c, known);
@@ -886,6 +940,38 @@ impl Verifier<'_> {
                         ),
                     ));
                 }
+            }
+        }
+    }
+
+    /// Check 7: dims and element counts of declared and inferred types.
+    fn sizes(&mut self) {
+        let m = self.m;
+        for (v, d) in m.values.iter() {
+            if d.ty.index() >= m.types.len() {
+                continue;
+            }
+            let Some(shape) = m.types[d.ty].shape() else {
+                continue;
+            };
+            let known: Vec<i64> = shape.iter().filter_map(|x| x.as_known()).collect();
+            if let Some(bad) = known.iter().find(|&&x| x < 0) {
+                self.err(
+                    Entity::Value(v),
+                    format!("{} has a negative dim {bad}", self.vl(v)),
+                );
+            } else if known
+                .iter()
+                .try_fold(1i64, |acc, &x| acc.checked_mul(x))
+                .is_none()
+            {
+                self.err(
+                    Entity::Value(v),
+                    format!(
+                        "{} has dims {known:?}: more than 2^63 - 1 elements",
+                        self.vl(v)
+                    ),
+                );
             }
         }
     }
