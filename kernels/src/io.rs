@@ -53,22 +53,38 @@ pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
 /// name without its `.npy` suffix).
 pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>, NpyError> {
     let file = open(path)?;
-    let mut zip = zip::ZipArchive::new(BufReader::new(file))
-        .map_err(|e| error(path, None, format!("not an .npz archive: {e}")))?;
+    npz_from_reader(BufReader::new(file)).map_err(|(name, m)| error(path, name.as_deref(), m))
+}
+
+/// Parses the bytes of an `.npz` archive (see [`read_npz`]); an error names the member.
+pub fn npz_from_bytes(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, String> {
+    npz_from_reader(std::io::Cursor::new(bytes)).map_err(|(name, m)| match name {
+        Some(n) => format!("array '{n}': {m}"),
+        None => m,
+    })
+}
+
+/// An `.npz` problem: the member it concerns, if one, and what is wrong.
+type NpzError = (Option<String>, String);
+
+/// The arrays of an `.npz` archive; an error with the member's name when it concerns one.
+fn npz_from_reader<R: Read + std::io::Seek>(reader: R) -> Result<Vec<(String, Tensor)>, NpzError> {
+    let mut zip =
+        zip::ZipArchive::new(reader).map_err(|e| (None, format!("not an .npz archive: {e}")))?;
     let mut out = Vec::with_capacity(zip.len());
     for i in 0..zip.len() {
         let member = zip
             .by_index(i)
-            .map_err(|e| error(path, None, format!("member #{i}: {e}")))?;
+            .map_err(|e| (None, format!("member #{i}: {e}")))?;
         if member.is_dir() {
             continue;
         }
         let full = member
             .name()
-            .map_err(|e| error(path, None, format!("member #{i}: {e}")))?
+            .map_err(|e| (None, format!("member #{i}: {e}")))?
             .into_owned();
         let name = full.strip_suffix(".npy").unwrap_or(&full).to_owned();
-        let t = npy_from_reader(member).map_err(|m| error(path, Some(&name), m))?;
+        let t = npy_from_reader(member).map_err(|m| (Some(name.clone()), m))?;
         out.push((name, t));
     }
     Ok(out)
