@@ -218,13 +218,13 @@ pub fn compile(
     let mut report = CompileReport::new(options, &run, &stages);
     report.auto = ctx.auto.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let (Some(mode), Some(original)) = (measure, &original) {
-        report.accuracy = Some(accuracy(original, module, options, mode)?);
+        let samples = accuracy_samples(original, options).map_err(CompileError::Accuracy)?;
+        report.accuracy = Some(accuracy(original, module, &samples, mode)?);
         if mode == Accuracy::Full {
             report.activations = activation_analysis(original, options)?;
             if let Some(AccuracyReport::Full(r)) = &report.accuracy {
                 report.layers = analysis::layer_views(original, module, r, &options.modality);
             }
-            let samples = accuracy_samples(original, options).map_err(CompileError::Accuracy)?;
             let held = (samples.len() / 4).max(1).min(samples.len());
             report.alignment = analysis::alignment(
                 original,
@@ -304,14 +304,13 @@ fn accuracy_samples(original: &Module, options: &CompileOptions) -> Result<Vec<S
 fn accuracy(
     original: &Module,
     compiled: &Module,
-    options: &CompileOptions,
+    samples: &[Sample],
     mode: Accuracy,
 ) -> Result<AccuracyReport, CompileError> {
     use mmq_passes::quant::report;
     let fail = |e: &dyn std::fmt::Display| CompileError::Accuracy(e.to_string());
-    let samples = accuracy_samples(original, options).map_err(|e| fail(&e))?;
     if mode == Accuracy::Full {
-        let r = report::accuracy(original, compiled, &samples).map_err(|e| fail(&e))?;
+        let r = report::accuracy(original, compiled, samples).map_err(|e| fail(&e))?;
         return Ok(AccuracyReport::Full(r));
     }
     if samples.is_empty() {
