@@ -11,6 +11,7 @@ use mmq_kernels::{Interpreter, Tensor};
 use serde::Serialize;
 
 use crate::quant::calibrate::Sample;
+use crate::quant::int8::quantize_weight_per_channel;
 use crate::quant::weight_only::const_source;
 
 /// Rows of one activation used per sample (the first ones), to bound the work on long inputs.
@@ -137,18 +138,15 @@ fn sites(
         }
         let (k, cols) = (data.shape[0] as usize, data.shape[1] as usize);
         let w = Tensor::from_const(data)
-            .and_then(|t| t.to_f64())
+            .and_then(|t| t.to_f32())
             .map_err(|e| e.to_string())?;
-        // Per output column, symmetric, [-127, 127].
-        let mut deq = vec![0f64; w.len()];
-        for j in 0..cols {
-            let amax = (0..k).fold(0f64, |a, i| a.max(w[i * cols + j].abs()));
-            let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
-            for i in 0..k {
-                deq[i * cols + j] =
-                    (w[i * cols + j] / s).round_ties_even().clamp(-127.0, 127.0) * s;
-            }
-        }
+        // Per output column, symmetric, [-127, 127]: the INT8 pass's own weight quantization.
+        let (codes, scales) = quantize_weight_per_channel(&w, &[k, cols], 1, 127);
+        let deq: Vec<f64> = codes
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| f64::from(q) * f64::from(scales[i % cols]))
+            .collect();
         out.push(Site {
             node: nd.name.clone().unwrap_or_else(|| format!("{n:?}")),
             modality: labels.node(n),
