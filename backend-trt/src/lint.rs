@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use mmq_ir::{Const, DType, GraphId, Module, Node, Op, Value};
-use mmq_kernels::Tensor;
+use mmq_kernels::{Tensor, plugin};
 use mmq_passes::quant::weight_only::const_source as const_of;
 use mmq_passes::target::trt::parser_supports;
 
@@ -60,8 +60,69 @@ impl Linter<'_> {
         }
     }
 
+    /// A node of mmq's plugin domain: a plugin the package builds, with its namespace, version
+    /// and fields, and as many inputs and outputs as its schema says.
+    fn plugin(&mut self, n: Node) {
+        let nd = &self.m.nodes[n];
+        let Some(schema) = plugin::schema(nd.op.op_type()) else {
+            self.finding(n, "no mmq plugin of this name");
+            return;
+        };
+        let attrs = nd.op.attrs();
+        let string = |name: &str| {
+            attrs.iter().find_map(|(k, a)| match a {
+                mmq_ir::Attr::String(s) if *k == name => Some(s.clone()),
+                _ => None,
+            })
+        };
+        let mut problems = Vec::new();
+        if string("plugin_namespace").as_deref() != Some(plugin::NAMESPACE) {
+            problems.push(format!("plugin_namespace must be '{}'", plugin::NAMESPACE));
+        }
+        if string("plugin_version").as_deref() != Some(plugin::VERSION) {
+            problems.push(format!("plugin_version must be '{}'", plugin::VERSION));
+        }
+        for (k, a) in &attrs {
+            if k.starts_with("plugin_") {
+                continue;
+            }
+            if !schema.fields.iter().any(|f| f.name == *k) {
+                problems.push(format!("'{k}' is not a field of the plugin"));
+            } else if !matches!(a, mmq_ir::Attr::Int(_)) {
+                problems.push(format!("field '{k}' must be an INT attribute"));
+            }
+        }
+        let inputs = nd.inputs.iter().flatten().count();
+        let required = schema
+            .inputs
+            .iter()
+            .filter(|i| !i.ends_with("(optional)"))
+            .count();
+        if inputs != nd.inputs.len() || !(required..=schema.inputs.len()).contains(&inputs) {
+            problems.push(format!(
+                "{} inputs (none omitted) where the plugin takes {required} to {}",
+                nd.inputs.len(),
+                schema.inputs.len()
+            ));
+        }
+        if nd.outputs.len() != schema.outputs.len() {
+            problems.push(format!(
+                "{} outputs where the plugin has {}",
+                nd.outputs.len(),
+                schema.outputs.len()
+            ));
+        }
+        for p in problems {
+            self.finding(n, p);
+        }
+    }
+
     fn node(&mut self, n: Node) {
         let op = &self.m.nodes[n].op;
+        if op.domain() == plugin::DOMAIN {
+            self.plugin(n);
+            return;
+        }
         if !op.domain().is_empty() && op.domain() != "ai.onnx" {
             self.finding(
                 n,

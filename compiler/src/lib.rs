@@ -85,7 +85,13 @@ fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Bo
         .into_iter()
         .map(|p| (Stage::Optimize, p))
         .collect();
+    let lowering = options
+        .target
+        .lowering()
+        .map(|p| (Stage::Finish, p))
+        .into_iter();
     if !quantizing {
+        out.extend(lowering);
         return out;
     }
     let ctx = Arc::clone(ctx);
@@ -131,6 +137,7 @@ fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Bo
             .into_iter()
             .map(|p| (Stage::Finish, p)),
     );
+    out.extend(lowering);
     out
 }
 

@@ -285,7 +285,7 @@ impl CompileOptions {
             self.precision,
             Precision::Scheme(QuantScheme::Int4) | Precision::Auto { .. }
         );
-        if int4_anywhere && !rules.int4_matmul_nbits && !self.int4.symmetric {
+        if int4_anywhere && !rules.int4_matmul_nbits && !rules.plugins && !self.int4.symmetric {
             return Err(format!(
                 "--asym: target {} takes symmetric INT4 only (a blockwise DequantizeLinear \
                  without zero points)",

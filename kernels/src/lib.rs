@@ -23,6 +23,7 @@ pub mod io;
 pub mod numeric;
 mod ops;
 pub mod packed;
+pub mod plugin;
 mod tensor;
 
 pub use error::KernelError;

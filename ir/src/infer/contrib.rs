@@ -1,6 +1,7 @@
 //! Inference rules for the ops of other domains that mmq emits and ONNX Runtime runs: the
 //! `com.microsoft` contrib ops and `SimplifiedLayerNormalization` (which ONNX Runtime registers in
-//! the default domain). Other custom ops infer nothing; their declared types are kept.
+//! the default domain), and mmq's TensorRT plugins (domain `mmq.trt`). Other custom ops infer
+//! nothing; their declared types are kept.
 
 use super::Cx;
 use super::dims::product_div;
@@ -93,6 +94,36 @@ pub(super) fn infer(cx: &Cx, c: &CustomOp, standard: fn(&Cx) -> Vec<Type>) -> Ve
     match (c.domain.as_str(), c.op_type.as_str()) {
         ("" | "ai.onnx", "SimplifiedLayerNormalization") => vec![same(cx, 0)],
         ("com.microsoft", op) => microsoft(cx, c, op, standard),
+        ("mmq.trt", op) => plugin(cx, c, op),
+        _ => Vec::new(),
+    }
+}
+
+/// mmq's TensorRT plugins (`mmq_kernels::plugin`).
+fn plugin(cx: &Cx, c: &CustomOp, op: &str) -> Vec<Type> {
+    let as_type = |i: usize, dtype| {
+        Type::Tensor(TensorType {
+            dtype,
+            shape: cx.shape(i).map(<[Dim]>::to_vec),
+        })
+    };
+    match op {
+        "MmqQuantize" => vec![as_type(0, Some(crate::DType::I8))],
+        "MmqDequantize" => vec![as_type(0, cx.dtype(1))],
+        "MmqDynamicQuantize" => {
+            let scale = match with_last(cx, 0, Dim::known(1)) {
+                Type::Tensor(t) => Type::Tensor(TensorType {
+                    dtype: Some(crate::DType::F32),
+                    shape: t.shape,
+                }),
+                other => other,
+            };
+            vec![as_type(0, Some(crate::DType::I8)), scale]
+        }
+        "MmqMatMulNBits" => match int(c, "N") {
+            Some(n) => vec![with_last(cx, 0, Dim::known(n))],
+            None => Vec::new(),
+        },
         _ => Vec::new(),
     }
 }

@@ -6,6 +6,7 @@ mod control;
 pub(crate) mod data;
 mod elementwise;
 mod linalg;
+mod plugin;
 pub mod quant;
 mod shape;
 pub(crate) mod util;
@@ -227,8 +228,9 @@ type Family = fn(&OpCtx<'_>, &[Option<RtValue>]) -> Option<OpResult>;
 
 /// Runs one node.
 pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
-    const CUSTOM: [Family; 6] = [
+    const CUSTOM: [Family; 7] = [
         contrib::eval,
+        plugin::eval,
         elementwise::eval,
         linalg::eval,
         shape::eval,

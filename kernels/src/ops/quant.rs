@@ -109,12 +109,12 @@ pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> Option<OpResul
     })
 }
 
-struct QuantAttrs {
-    axis: i64,
-    block_size: i64,
-    output_dtype: i64,
-    precision: i64,
-    saturate: bool,
+pub(crate) struct QuantAttrs {
+    pub(crate) axis: i64,
+    pub(crate) block_size: i64,
+    pub(crate) output_dtype: i64,
+    pub(crate) precision: i64,
+    pub(crate) saturate: bool,
 }
 
 /// How a scale / zero point maps onto the elements of the input viewed as `[outer, len, inner]`
@@ -280,7 +280,11 @@ macro_rules! with_f64_reader {
     };
 }
 
-fn quantize_linear(cx: &OpCtx<'_>, inputs: &[Option<RtValue>], at: &QuantAttrs) -> OpResult {
+pub(crate) fn quantize_linear(
+    cx: &OpCtx<'_>,
+    inputs: &[Option<RtValue>],
+    at: &QuantAttrs,
+) -> OpResult {
     let x = tensor(cx, inputs, 0)?;
     let scale = tensor(cx, inputs, 1)?;
     let zp = opt_tensor(inputs, 2);
@@ -423,7 +427,11 @@ macro_rules! with_q_reader {
     };
 }
 
-fn dequantize_linear(cx: &OpCtx<'_>, inputs: &[Option<RtValue>], at: &QuantAttrs) -> OpResult {
+pub(crate) fn dequantize_linear(
+    cx: &OpCtx<'_>,
+    inputs: &[Option<RtValue>],
+    at: &QuantAttrs,
+) -> OpResult {
     let x = tensor(cx, inputs, 0)?;
     let scale = tensor(cx, inputs, 1)?;
     let zp = opt_tensor(inputs, 2);

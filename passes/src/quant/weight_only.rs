@@ -335,17 +335,20 @@ impl Pass for WeightOnlyPass {
         }
         // INT4 where the target has no MatMulNBits: a blockwise DequantizeLinear (opset 21) of
         // signed INT4 weights feeding the unchanged node.
-        let block_dq =
-            self.config.scheme == WeightScheme::Int4 && !opts.target.qdq_rules().int4_matmul_nbits;
+        // Asymmetric INT4 there takes the MatMulNBits form, which the target lowers into its
+        // plugin.
+        let rules = opts.target.qdq_rules();
+        let int4_native = self.config.scheme == WeightScheme::Int4 && !rules.int4_matmul_nbits;
+        if int4_native && !self.config.symmetric && !rules.plugins {
+            return Err(self.fail(format!(
+                "asymmetric INT4 (--asym, or `symmetric = false` in a precision map) needs \
+                 zero points, which target {} does not take",
+                opts.target
+            )));
+        }
+        let block_dq = int4_native && self.config.symmetric;
         let mut report = PassReport::default();
         if block_dq {
-            if !self.config.symmetric {
-                return Err(self.fail(format!(
-                    "asymmetric INT4 (--asym, or `symmetric = false` in a precision map) needs \
-                     zero points, which target {} does not take",
-                    opts.target
-                )));
-            }
             let notes = super::raise_opset(m, 21, "INT4 as a blockwise DequantizeLinear")
                 .map_err(|e| self.fail(e))?;
             report.notes.extend(notes);

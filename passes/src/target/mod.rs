@@ -11,6 +11,7 @@
 
 pub mod generic;
 pub mod ort;
+pub mod plugins;
 pub mod trt;
 
 use std::fmt;
@@ -50,6 +51,12 @@ pub trait Target: Send + Sync + std::panic::RefUnwindSafe {
 
     /// How FP16 is realized.
     fn fp16_form(&self) -> Fp16Form;
+
+    /// The pass that runs last, turning what the target cannot run natively into its plugins;
+    /// `None` when the target has none.
+    fn lowering(&self) -> Option<Box<dyn crate::pass::Pass>> {
+        None
+    }
 }
 
 /// Rates of the INT8 placement cost model on one target, in microseconds.
@@ -92,6 +99,9 @@ pub struct QdqRules {
     /// dequantized by standard ops in the graph; `false` where the target writes caches
     /// through its cache-write plugin.
     pub cache_io: bool,
+    /// Forms the target's own ops lack (zero points, INT4 with zero points) are emitted in
+    /// ONNX Runtime's form and lowered into the target's plugins ([`Target::lowering`]).
+    pub plugins: bool,
 }
 
 /// The relative cost of a standard ONNX op, shared by the targets that have no measured table

@@ -61,6 +61,7 @@ pub const QDQ: QdqRules = QdqRules {
     dynamic_activations: true,
     int4_matmul_nbits: true,
     cache_io: true,
+    plugins: false,
 };
 
 impl Target for Ort {

@@ -197,6 +197,7 @@ pub const QDQ: QdqRules = QdqRules {
     dynamic_activations: false,
     int4_matmul_nbits: false,
     cache_io: false,
+    plugins: true,
 };
 
 impl Target for Trt {
@@ -245,5 +246,9 @@ impl Target for Trt {
 
     fn fp16_form(&self) -> Fp16Form {
         Fp16Form::WeightStorage
+    }
+
+    fn lowering(&self) -> Option<Box<dyn crate::pass::Pass>> {
+        Some(Box::new(super::plugins::TrtPlugins))
     }
 }

@@ -147,7 +147,7 @@ fn dequantize_b(
     Ok(w)
 }
 
-fn matmul_nbits(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> OpResult {
+pub(crate) fn matmul_nbits(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> OpResult {
     let p = params(cx, op)?;
     let a = tensor(cx, inputs, 0)?;
     let b = tensor(cx, inputs, 1)?;

@@ -11,6 +11,8 @@ mod activation;
 mod attention;
 mod conv;
 mod matmul_nbits;
+
+pub(crate) use matmul_nbits::matmul_nbits as matmul_nbits_op;
 mod norm;
 
 /// The contrib op family.

@@ -1,0 +1,122 @@
+// Launchers of mmq's plugin kernels: the kernels of kernels/cuda (copied beside this file),
+// launched on TensorRT's stream with the configurations mmq_kernels::cuda uses.
+#include "mmq_launch.h"
+
+#include "nbits.cu"
+#include "quantize.cu"
+
+namespace {
+
+unsigned grid_for(int64_t work, int64_t per_block) {
+    int64_t g = (work + per_block - 1) / per_block;
+    if (g < 1) {
+        g = 1;
+    }
+    return (unsigned)(g > 65535 ? 65535 : g);
+}
+
+MmqScaleMap scale_map(MmqScaleSpec s) {
+    MmqScaleMap m{};
+    m.mode = s.mode;
+    m.axis_len = s.axis_len;
+    m.inner = s.inner;
+    m.row_len = s.row_len;
+    m.group = s.group;
+    if (s.mode == 0) {
+        m.chunk_uniform = 1;
+    } else if (s.mode == 1) {
+        m.chunk_uniform = s.inner % 8 == 0;
+    } else {
+        m.chunk_uniform = s.group % 8 == 0 && s.row_len % 8 == 0;
+    }
+    return m;
+}
+
+int last_error() { return (int)cudaGetLastError(); }
+
+}  // namespace
+
+extern "C" int mmq_launch_quantize(const void* x, int32_t x_type, int64_t n, const float* scales,
+                                   const int8_t* zeros, MmqScaleSpec spec, int8_t* out,
+                                   cudaStream_t stream) {
+    MmqScaleMap map = scale_map(spec);
+    unsigned grid = grid_for((n + 7) / 8, 256);
+    const uint8_t* z = reinterpret_cast<const uint8_t*>(zeros);
+    uint8_t* o = reinterpret_cast<uint8_t*>(out);
+    if (x_type == MMQ_F16) {
+        mmq_quantize_f16_i8<<<grid, 256, 0, stream>>>(static_cast<const mmq_f16*>(x), n, scales,
+                                                      z, map, 1, 1, o);
+    } else {
+        mmq_quantize_f32_i8<<<grid, 256, 0, stream>>>(static_cast<const float*>(x), n, scales, z,
+                                                      map, 1, 1, o);
+    }
+    return last_error();
+}
+
+extern "C" int mmq_launch_dequantize(const int8_t* q, int64_t n, const float* scales,
+                                     const int8_t* zeros, MmqScaleSpec spec, float* out,
+                                     cudaStream_t stream) {
+    MmqScaleMap map = scale_map(spec);
+    unsigned grid = grid_for((n + 7) / 8, 256);
+    mmq_dequantize_i8_f32<<<grid, 256, 0, stream>>>(reinterpret_cast<const uint8_t*>(q), n,
+                                                    scales,
+                                                    reinterpret_cast<const uint8_t*>(zeros), map,
+                                                    1, out);
+    return last_error();
+}
+
+extern "C" int mmq_launch_dynamic_quantize(const void* x, int32_t x_type, int64_t rows,
+                                           int64_t row_len, int8_t* out, float* scales,
+                                           uint8_t* zeros, cudaStream_t stream) {
+    int64_t chunks = (row_len + 7) / 8;
+    int threads = 32;
+    while (threads < chunks && threads < 256) {
+        threads *= 2;
+    }
+    int32_t vec = row_len % 8 == 0;
+    unsigned grid = (unsigned)(rows < (1 << 20) ? (rows < 1 ? 1 : rows) : (1 << 20));
+    uint8_t* o = reinterpret_cast<uint8_t*>(out);
+    if (x_type == MMQ_F16) {
+        mmq_quantize_dynamic_f16_i8_f32s<<<grid, threads, 0, stream>>>(
+            static_cast<const mmq_f16*>(x), rows, row_len, row_len, 1, vec, o, scales, zeros);
+    } else {
+        mmq_quantize_dynamic_f32_i8_f32s<<<grid, threads, 0, stream>>>(
+            static_cast<const float*>(x), rows, row_len, row_len, 1, vec, o, scales, zeros);
+    }
+    return last_error();
+}
+
+extern "C" int mmq_launch_nbits(const void* a, const uint8_t* b, const void* scales,
+                                const uint8_t* zeros, const void* bias, void* y, int64_t m,
+                                int64_t n, int64_t k, int64_t block, cudaStream_t stream) {
+    const mmq_f16* av = static_cast<const mmq_f16*>(a);
+    const mmq_f16* sv = static_cast<const mmq_f16*>(scales);
+    const mmq_f16* bv = static_cast<const mmq_f16*>(bias);
+    mmq_f16* yv = static_cast<mmq_f16*>(y);
+    if (m >= 1 && m <= 8) {
+        const int warps = 4;
+        unsigned grid = grid_for(n, warps);
+#define MMQ_GEMV_CASE(M)                                                                        \
+    case M:                                                                                     \
+        mmq_nbits_gemv_m##M<<<grid, 32 * warps, 0, stream>>>(av, b, sv, zeros, bv, yv, n, k,    \
+                                                             block);                            \
+        break;
+        switch (m) {
+            MMQ_GEMV_CASE(1)
+            MMQ_GEMV_CASE(2)
+            MMQ_GEMV_CASE(3)
+            MMQ_GEMV_CASE(4)
+            MMQ_GEMV_CASE(5)
+            MMQ_GEMV_CASE(6)
+            MMQ_GEMV_CASE(7)
+            MMQ_GEMV_CASE(8)
+            default:
+                break;
+        }
+#undef MMQ_GEMV_CASE
+    } else if (m > 8) {
+        dim3 grid((unsigned)((n + 63) / 64), (unsigned)((m + 63) / 64), 1);
+        mmq_nbits_gemm<<<grid, 256, 0, stream>>>(av, b, sv, zeros, bv, yv, m, n, k, block);
+    }
+    return last_error();
+}

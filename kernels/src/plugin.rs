@@ -1,0 +1,116 @@
+//! The TensorRT plugins mmq emits for what TensorRT's own layers cannot express: their names,
+//! version, namespace, fields, inputs and outputs. One table serves the `trt` target's lowering
+//! (which nodes become plugins), the reference interpreter (which runs them on the CPU, so a
+//! plugin network runs under `mmq run`), the package manifest and the linter; the C++ creators in
+//! `backend-trt/plugins/` declare the same fields, which the plugin harness checks.
+//!
+//! A plugin node is an ONNX node of domain [`DOMAIN`] whose `op_type` is the plugin's name, with
+//! the attributes `plugin_namespace` ([`NAMESPACE`]) and `plugin_version` ([`VERSION`]) that
+//! TensorRT's ONNX parser uses to find the creator, and one attribute per field (the parser passes
+//! the other attributes to the creator as plugin fields).
+
+/// The ONNX domain of plugin nodes.
+pub const DOMAIN: &str = "mmq.trt";
+/// The plugin namespace (`plugin_namespace` attribute, `getPluginNamespace()`).
+pub const NAMESPACE: &str = "mmq";
+/// The plugin version (`plugin_version` attribute, `getPluginVersion()`).
+pub const VERSION: &str = "1";
+
+/// One field of a plugin (an ONNX `INT` attribute; TensorRT passes it as `kINT32`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Field {
+    pub name: &'static str,
+    /// The value when the node does not set it.
+    pub default: i64,
+    pub what: &'static str,
+}
+
+/// A plugin: what it computes and its interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Schema {
+    pub name: &'static str,
+    pub what: &'static str,
+    pub fields: &'static [Field],
+    /// Inputs in order, as `name: types`.
+    pub inputs: &'static [&'static str],
+    /// Outputs in order, as `name: types`.
+    pub outputs: &'static [&'static str],
+}
+
+const AXIS: Field = Field {
+    name: "axis",
+    default: 1,
+    what: "the quantization axis of per-axis and blocked scales",
+};
+const BLOCK: Field = Field {
+    name: "block_size",
+    default: 0,
+    what: "elements per scale along the axis (0: per tensor or per axis); blocks only along the last axis",
+};
+
+/// Every plugin mmq emits.
+pub const PLUGINS: [Schema; 4] = [
+    Schema {
+        name: "MmqQuantize",
+        what: "QuantizeLinear to int8 with zero points (asymmetric), per tensor, per axis or in blocks; round half to even, saturating",
+        fields: &[AXIS, BLOCK],
+        inputs: &["x: float32|float16", "scale: float32", "zero_point: int8"],
+        outputs: &["y: int8"],
+    },
+    Schema {
+        name: "MmqDequantize",
+        what: "DequantizeLinear of int8 with zero points (asymmetric): (q - zero_point) * scale, per tensor, per axis or in blocks",
+        fields: &[AXIS, BLOCK],
+        inputs: &["q: int8", "scale: float32", "zero_point: int8"],
+        outputs: &["y: float32"],
+    },
+    Schema {
+        name: "MmqDynamicQuantize",
+        what: "per-token activation quantization: each row of the last axis to int8 with its own symmetric scale absmax / 127, computed at run time",
+        fields: &[],
+        inputs: &["x: float32|float16"],
+        outputs: &[
+            "q: int8",
+            "scale: float32 (the input's shape with the last dim 1)",
+        ],
+    },
+    Schema {
+        name: "MmqMatMulNBits",
+        what: "A · dequant(B)ᵀ (+ bias) with B 4-bit in blocks along K with binary16 scales and zero points (ONNX Runtime's MatMulNBits layout)",
+        fields: &[
+            Field {
+                name: "K",
+                default: 0,
+                what: "the inner dimension",
+            },
+            Field {
+                name: "N",
+                default: 0,
+                what: "the output features",
+            },
+            Field {
+                name: "bits",
+                default: 4,
+                what: "bits per code (4)",
+            },
+            Field {
+                name: "block_size",
+                default: 0,
+                what: "codes per scale along K (16..=256, a power of two dividing K)",
+            },
+        ],
+        inputs: &[
+            "A: float16 [..., K]",
+            "B: uint8 [N, K / block_size, block_size / 2]",
+            "scales: float16 [N * K / block_size]",
+            "zero_points: uint8 [N, ceil(K / block_size / 2)]",
+            "bias: float16 [N] (optional)",
+        ],
+        outputs: &["Y: float16 [..., N]"],
+    },
+];
+
+/// The plugin named `op_type`.
+pub fn schema(op_type: &str) -> Option<&'static Schema> {
+    PLUGINS.iter().find(|s| s.name == op_type)
+}

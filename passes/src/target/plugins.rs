@@ -1,0 +1,497 @@
+//! The `trt` target's last step: what TensorRT's layers cannot express becomes one of mmq's
+//! plugins ([`mmq_kernels::plugin`]), and what only looks foreign becomes native.
+//!
+//! - **uint8 Q/DQ** is recoded as int8: `q_u8 = clamp(round(x / s) + z, 0, 255)` is
+//!   `q_i8 + 128` with `q_i8 = clamp(round(x / s) + (z - 128), -128, 127)`, so a unit with zero
+//!   point `z` becomes an int8 unit with zero point `z - 128` (constant codes shift by 128), the
+//!   same numbers. A uint8 unit with zero point 128 (PyTorch's symmetric `quint8`) becomes
+//!   TensorRT's native symmetric int8.
+//! - **Q/DQ with a non-zero constant zero point** (asymmetric) becomes `MmqQuantize` /
+//!   `MmqDequantize`: TensorRT's Q/DQ layers are symmetric only.
+//! - **`com.microsoft.MatMulNBits`** (4-bit weights in blocks along K, with zero points: what
+//!   `--quant int4 --asym` produces, or a model quantized by ONNX Runtime's tools) becomes
+//!   `MmqMatMulNBits` on binary16 activations (`Cast` before and after when the graph is float32),
+//!   binary16 scales and explicit zero points.
+//!
+//! A unit is lowered only where every piece is known: constant scales and zero points, a
+//! quantize whose readers are all dequantizes. Anything else stays, and the TensorRT linter names
+//! it.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use mmq_ir::{
+    At, Attr, ConstData, CustomOp, DType, GraphId, Module, Node, Op, Storage, Type, Value,
+};
+use mmq_kernels::plugin::{DOMAIN, NAMESPACE, VERSION};
+
+use crate::dce::Dce;
+use crate::pass::{Pass, PassError, PassOptions, PassReport};
+use crate::quant::weight_only::const_source;
+
+/// Lowers what TensorRT cannot run natively into plugins (see the module documentation).
+pub struct TrtPlugins;
+
+impl Pass for TrtPlugins {
+    fn name(&self) -> &str {
+        "trt-plugins"
+    }
+
+    fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
+        let mut report = PassReport::default();
+        let roots: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
+        for root in roots {
+            for g in m.graph_tree(root) {
+                lower_qdq(m, g, &mut report);
+                lower_nbits(m, g, &mut report).map_err(|e| PassError::Failed {
+                    pass: self.name().to_owned(),
+                    message: e,
+                })?;
+            }
+        }
+        if report.changed {
+            let dce = Dce.run(m, opts)?;
+            for (k, v) in dce.counters {
+                report.count(&k, v);
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// The plugin op `name` with its fields.
+fn plugin_op(name: &str, fields: &[(&str, i64)]) -> Op {
+    let mut attrs = vec![
+        (
+            "plugin_namespace".to_owned(),
+            Attr::String(NAMESPACE.to_owned()),
+        ),
+        (
+            "plugin_version".to_owned(),
+            Attr::String(VERSION.to_owned()),
+        ),
+    ];
+    attrs.extend(fields.iter().map(|(n, v)| ((*n).to_owned(), Attr::Int(*v))));
+    Op::Custom(CustomOp {
+        domain: DOMAIN.to_owned(),
+        op_type: name.to_owned(),
+        attrs,
+    })
+}
+
+/// The readers of each value of graph `g` (nodes of `g`; values read inside subgraphs or as
+/// graph outputs count as a reader `None`).
+fn readers(m: &Module, g: GraphId) -> HashMap<Value, Vec<Option<Node>>> {
+    let mut out: HashMap<Value, Vec<Option<Node>>> = HashMap::new();
+    for &n in &m.graphs[g].nodes {
+        for v in m.nodes[n].inputs.iter().flatten() {
+            out.entry(*v).or_default().push(Some(n));
+        }
+        for &sub in m.nodes[n].op.subgraphs().iter() {
+            for sg in m.graph_tree(sub) {
+                for &sn in &m.graphs[sg].nodes {
+                    for v in m.nodes[sn].inputs.iter().flatten() {
+                        out.entry(*v).or_default().push(None);
+                    }
+                }
+            }
+        }
+    }
+    for &v in &m.graphs[g].outputs {
+        out.entry(v).or_default().push(None);
+    }
+    out
+}
+
+/// A constant's bytes.
+fn const_bytes(m: &Module, v: Value) -> Option<(DType, Vec<i64>, &[u8])> {
+    let c = &m.consts[const_source(m, v)?];
+    Some((c.dtype, c.shape.clone(), c.raw_bytes()?))
+}
+
+fn add_bytes(m: &mut Module, name: String, dtype: DType, shape: Vec<i64>, bytes: Vec<u8>) -> Value {
+    m.add_const(ConstData::new(
+        Some(name),
+        dtype,
+        shape,
+        Storage::Inline(Bytes::from(bytes)),
+    ))
+}
+
+/// A Q or DQ node's parts: (data, scale, zero point) and its `axis` / `block_size`.
+struct Unit {
+    node: Node,
+    quantize: bool,
+    /// The zero point as int8 after recoding, with its shape; `None`: absent (zero).
+    zero: Option<(Vec<i64>, Vec<i8>)>,
+    /// The codes are uint8 (recoded as int8).
+    unsigned: bool,
+    axis: i64,
+    block_size: i64,
+}
+
+impl Unit {
+    fn nonzero(&self) -> bool {
+        self.zero
+            .as_ref()
+            .is_some_and(|(_, z)| z.iter().any(|&v| v != 0))
+    }
+}
+
+/// The Q/DQ node `n` when it is int8 or uint8 with constant float32 scale and zero point.
+fn unit(m: &Module, n: Node) -> Option<Unit> {
+    let nd = &m.nodes[n];
+    let (quantize, axis, block_size) = match &nd.op {
+        Op::QuantizeLinear {
+            axis,
+            block_size,
+            output_dtype,
+            saturate,
+            ..
+        } => {
+            if output_dtype.is_some_and(|d| d != 0) || saturate.is_some_and(|s| s == 0) {
+                return None;
+            }
+            (true, axis.unwrap_or(1), block_size.unwrap_or(0))
+        }
+        Op::DequantizeLinear {
+            axis,
+            block_size,
+            output_dtype,
+        } => {
+            if output_dtype.is_some_and(|d| d != 0) {
+                return None;
+            }
+            (false, axis.unwrap_or(1), block_size.unwrap_or(0))
+        }
+        _ => return None,
+    };
+    let scale = (*nd.inputs.get(1)?)?;
+    if m.value_type(scale).dtype() != Some(DType::F32) {
+        return None;
+    }
+    const_source(m, scale)?;
+    let _ = scale;
+    let codes = if quantize {
+        (*nd.outputs.first()?)?
+    } else {
+        (*nd.inputs.first()?)?
+    };
+    let code_type = m.value_type(codes).dtype();
+    let zp = nd.inputs.get(2).copied().flatten();
+    let unsigned = match (code_type, zp.map(|z| m.value_type(z).dtype())) {
+        (Some(DType::U8), None | Some(Some(DType::U8))) => true,
+        (Some(DType::I8), None | Some(Some(DType::I8))) => false,
+        _ => return None,
+    };
+    let zero = match zp {
+        None if unsigned => Some((Vec::new(), vec![-128])),
+        None => None,
+        Some(z) => {
+            let (_, shape, bytes) = const_bytes(m, z)?;
+            let vals = bytes
+                .iter()
+                .map(|&b| if unsigned { (b ^ 0x80) as i8 } else { b as i8 })
+                .collect();
+            Some((shape, vals))
+        }
+    };
+    Some(Unit {
+        node: n,
+        quantize,
+        zero,
+        unsigned,
+        axis,
+        block_size,
+    })
+}
+
+/// Where the codes of quantize output `start` go: through ops that commute with the uint8 → int8
+/// recoding (`MaxPool` and layout ops, on their first operand) to dequantizes of the same
+/// signedness only. Returns every value on the way (retyped to int8 when the quantize is
+/// lowered); `None` when a code reaches anything else.
+fn code_flow(
+    m: &Module,
+    readers: &HashMap<Value, Vec<Option<Node>>>,
+    units: &HashMap<Node, Unit>,
+    start: Value,
+    unsigned: bool,
+) -> Option<Vec<Value>> {
+    let mut seen = vec![start];
+    let mut stack = vec![start];
+    while let Some(v) = stack.pop() {
+        for r in readers.get(&v)? {
+            let r = (*r)?;
+            if let Some(d) = units.get(&r) {
+                if d.quantize || d.unsigned != unsigned || m.nodes[r].inputs[0] != Some(v) {
+                    return None;
+                }
+                continue;
+            }
+            let nd = &m.nodes[r];
+            let transparent = match &nd.op {
+                Op::MaxPool { .. } => nd.outputs.iter().flatten().count() == 1,
+                op => op.is_layout(),
+            };
+            if !transparent || nd.inputs[0] != Some(v) || nd.inputs[1..].contains(&Some(v)) {
+                return None;
+            }
+            let out = nd.outputs[0]?;
+            if !seen.contains(&out) {
+                seen.push(out);
+                stack.push(out);
+            }
+        }
+    }
+    Some(seen)
+}
+
+/// Recodes uint8 units as int8 and turns asymmetric units into `MmqQuantize` /
+/// `MmqDequantize`.
+fn lower_qdq(m: &mut Module, g: GraphId, report: &mut PassReport) {
+    let readers = readers(m, g);
+    let units: HashMap<Node, Unit> = m.graphs[g]
+        .nodes
+        .iter()
+        .filter_map(|&n| unit(m, n).map(|u| (n, u)))
+        .collect();
+    // A quantize is lowered when it needs it and every reader is a dequantize that can follow;
+    // a dequantize when it needs it and its codes are constant or come from a lowered quantize.
+    let needs = |u: &Unit| u.unsigned || u.nonzero();
+    let mut lowered_q: HashMap<Value, Node> = HashMap::new();
+    let mut recoded: Vec<Value> = Vec::new();
+    for u in units.values().filter(|u| u.quantize && needs(u)) {
+        let Some(out) = m.nodes[u.node].outputs[0] else {
+            continue;
+        };
+        if let Some(chain) = code_flow(m, &readers, &units, out, u.unsigned) {
+            lowered_q.insert(out, u.node);
+            recoded.extend(chain);
+        }
+    }
+    for &v in &recoded {
+        if let Type::Tensor(t) = m.value_type(v).clone() {
+            m.set_type(
+                v,
+                Type::Tensor(mmq_ir::TensorType {
+                    dtype: Some(DType::I8),
+                    shape: t.shape,
+                }),
+            );
+        }
+    }
+    let nodes = m.graphs[g].nodes.clone();
+    for n in nodes {
+        let Some(u) = units.get(&n) else {
+            continue;
+        };
+        if !needs(u) {
+            continue;
+        }
+        let base = m.nodes[n]
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("qdq{}", n.index()));
+        let codes_in = m.nodes[n].inputs[0];
+        if u.quantize {
+            let Some(out) = m.nodes[n].outputs[0] else {
+                continue;
+            };
+            if !lowered_q.contains_key(&out) {
+                continue;
+            }
+        } else {
+            let Some(q) = codes_in else { continue };
+            let recoded = if !u.unsigned || recoded.contains(&q) {
+                Some(q)
+            } else if let Some((DType::U8, shape, bytes)) = const_bytes(m, q) {
+                let shifted: Vec<u8> = bytes.iter().map(|b| b ^ 0x80).collect();
+                Some(add_bytes(
+                    m,
+                    format!("{base}_codes_i8"),
+                    DType::I8,
+                    shape,
+                    shifted,
+                ))
+            } else {
+                None
+            };
+            let Some(q) = recoded else { continue };
+            m.nodes[n].inputs[0] = Some(q);
+        }
+        // The zero point, recoded: absent when zero (TensorRT's native form), else int8.
+        let zero = match &u.zero {
+            Some((shape, z)) if u.nonzero() => Some(add_bytes(
+                m,
+                format!("{base}_zero_i8"),
+                DType::I8,
+                shape.clone(),
+                z.iter().map(|&v| v as u8).collect(),
+            )),
+            _ => None,
+        };
+        let nd = &mut m.nodes[n];
+        nd.inputs.truncate(2);
+        if let Some(z) = zero {
+            nd.inputs.push(Some(z));
+            let name = if u.quantize {
+                "MmqQuantize"
+            } else {
+                "MmqDequantize"
+            };
+            nd.op = plugin_op(name, &[("axis", u.axis), ("block_size", u.block_size)]);
+            report.count(&format!("plugin-{name}"), 1);
+        } else {
+            report.count("uint8-unit-recoded-symmetric", 1);
+        }
+        report.changed = true;
+    }
+}
+
+/// `com.microsoft.MatMulNBits` (4 bits, K a multiple of the block) becomes `MmqMatMulNBits`.
+fn lower_nbits(m: &mut Module, g: GraphId, report: &mut PassReport) -> Result<(), String> {
+    let nodes = m.graphs[g].nodes.clone();
+    for n in nodes {
+        let Op::Custom(c) = &m.nodes[n].op else {
+            continue;
+        };
+        if c.domain != "com.microsoft" || c.op_type != "MatMulNBits" {
+            continue;
+        }
+        let int = |name: &str| {
+            c.attrs.iter().find_map(|(k, a)| match a {
+                Attr::Int(v) if k == name => Some(*v),
+                _ => None,
+            })
+        };
+        let (Some(k), Some(nn), Some(block)) = (int("K"), int("N"), int("block_size")) else {
+            continue;
+        };
+        if int("bits").unwrap_or(4) != 4 || block <= 0 || k % block != 0 {
+            continue;
+        }
+        let inputs = m.nodes[n].inputs.clone();
+        let name = m.nodes[n]
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("nbits{}", n.index()));
+        let (Some(a), Some(b), Some(scales)) = (inputs[0], inputs[1], inputs[2]) else {
+            continue;
+        };
+        if inputs.get(4).copied().flatten().is_some() {
+            continue; // g_idx
+        }
+        let a_dtype = m.value_type(a).dtype();
+        if !matches!(a_dtype, Some(DType::F32 | DType::F16)) {
+            continue;
+        }
+        let Some(out) = m.nodes[n].outputs[0] else {
+            continue;
+        };
+        let to_f16 = |m: &mut Module, v: Value, what: &str| -> Option<Value> {
+            let (dtype, shape, bytes) = const_bytes(m, v)?;
+            let halves: Vec<u8> = match dtype {
+                DType::F16 => bytes.to_vec(),
+                DType::F32 => bytes
+                    .chunks_exact(4)
+                    .flat_map(|c| {
+                        let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        half::f16::from_f32(x).to_le_bytes()
+                    })
+                    .collect(),
+                _ => return None,
+            };
+            Some(add_bytes(
+                m,
+                format!("{name}_{what}_f16"),
+                DType::F16,
+                shape,
+                halves,
+            ))
+        };
+        let Some(scales16) = to_f16(m, scales, "scales") else {
+            continue;
+        };
+        let k_blocks = k / block;
+        let zeros = match inputs.get(3).copied().flatten() {
+            Some(z) => match const_bytes(m, z) {
+                Some((DType::U8, _, _)) => z,
+                _ => continue, // zero points in the scales' type
+            },
+            None => {
+                let per_row = (k_blocks as usize).div_ceil(2);
+                add_bytes(
+                    m,
+                    format!("{name}_zeros"),
+                    DType::U8,
+                    vec![nn, per_row as i64],
+                    vec![0x88; nn as usize * per_row],
+                )
+            }
+        };
+        let bias = match inputs.get(5).copied().flatten() {
+            Some(bv) => match to_f16(m, bv, "bias") {
+                Some(b16) => Some(b16),
+                None => continue,
+            },
+            None => None,
+        };
+        let out_ty = m.value_type(out).clone();
+        let f16_of = |t: &Type| match t {
+            Type::Tensor(t) => Type::Tensor(mmq_ir::TensorType {
+                dtype: Some(DType::F16),
+                shape: t.shape.clone(),
+            }),
+            other => other.clone(),
+        };
+        let a16 = if a_dtype == Some(DType::F32) {
+            let ty = f16_of(m.value_type(a));
+            let cast = m.insert_node(
+                g,
+                At::Before(n),
+                Op::Cast {
+                    to: Some(i64::from(DType::F16.onnx_code())),
+                    saturate: None,
+                    round_mode: None,
+                },
+                vec![Some(a)],
+                vec![Some((None, ty))],
+                Some(format!("{name}_a_f16")),
+            );
+            m.nodes[cast].outputs[0].ok_or("a Cast without a result")?
+        } else {
+            a
+        };
+        let mut plugin_inputs = vec![Some(a16), Some(b), Some(scales16), Some(zeros)];
+        plugin_inputs.extend(bias.map(Some));
+        m.nodes[n].op = plugin_op(
+            "MmqMatMulNBits",
+            &[("K", k), ("N", nn), ("bits", 4), ("block_size", block)],
+        );
+        m.nodes[n].inputs = plugin_inputs;
+        if a_dtype == Some(DType::F32) {
+            // The plugin writes binary16; a Cast after it gives the graph its float32 result back
+            // under the result's name.
+            let out_name = m.values[out].name.take();
+            m.values[out].name = Some(format!("{name}_y_f16"));
+            m.set_type(out, f16_of(&out_ty));
+            let cast = m.insert_node(
+                g,
+                At::After(n),
+                Op::Cast {
+                    to: Some(i64::from(DType::F32.onnx_code())),
+                    saturate: None,
+                    round_mode: None,
+                },
+                vec![Some(out)],
+                vec![Some((out_name, out_ty))],
+                Some(format!("{name}_y_f32")),
+            );
+            let y32 = m.nodes[cast].outputs[0].ok_or("a Cast without a result")?;
+            m.replace_uses(out, y32, g, &[cast]);
+        }
+        report.count("plugin-MmqMatMulNBits", 1);
+        report.changed = true;
+    }
+    Ok(())
+}
