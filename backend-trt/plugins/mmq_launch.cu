@@ -67,7 +67,7 @@ extern "C" int mmq_launch_dequantize(const int8_t* q, int64_t n, const float* sc
 
 extern "C" int mmq_launch_dynamic_quantize(const void* x, int32_t x_type, int64_t rows,
                                            int64_t row_len, int8_t* out, float* scales,
-                                           uint8_t* zeros, cudaStream_t stream) {
+                                           cudaStream_t stream) {
     int64_t chunks = (row_len + 7) / 8;
     int threads = 32;
     while (threads < chunks && threads < 256) {
@@ -78,10 +78,10 @@ extern "C" int mmq_launch_dynamic_quantize(const void* x, int32_t x_type, int64_
     uint8_t* o = reinterpret_cast<uint8_t*>(out);
     if (x_type == MMQ_F16) {
         mmq_quantize_dynamic_f16_i8_f32s<<<grid, threads, 0, stream>>>(
-            static_cast<const mmq_f16*>(x), rows, row_len, row_len, 1, vec, o, scales, zeros);
+            static_cast<const mmq_f16*>(x), rows, row_len, row_len, 1, vec, o, scales, nullptr);
     } else {
         mmq_quantize_dynamic_f32_i8_f32s<<<grid, threads, 0, stream>>>(
-            static_cast<const float*>(x), rows, row_len, row_len, 1, vec, o, scales, zeros);
+            static_cast<const float*>(x), rows, row_len, row_len, 1, vec, o, scales, nullptr);
     }
     return last_error();
 }

@@ -21,18 +21,18 @@ struct MmqScaleSpec {
     int64_t group;
 };
 
-// int8 codes (saturating, round half to even) of n elements of x with scales and int8 zero points.
+// int8 codes (saturating, round half to even) of n elements of x with scales and int8 zero points
+// (null: 0).
 int mmq_launch_quantize(const void* x, int32_t x_type, int64_t n, const float* scales,
                         const int8_t* zeros, MmqScaleSpec spec, int8_t* out, cudaStream_t stream);
 
-// (q - zero) * scale into float32.
+// (q - zero) * scale into float32 (zeros null: 0).
 int mmq_launch_dequantize(const int8_t* q, int64_t n, const float* scales, const int8_t* zeros,
                           MmqScaleSpec spec, float* out, cudaStream_t stream);
 
-// Per row of row_len: symmetric int8 codes with the row's scale absmax / 127; `zeros` is a
-// scratch buffer of `rows` bytes.
+// Per row of row_len: symmetric int8 codes with the row's scale absmax / 127.
 int mmq_launch_dynamic_quantize(const void* x, int32_t x_type, int64_t rows, int64_t row_len,
-                                int8_t* out, float* scales, uint8_t* zeros, cudaStream_t stream);
+                                int8_t* out, float* scales, cudaStream_t stream);
 
 // y[m, n] = a[m, k] · dequant(b)[n, k]ᵀ (+ bias), binary16 in and out.
 int mmq_launch_nbits(const void* a, const uint8_t* b, const void* scales, const uint8_t* zeros,

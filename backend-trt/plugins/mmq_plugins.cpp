@@ -37,8 +37,8 @@ struct PluginSpec {
 
 std::vector<PluginSpec> const& specs() {
     static std::vector<PluginSpec> const all = {
-        {Kind::kQuantize, "MmqQuantize", {{"axis", 1}, {"block_size", 0}}, 3, 3, 1},
-        {Kind::kDequantize, "MmqDequantize", {{"axis", 1}, {"block_size", 0}}, 3, 3, 1},
+        {Kind::kQuantize, "MmqQuantize", {{"axis", 1}, {"block_size", 0}}, 2, 3, 1},
+        {Kind::kDequantize, "MmqDequantize", {{"axis", 1}, {"block_size", 0}}, 2, 3, 1},
         {Kind::kDynamicQuantize, "MmqDynamicQuantize", {}, 1, 1, 2},
         {Kind::kMatMulNBits,
          "MmqMatMulNBits",
@@ -194,17 +194,6 @@ public:
 
     int32_t getNbOutputs() const noexcept override { return mSpec.outputs; }
 
-    size_t getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t,
-                            DynamicPluginTensorDesc const*, int32_t) const noexcept override {
-        if (mSpec.kind != Kind::kDynamicQuantize) {
-            return 0;
-        }
-        // One scratch byte per row (the kernel's zero points, all 0 when symmetric).
-        Dims const& max = inputs[0].max;
-        int64_t rows = max.nbDims > 0 ? volume(max) / max.d[max.nbDims - 1] : 1;
-        return static_cast<size_t>(rows > 0 ? rows : 1);
-    }
-
     // IPluginV3OneRuntime
     int32_t onShapeChange(PluginTensorDesc const*, int32_t nbInputs, PluginTensorDesc const*,
                           int32_t nbOutputs) noexcept override {
@@ -213,7 +202,7 @@ public:
     }
 
     int32_t enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const*,
-                    void const* const* inputs, void* const* outputs, void* workspace,
+                    void const* const* inputs, void* const* outputs, void*,
                     cudaStream_t stream) noexcept override {
         Dims const& xd = inputDesc[0].dims;
         int64_t n = volume(xd);
@@ -226,7 +215,8 @@ public:
                     return -1;
                 }
                 auto const* scales = static_cast<float const*>(inputs[1]);
-                auto const* zeros = static_cast<int8_t const*>(inputs[2]);
+                auto const* zeros =
+                    mInputs > 2 ? static_cast<int8_t const*>(inputs[2]) : nullptr;
                 if (mSpec.kind == Kind::kQuantize) {
                     return mmq_launch_quantize(inputs[0], float_type(inputDesc[0].type), n, scales,
                                                zeros, spec, static_cast<int8_t*>(outputs[0]),
@@ -241,8 +231,7 @@ public:
                 }
                 return mmq_launch_dynamic_quantize(
                     inputs[0], float_type(inputDesc[0].type), n / last, last,
-                    static_cast<int8_t*>(outputs[0]), static_cast<float*>(outputs[1]),
-                    static_cast<uint8_t*>(workspace), stream);
+                    static_cast<int8_t*>(outputs[0]), static_cast<float*>(outputs[1]), stream);
             case Kind::kMatMulNBits: {
                 int64_t k = field("K");
                 if (last != k || k <= 0) {

@@ -7,6 +7,7 @@
 
 mod lint;
 mod package;
+pub mod plugins;
 
 pub use lint::{Finding, lint, lint_graph};
 pub use package::{

@@ -257,6 +257,7 @@ pub fn write_package(
     let tie = tie_total_to_past_and_seq(&mut profiles, &opts.profiles);
 
     let mut files = Vec::new();
+    let uses = crate::plugins::uses(m);
     let mut models = Vec::new();
     let mut notes = Vec::new();
     let single = m.entries.len() == 1;
@@ -336,10 +337,32 @@ pub fn write_package(
         });
         write_atomic(
             &script,
-            build_script(m, e.graph, &stem, &profiles, tie.as_ref()).as_bytes(),
+            build_script(m, e.graph, &stem, &profiles, tie.as_ref(), !uses.is_empty()).as_bytes(),
             true,
         )?;
         files.push(script);
+    }
+    // The plugin library's sources, where the models use plugins.
+    let mut plugin_library = serde_json::Value::Null;
+    if !uses.is_empty() {
+        let pdir = dir.join("plugins");
+        std::fs::create_dir_all(&pdir).map_err(|e| write_err(&pdir, e))?;
+        let mut hashes = serde_json::Map::new();
+        for (name, text, executable) in crate::plugins::SOURCES {
+            let path = pdir.join(name);
+            write_atomic(&path, text.as_bytes(), executable)?;
+            hashes.insert(format!("plugins/{name}"), sha256(&path)?.into());
+            files.push(path);
+        }
+        plugin_library = serde_json::json!({
+            "library": crate::plugins::LIBRARY,
+            "build": "plugins/build.sh (nvcc; TENSORRT_INCLUDE names TensorRT's headers), or CMakeLists.txt",
+            "sm": crate::plugins::SMS,
+            "ptx": crate::plugins::SMS[crate::plugins::SMS.len() - 1],
+            "cuda": "nvcc 12.x or 13.x, C++17",
+            "tensorrt": "10.x or 11.x headers (IPluginV3); loaded with trtexec --dynamicPlugins and serialized into the engine",
+            "sources": hashes,
+        });
     }
     let findings = lint(m);
     let manifest = serde_json::json!({
@@ -353,7 +376,8 @@ pub fn write_package(
         },
         "models": models,
         "profiles": profiles,
-        "plugins": [],
+        "plugins": crate::plugins::manifest(&uses),
+        "plugin_library": plugin_library,
         "findings": findings,
     });
     let mpath = dir.join("manifest.json");
@@ -410,6 +434,7 @@ fn build_script(
     stem: &str,
     profiles: &BTreeMap<String, Profile>,
     tie: Option<&[String; 3]>,
+    plugins: bool,
 ) -> String {
     let g = &m.graphs[graph];
     // Inputs with symbolic dims, each dim as a literal or a symbol.
@@ -500,6 +525,18 @@ fn build_script(
         "--stronglyTyped".to_owned(),
         format!("--saveEngine={stem}.engine"),
     ];
+    if plugins {
+        let lib = crate::plugins::LIBRARY;
+        let _ = writeln!(
+            s,
+            "# The model uses mmq's plugins (manifest.json lists them): build the library first.\n\
+             if [[ ! -f {lib} ]]; then\n\
+             \x20   plugins/build.sh\n\
+             fi"
+        );
+        args.push(format!("--dynamicPlugins={lib}"));
+        args.push(format!("--setPluginsToSerialize={lib}"));
+    }
     if !dynamic.is_empty() {
         for (flag, point) in [("min", "MIN"), ("opt", "OPT"), ("max", "MAX")] {
             let shapes: Vec<String> = dynamic

@@ -332,7 +332,12 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
         let names: Vec<String> = package
             .files
             .iter()
-            .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .map(|f| {
+                f.strip_prefix(&args.output)
+                    .unwrap_or(f)
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
         let _ = writeln!(
             stderr,

@@ -292,16 +292,37 @@ fn package(dir: &std::path::Path, format: Format) -> Result<String, Failure> {
             p["min"], p["opt"], p["max"]
         );
     }
-    let plugins = j["plugins"].as_array().map_or(0, Vec::len);
-    let _ = writeln!(
-        out,
-        "plugins: {}",
-        if plugins == 0 {
-            "none (every node is a TensorRT parser op)".to_owned()
-        } else {
-            plugins.to_string()
+    let plugins = j["plugins"].as_array().cloned().unwrap_or_default();
+    if plugins.is_empty() {
+        let _ = writeln!(out, "plugins: none (every node is a TensorRT parser op)");
+    } else {
+        let _ = writeln!(
+            out,
+            "plugins: {} ({}, built by {})",
+            plugins.len(),
+            j["plugin_library"]["library"].as_str().unwrap_or("?"),
+            j["plugin_library"]["build"].as_str().unwrap_or("?")
+        );
+        for p in &plugins {
+            let nodes: Vec<&str> = p["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.as_str())
+                .collect();
+            let _ = writeln!(
+                out,
+                "  {} v{} ({} node{}): {}\n    why: {}\n    nodes: {}",
+                p["name"].as_str().unwrap_or("?"),
+                p["version"].as_str().unwrap_or("?"),
+                nodes.len(),
+                if nodes.len() == 1 { "" } else { "s" },
+                p["what"].as_str().unwrap_or("?"),
+                p["why"].as_str().unwrap_or("?"),
+                nodes.join(", ")
+            );
         }
-    );
+    }
     let findings = j["findings"].as_array().cloned().unwrap_or_default();
     if findings.is_empty() {
         let _ = writeln!(out, "TensorRT rules: no finding");

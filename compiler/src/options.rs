@@ -294,9 +294,11 @@ impl CompileOptions {
         }
         if matches!(self.precision, Precision::Scheme(QuantScheme::Int8Dynamic))
             && !rules.dynamic_activations
+            && !(rules.plugins && self.granularity.per_row())
         {
             return Err(format!(
-                "--quant int8-dynamic: target {} has no run-time activation quantization; use \
+                "--quant int8-dynamic: target {} has no run-time activation quantization but \
+                 per-row scales (--granularity per-token or per-patch, through its plugin); use \
                  --quant int8 with --calib or --calib-random",
                 self.target
             ));

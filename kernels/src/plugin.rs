@@ -30,6 +30,8 @@ pub struct Field {
 pub struct Schema {
     pub name: &'static str,
     pub what: &'static str,
+    /// Why TensorRT's own layers cannot do it.
+    pub why: &'static str,
     pub fields: &'static [Field],
     /// Inputs in order, as `name: types`.
     pub inputs: &'static [&'static str],
@@ -48,25 +50,30 @@ const BLOCK: Field = Field {
     what: "elements per scale along the axis (0: per tensor or per axis); blocks only along the last axis",
 };
 
+const QDQ_WHY: &str = "TensorRT's Q/DQ layers are symmetric (zero points 0) and take activation scales per tensor only";
+
 /// Every plugin mmq emits.
 pub const PLUGINS: [Schema; 4] = [
     Schema {
         name: "MmqQuantize",
         what: "QuantizeLinear to int8 with zero points (asymmetric), per tensor, per axis or in blocks; round half to even, saturating",
+        why: QDQ_WHY,
         fields: &[AXIS, BLOCK],
-        inputs: &["x: float32|float16", "scale: float32", "zero_point: int8"],
+        inputs: &["x: float32|float16", "scale: float32", "zero_point: int8 (optional)"],
         outputs: &["y: int8"],
     },
     Schema {
         name: "MmqDequantize",
-        what: "DequantizeLinear of int8 with zero points (asymmetric): (q - zero_point) * scale, per tensor, per axis or in blocks",
+        what: "DequantizeLinear of int8 with zero points (asymmetric): (q - zero_point) * scale, per tensor, per axis or in blocks (per row after MmqDynamicQuantize)",
+        why: QDQ_WHY,
         fields: &[AXIS, BLOCK],
-        inputs: &["q: int8", "scale: float32", "zero_point: int8"],
+        inputs: &["q: int8", "scale: float32", "zero_point: int8 (optional)"],
         outputs: &["y: float32"],
     },
     Schema {
         name: "MmqDynamicQuantize",
         what: "per-token activation quantization: each row of the last axis to int8 with its own symmetric scale absmax / 127, computed at run time",
+        why: "TensorRT quantizes activations per tensor with constant scales; per-token scales are computed at run time",
         fields: &[],
         inputs: &["x: float32|float16"],
         outputs: &[
@@ -77,6 +84,7 @@ pub const PLUGINS: [Schema; 4] = [
     Schema {
         name: "MmqMatMulNBits",
         what: "A · dequant(B)ᵀ (+ bias) with B 4-bit in blocks along K with binary16 scales and zero points (ONNX Runtime's MatMulNBits layout)",
+        why: "TensorRT's blockwise INT4 DequantizeLinear takes no zero points",
         fields: &[
             Field {
                 name: "K",

@@ -53,15 +53,17 @@ fn quant(
     name: &str,
     field: impl Fn(&str) -> i64,
 ) -> OpResult {
-    if inputs.len() != 3 {
+    if !(2..=3).contains(&inputs.len()) {
         return Err(cx.invalid(format!(
-            "{name} takes 3 inputs (data, scale, zero point), not {}",
+            "{name} takes 2 or 3 inputs (data, scale, zero point), not {}",
             inputs.len()
         )));
     }
-    let zp = tensor(cx, inputs, 2)?;
-    if zp.dtype != DType::I8 {
-        return Err(cx.invalid(format!("the zero point must be int8, not {}", zp.dtype)));
+    if inputs.len() == 3 {
+        let zp = tensor(cx, inputs, 2)?;
+        if zp.dtype != DType::I8 {
+            return Err(cx.invalid(format!("the zero point must be int8, not {}", zp.dtype)));
+        }
     }
     let scale = tensor(cx, inputs, 1)?;
     if scale.dtype != DType::F32 {
@@ -75,6 +77,11 @@ fn quant(
         saturate: true,
     };
     if name == "MmqQuantize" {
+        // Without a zero point the codes are still int8.
+        let at = QuantAttrs {
+            output_dtype: i64::from(DType::I8.onnx_code()),
+            ..at
+        };
         quantize_linear(cx, inputs, &at)
     } else {
         let q = tensor(cx, inputs, 0)?;

@@ -492,7 +492,11 @@ impl Pass for Int8Pass {
                 opts.target
             )));
         }
-        if matches!(self.scheme, Int8Scheme::Dynamic) && !rules.dynamic_activations {
+        // A target without run-time quantization ops may still take per-row scales through
+        // its plugin.
+        let plugin_rows = !rules.dynamic_activations && rules.plugins && self.granularity.per_row();
+        if matches!(self.scheme, Int8Scheme::Dynamic) && !rules.dynamic_activations && !plugin_rows
+        {
             return Err(fail(format!(
                 "target {} has no run-time activation quantization (DynamicQuantizeLinear); \
                  use --quant int8 with calibration",
@@ -609,7 +613,7 @@ impl Pass for Int8Pass {
                     }
                     (Int8Scheme::Dynamic, Kind::MatMul) => {
                         units.extend(unit(m, n));
-                        matmul_dynamic(m, &mut b, n, &s, self.granularity)?;
+                        matmul_dynamic(m, &mut b, n, &s, self.granularity, plugin_rows)?;
                         report.count("quantized-matmul", 1);
                         if body {
                             report.count("quantized-subgraph", 1);
@@ -917,6 +921,7 @@ fn matmul_dynamic(
     n: Node,
     s: &Site,
     granularity: ActGranularity,
+    plugin_rows: bool,
 ) -> Result<(), PassError> {
     let Some(c) = const_source(m, s.weight) else {
         return Err(fail("weight is not a constant".into()));
@@ -944,6 +949,9 @@ fn matmul_dynamic(
         vec![scales.len() as i64],
         f32_bytes(&scales),
     );
+    if granularity.per_row() && plugin_rows {
+        return matmul_dynamic_plugin(m, b, n, act, wq, wsv);
+    }
     if granularity.per_row() {
         return matmul_dynamic_per_row(m, b, n, act, wq, wsv);
     }
@@ -1079,6 +1087,92 @@ fn matmul_dynamic_per_row(
     let node = &mut m.nodes[n];
     node.op = Op::Mul {};
     node.inputs = vec![Some(columns), Some(scale)];
+    Ok(())
+}
+
+/// Per-row dynamic INT8 where the target runs it through its plugins (TensorRT): the
+/// `MmqDynamicQuantize` plugin gives the i8 codes and one symmetric scale per row (absmax / 127),
+/// the `MmqDequantize` plugin takes them back (blocks of the whole row), and the `MatMul` reads
+/// the weight through a per-column `DequantizeLinear` that the target runs natively.
+fn matmul_dynamic_plugin(
+    m: &mut Module,
+    b: &mut Builder,
+    n: Node,
+    act: Value,
+    wq: Value,
+    wsv: Value,
+) -> Result<(), PassError> {
+    // The row length is the weight's K (`[K, N]`).
+    let Some(k) = m
+        .value_type(wq)
+        .shape()
+        .and_then(|s| s.first())
+        .and_then(|d| d.as_known())
+        .filter(|&k| k > 0)
+    else {
+        return Err(fail("a quantized weight without a static K".into()));
+    };
+    let (qn, sn, dn, wn) = (
+        b.name(m, act, "quantized"),
+        b.name(m, act, "row_scale"),
+        b.name(m, act, "dequantized"),
+        b.name(m, wq, "dequantized"),
+    );
+    let scale_ty = match m.value_type(act).shape() {
+        Some(s) => {
+            let mut s = s.to_vec();
+            if let Some(l) = s.last_mut() {
+                *l = mmq_ir::Dim::known(1);
+            }
+            Type::tensor(DType::F32, s)
+        }
+        None => Type::Unknown,
+    };
+    let q_ty = retyped(m, act, DType::I8);
+    let f_ty = retyped(m, act, DType::F32);
+    let plugin = |name: &str, fields: &[(&str, i64)]| crate::target::plugins::plugin_op(name, fields);
+    let dyn_q = b.node(
+        m,
+        n,
+        false,
+        plugin("MmqDynamicQuantize", &[]),
+        vec![act],
+        vec![(qn, q_ty), (sn, scale_ty)],
+    );
+    let deq = b.node(
+        m,
+        n,
+        false,
+        plugin("MmqDequantize", &[("axis", -1), ("block_size", k)]),
+        vec![dyn_q[0], dyn_q[1]],
+        vec![(dn, f_ty)],
+    )[0];
+    let w_ty = retyped(m, wq, DType::F32);
+    let w = b.node(
+        m,
+        n,
+        false,
+        Op::DequantizeLinear {
+            axis: Some(1),
+            block_size: None,
+            output_dtype: None,
+        },
+        vec![wq, wsv],
+        vec![(wn, w_ty)],
+    )[0];
+    // The plugin nodes are named after the MatMul (TensorRT names the layers after them).
+    let base = m.nodes[n]
+        .name
+        .clone()
+        .or_else(|| m.values[act].name.clone())
+        .unwrap_or_else(|| "matmul".to_owned());
+    for (v, what) in [(dyn_q[0], "MmqDynamicQuantize"), (deq, "MmqDequantize")] {
+        if let ValueDef::Output { node, .. } = m.values[v].def {
+            m.nodes[node].name = Some(format!("{base}/{what}"));
+        }
+    }
+    let node = &mut m.nodes[n];
+    node.inputs = vec![Some(deq), Some(w)];
     Ok(())
 }
 

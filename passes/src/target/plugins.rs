@@ -59,8 +59,8 @@ impl Pass for TrtPlugins {
     }
 }
 
-/// The plugin op `name` with its fields.
-fn plugin_op(name: &str, fields: &[(&str, i64)]) -> Op {
+/// The plugin op `name` with its fields (the node's `plugin_namespace` and `plugin_version` set).
+pub fn plugin_op(name: &str, fields: &[(&str, i64)]) -> Op {
     let mut attrs = vec![
         (
             "plugin_namespace".to_owned(),
