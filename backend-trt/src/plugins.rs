@@ -10,15 +10,47 @@ use mmq_kernels::plugin::{self, DOMAIN};
 
 /// The sources of the plugin library, as written to `plugins/`: (file name, text, executable).
 pub const SOURCES: [(&str, &str, bool); 9] = [
-    ("mmq_plugins.cpp", include_str!("../plugins/mmq_plugins.cpp"), false),
-    ("mmq_launch.h", include_str!("../plugins/mmq_launch.h"), false),
-    ("mmq_launch.cu", include_str!("../plugins/mmq_launch.cu"), false),
+    (
+        "mmq_plugins.cpp",
+        include_str!("../plugins/mmq_plugins.cpp"),
+        false,
+    ),
+    (
+        "mmq_launch.h",
+        include_str!("../plugins/mmq_launch.h"),
+        false,
+    ),
+    (
+        "mmq_launch.cu",
+        include_str!("../plugins/mmq_launch.cu"),
+        false,
+    ),
     ("build.sh", include_str!("../plugins/build.sh"), true),
-    ("CMakeLists.txt", include_str!("../plugins/CMakeLists.txt"), false),
-    ("quantize.cu", include_str!("../../kernels/cuda/quantize.cu"), false),
-    ("nbits.cu", include_str!("../../kernels/cuda/nbits.cu"), false),
-    ("mmq_blocks.cuh", include_str!("../../kernels/cuda/mmq_blocks.cuh"), false),
-    ("mmq_quant.cuh", include_str!("../../kernels/cuda/mmq_quant.cuh"), false),
+    (
+        "CMakeLists.txt",
+        include_str!("../plugins/CMakeLists.txt"),
+        false,
+    ),
+    (
+        "quantize.cu",
+        include_str!("../../kernels/cuda/quantize.cu"),
+        false,
+    ),
+    (
+        "nbits.cu",
+        include_str!("../../kernels/cuda/nbits.cu"),
+        false,
+    ),
+    (
+        "mmq_blocks.cuh",
+        include_str!("../../kernels/cuda/mmq_blocks.cuh"),
+        false,
+    ),
+    (
+        "mmq_quant.cuh",
+        include_str!("../../kernels/cuda/mmq_quant.cuh"),
+        false,
+    ),
 ];
 
 /// The library `build.sh` writes, relative to the package.

@@ -59,7 +59,11 @@ pub const PLUGINS: [Schema; 4] = [
         what: "QuantizeLinear to int8 with zero points (asymmetric), per tensor, per axis or in blocks; round half to even, saturating",
         why: QDQ_WHY,
         fields: &[AXIS, BLOCK],
-        inputs: &["x: float32|float16", "scale: float32", "zero_point: int8 (optional)"],
+        inputs: &[
+            "x: float32|float16",
+            "scale: float32",
+            "zero_point: int8 (optional)",
+        ],
         outputs: &["y: int8"],
     },
     Schema {
@@ -110,7 +114,7 @@ pub const PLUGINS: [Schema; 4] = [
         inputs: &[
             "A: float16 [..., K]",
             "B: uint8 [N, K / block_size, block_size / 2]",
-            "scales: float16 [N * K / block_size]",
+            "scales: float16 [N, K / block_size] (or flat)",
             "zero_points: uint8 [N, ceil(K / block_size / 2)]",
             "bias: float16 [N] (optional)",
         ],

@@ -1,6 +1,7 @@
 //! Shared support for the end-to-end, round-trip and conformance tests: where the repository,
 //! the fixtures and the Python oracle (ONNX + ONNX Runtime in `.venv`) are.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -219,4 +220,78 @@ pub fn load_fixture_o2(name: &str) -> mmq_ir::Module {
         .run(&mut m, &opts)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     m
+}
+
+/// TensorRT's C++ headers (11.4, shipped by the `trtx-sys` crate, which `tools/trt-headers`
+/// names): cargo downloads the crate on first use and says where it is. Panics when they cannot
+/// be had.
+pub fn tensorrt_headers() -> PathBuf {
+    let manifest = repo_root().join("tools/trt-headers/Cargo.toml");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--locked",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cargo metadata: {e}"));
+    assert!(
+        out.status.success(),
+        "cargo metadata {}: {}",
+        manifest.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("cargo metadata: {e}"));
+    let crate_dir = meta["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "trtx-sys")
+        .and_then(|p| p["manifest_path"].as_str())
+        .and_then(|p| Path::new(p).parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| panic!("cargo metadata names no trtx-sys"));
+    let dir = crate_dir.join("TensorRT-Headers/TRT-Enterprise-11.4");
+    assert!(
+        dir.join("NvInferRuntime.h").is_file(),
+        "no NvInferRuntime.h in {}",
+        dir.display()
+    );
+    dir
+}
+
+/// nvcc and the CUDA headers beside it, from `MMQ_NVCC` (the README's test command sets it to
+/// the Python registry's nvcc). `None` when it is unset, after printing why; with
+/// `MMQ_REQUIRE_CUDA_TOOLS=1` that is a failure instead.
+pub fn cuda_tools(what: &str) -> Option<(PathBuf, PathBuf)> {
+    let nvcc = std::env::var_os("MMQ_NVCC")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from);
+    let Some(nvcc) = nvcc.filter(|p| p.is_file()) else {
+        assert!(
+            std::env::var("MMQ_REQUIRE_CUDA_TOOLS").as_deref() != Ok("1"),
+            "MMQ_REQUIRE_CUDA_TOOLS=1 but MMQ_NVCC names no nvcc"
+        );
+        // To stderr, past the test harness's capture, so the skip shows in every run.
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping {what}: MMQ_NVCC is not set (the README's test command sets it)"
+        );
+        return None;
+    };
+    let include = nvcc
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("include"))
+        .unwrap_or_default();
+    assert!(
+        include.join("cuda_runtime_api.h").is_file(),
+        "no cuda_runtime_api.h beside {}",
+        nvcc.display()
+    );
+    Some((nvcc, include))
 }

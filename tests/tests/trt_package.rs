@@ -2,15 +2,18 @@
 //! blockwise `DequantizeLinear`): the package (model files,
 //! `build_engine.sh`, `manifest.json`) is written; the models read back from disk pass the
 //! TensorRT-rules linter (parser ops and their restrictions, symmetric Q/DQ with per-channel
-//! scales on weights only) and the full ONNX checker; ONNX Runtime runs them: within 1e-4 of the
-//! stored float references unquantized (2e-2 for the QAT model, whose Q/DQ ONNX Runtime runs as
-//! integer kernels), and at cosine >= 0.99 to them with INT8 and FP8, 0.98 with INT4. The PyTorch QAT model's asymmetric
-//! input unit is the one thing TensorRT cannot take natively; the linter must name it.
+//! scales on weights only, plugin nodes that match mmq's plugins) and the full ONNX checker; ONNX
+//! Runtime runs them (`mmq run` where the model uses mmq's plugins, which ONNX Runtime lacks):
+//! within 1e-4 of the stored float references unquantized (2e-2 for the QAT model, whose Q/DQ
+//! ONNX Runtime runs as integer kernels), and at cosine >= 0.99 to them with INT8 and FP8, 0.98
+//! with INT4. The PyTorch QAT model's asymmetric uint8 units become plugins (trt_plugins.rs
+//! checks the plugin packages and library).
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use mmq_compiler::{Accuracy, CalibrationSource, CompileOptions, Precision, QuantScheme};
+use mmq_passes::quant::int8::ActGranularity;
 use mmq_passes::{OptLevel, TargetRef};
 use mmq_tests::{Fixture, cosine, fixtures, oracle, scratch_dir};
 use rayon::prelude::*;
@@ -75,16 +78,12 @@ fn compile_package(fx: &Fixture, tag: &str, precision: Precision) -> (PathBuf, V
         &mmq_backend_trt::PackageOptions::default(),
     )
     .unwrap_or_else(|e| panic!("{} {tag}: {e}", fx.name));
-    if fx.name == ASYMMETRIC_QAT {
-        assert_asymmetric_only(&fx.name, &package.findings);
-    } else {
-        assert!(
-            package.findings.is_empty(),
-            "{} {tag}: {:?}",
-            fx.name,
-            package.findings
-        );
-    }
+    assert!(
+        package.findings.is_empty(),
+        "{} {tag}: {:?}",
+        fx.name,
+        package.findings
+    );
     let models: Vec<PathBuf> = package
         .files
         .iter()
@@ -113,44 +112,26 @@ fn compile_package(fx: &Fixture, tag: &str, precision: Precision) -> (PathBuf, V
     let scripts = package
         .files
         .iter()
-        .filter(|f| f.extension().is_some_and(|x| x == "sh"))
+        .filter(|f| f.extension().is_some_and(|x| x == "sh") && f.parent() == Some(&*dir))
         .count();
     assert_eq!(scripts, fx.models.len(), "{} {tag}: build scripts", fx.name);
     (dir, models)
 }
 
-/// The PyTorch QAT fixture: its fake-quant units are u8 (the input's asymmetric), which TensorRT
-/// has no native form for (the plugin that would run them is not built yet); the linter must
-/// say exactly that and nothing else.
+/// The PyTorch QAT fixture: its fake-quant units are u8 with the input's asymmetric, which
+/// TensorRT runs through mmq's plugins.
 const ASYMMETRIC_QAT: &str = "qat_cnn";
-
-fn assert_asymmetric_only(name: &str, findings: &[mmq_backend_trt::Finding]) {
-    assert!(
-        !findings.is_empty(),
-        "{name}: the asymmetric unit went unnoticed"
-    );
-    for f in findings {
-        assert!(
-            f.message.contains("symmetric only") || f.message.contains("quantized type u8"),
-            "{name}: {f}"
-        );
-    }
-}
 
 /// The written model, read back, against TensorRT's rules and the ONNX checker.
 fn check_written(name: &str, model: &Path) {
     let m = mmq_onnx::load_files(&[model], &mmq_onnx::LoadOptions::default())
         .unwrap_or_else(|e| panic!("{name}: {} does not load back: {e}", model.display()));
     let findings = mmq_backend_trt::lint(&m);
-    if name == ASYMMETRIC_QAT {
-        assert_asymmetric_only(name, &findings);
-    } else {
-        assert!(
-            findings.is_empty(),
-            "{name}: {}: {findings:?}",
-            model.display()
-        );
-    }
+    assert!(
+        findings.is_empty(),
+        "{name}: {}: {findings:?}",
+        model.display()
+    );
     let out = oracle(&[OsStr::new("check"), model.as_os_str()]);
     assert!(
         out.status.success(),
@@ -165,13 +146,30 @@ fn ort_outputs(fx: &Fixture, model: &Path, dir: &Path) -> Vec<(String, Vec<f64>)
     ort_outputs_on(fx, model, dir, &fx.dir.join("inputs.npz"))
 }
 
-/// ONNX Runtime's outputs of `model` on `inputs`, by name.
+/// ONNX Runtime's outputs of `model` on `inputs`, by name; the reference interpreter's (`mmq
+/// run`) where the model uses mmq's plugins.
 fn ort_outputs_on(
     fx: &Fixture,
     model: &Path,
     dir: &Path,
     inputs: &Path,
 ) -> Vec<(String, Vec<f64>)> {
+    let m = mmq_onnx::load_files(&[model], &mmq_onnx::LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    if !mmq_backend_trt::plugins::uses(&m).is_empty() {
+        let feeds: std::collections::HashMap<String, mmq_kernels::RtValue> =
+            mmq_kernels::io::read_npz(inputs)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .into_iter()
+                .map(|(n, t)| (n, t.into()))
+                .collect();
+        return mmq_kernels::Interpreter::new(&m)
+            .run(m.entries[0].graph, &feeds)
+            .unwrap_or_else(|e| panic!("{}: mmq run {}: {e}", fx.name, model.display()))
+            .into_iter()
+            .filter_map(|(n, v)| Some((n, v.as_tensor()?.to_f64().ok()?)))
+            .collect();
+    }
     let out_path = dir.join(format!(
         "{}.{}.ort.npz",
         model.file_stem().unwrap_or_default().to_string_lossy(),
@@ -356,22 +354,29 @@ fn the_build_script_and_manifest_describe_the_profiles() {
 
 #[test]
 fn what_tensorrt_cannot_take_is_refused_before_any_work() {
-    for (precision, want) in [
-        (Precision::Scheme(QuantScheme::Int4), "--asym"),
-        (Precision::Scheme(QuantScheme::Int8Dynamic), "int8-dynamic"),
-    ] {
-        let options = CompileOptions {
-            target: TargetRef::TRT,
-            precision,
-            int4: mmq_compiler::Int4Options {
-                symmetric: false,
-                ..Default::default()
-            },
-            ..CompileOptions::default()
-        };
-        let e = options.check().expect_err("refused");
-        assert!(e.contains(want) && e.contains("trt"), "{e}");
-    }
+    // Run-time quantization per tensor has no TensorRT form; per row (through the plugin) and
+    // asymmetric INT4 (through the INT4 GEMM plugin) are accepted (trt_plugins.rs).
+    let options = |granularity| CompileOptions {
+        target: TargetRef::TRT,
+        precision: Precision::Scheme(QuantScheme::Int8Dynamic),
+        granularity,
+        ..CompileOptions::default()
+    };
+    let e = options(ActGranularity::PerTensor)
+        .check()
+        .expect_err("refused");
+    assert!(e.contains("int8-dynamic") && e.contains("trt"), "{e}");
+    assert_eq!(options(ActGranularity::PerToken).check(), Ok(()));
+    let asym = CompileOptions {
+        target: TargetRef::TRT,
+        precision: Precision::Scheme(QuantScheme::Int4),
+        int4: mmq_compiler::Int4Options {
+            symmetric: false,
+            ..Default::default()
+        },
+        ..CompileOptions::default()
+    };
+    assert_eq!(asym.check(), Ok(()));
 }
 
 #[test]

@@ -1130,7 +1130,8 @@ fn matmul_dynamic_plugin(
     };
     let q_ty = retyped(m, act, DType::I8);
     let f_ty = retyped(m, act, DType::F32);
-    let plugin = |name: &str, fields: &[(&str, i64)]| crate::target::plugins::plugin_op(name, fields);
+    let plugin =
+        |name: &str, fields: &[(&str, i64)]| crate::target::plugins::plugin_op(name, fields);
     let dyn_q = b.node(
         m,
         n,
