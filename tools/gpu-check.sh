@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA kernels in one run: every CUDA test with REQUIRE_GPU=1 (a skip is a
-# failure), then the kernel benchmark (bandwidth against device copies, the INT4 GEMV against
-# binary16 GEMVs). Under 5 minutes on an H200.
+# failure), the TensorRT plugins' enqueue on device buffers against the reference interpreter
+# (the plugin harness over the nodes of every plugin package of tests/tests/trt_plugins.rs), then
+# the kernel benchmark (bandwidth against device copies, the INT4 GEMV against binary16 GEMVs).
+# Under 5 minutes on an H200.
 #
 #   tools/gpu-check.sh build   build the test and benchmark binaries (release, fatbin from the
 #                              pip nvcc in .venv; run tools/setup-venv.sh first) into
-#                              target/gpu-check/bin; needs no GPU
+#                              target/gpu-check/bin, and the plugin library with its harness and
+#                              device data into target/gpu-check/plugins; needs no GPU
 #   tools/gpu-check.sh run     run them; needs the GPU and its driver, no toolchain
 #   tools/gpu-check.sh         both
 #
@@ -35,6 +38,12 @@ for line in sys.stdin:
     done
     strip "$dir/bin/"* 2>/dev/null || true
     ls -la "$dir/bin"
+    # The plugin library (sm_90), the harness and the nodes' operands and CPU results.
+    LD_LIBRARY_PATH="$cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MMQ_REQUIRE_CUDA_TOOLS=1 \
+        cargo test -p mmq-tests --test trt_plugins --locked -q >/dev/null
+    rm -rf "$dir/plugins"
+    cp -r target/mmq-test-scratch/trt-plugins-library "$dir/plugins"
+    du -sh "$dir/plugins"
 }
 
 run() {
@@ -52,6 +61,10 @@ run() {
         echo '```'
     } >"$out/gpu-check.md"
     REQUIRE_GPU=1 "$dir/bin/cuda-test" --test-threads 1 >>"$out/gpu-check.md" 2>&1 || status=$?
+    { echo '```'; echo; echo "## TensorRT plugins: enqueue against the CPU"; echo; echo '```'; } \
+        >>"$out/gpu-check.md"
+    "$dir/plugins/harness" "$dir/plugins/libmmq_plugins.so" "$dir/plugins/harness.spec" --enqueue \
+        | grep -E "device|FAIL|failure" >>"$out/gpu-check.md" 2>&1 || status=$?
     { echo '```'; echo; echo "## Benchmark"; echo; } >>"$out/gpu-check.md"
     "$dir/bin/cuda-bench" >>"$out/gpu-check.md" 2>&1 || status=$?
     cat "$out/gpu-check.md"

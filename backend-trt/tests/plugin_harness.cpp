@@ -2,7 +2,7 @@
 // library, gets the creators through getCreators, and for every plugin instance of a spec file
 // (one per line, written by the tests from a package's model.onnx):
 //
-//   NAME|field=value,...|input types and shapes|expected output types and shapes
+//   NAME|field=value,...|input types and shapes|expected output types and shapes[|DATA]
 //
 // (types f32 f16 i8 u8, shapes as 2x3x4, a scalar as an empty shape, tensors separated by ';')
 // creates the plugin with those fields, checks its name, version and namespace, its outputs'
@@ -10,10 +10,19 @@
 // query accepts the node's types, and the serialization round trip: the fields it serializes
 // create an equal plugin in the runtime phase. It also checks each creator's field names against
 // the `fields NAME a,b,c` lines of the spec. Prints one line per check, exits 1 on a failure.
+//
+// With `--enqueue` (a GPU machine) it also runs every instance that has DATA (a path prefix
+// relative to the spec: DATA.in<i>.bin and DATA.out<i>.bin hold the node's operands and the
+// reference interpreter's results, raw little-endian) through the plugin's enqueue on device
+// buffers and compares: int8 results bit for bit, float32 within 1e-5 relative, binary16 (the
+// INT4 GEMM, accumulated in another order) within 1e-2 relative. Exits 3 when there is no CUDA
+// device.
 #include <dlfcn.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <deque>
 #include <fstream>
 #include <map>
@@ -21,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
 #include <NvInferRuntime.h>
 
 using namespace nvinfer1;
@@ -163,6 +173,126 @@ std::string shape_text(std::vector<int64_t> const& d) {
     return s;
 }
 
+size_t element_size(DataType t) {
+    switch (t) {
+        case DataType::kFLOAT:
+        case DataType::kINT32:
+            return 4;
+        case DataType::kHALF:
+            return 2;
+        case DataType::kINT64:
+            return 8;
+        default:
+            return 1;
+    }
+}
+
+bool read_file(std::string const& path, std::vector<char>* out) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) {
+        return false;
+    }
+    out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    return true;
+}
+
+float half_to_float(uint16_t h) {
+    uint32_t sign = (h >> 15) & 1u, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    float v;
+    if (exp == 0) {
+        v = static_cast<float>(man) * (1.0f / 16777216.0f);
+    } else if (exp == 31) {
+        v = man ? NAN : INFINITY;
+    } else {
+        v = std::ldexp(static_cast<float>(man | 0x400u), static_cast<int>(exp) - 25);
+    }
+    return sign ? -v : v;
+}
+
+// Runs `plugin` through enqueue on the device with the operands DATA.in<i>.bin and compares its
+// results with DATA.out<i>.bin.
+void enqueue_check(IPluginV3* plugin, std::vector<TensorSpec> const& ins,
+                   std::vector<TensorSpec> const& outs, std::string const& data,
+                   std::string const& tag) {
+    auto* rt = static_cast<IPluginV3OneRuntime*>(
+        plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    std::vector<PluginTensorDesc> in_desc(ins.size()), out_desc(outs.size());
+    auto fill = [](PluginTensorDesc& d, TensorSpec const& t) {
+        d.type = t.type;
+        d.format = TensorFormat::kLINEAR;
+        d.scale = -1.0f;
+        d.dims.nbDims = static_cast<int32_t>(t.dims.size());
+        for (size_t j = 0; j < t.dims.size(); ++j) {
+            d.dims.d[j] = t.dims[j];
+        }
+    };
+    for (size_t i = 0; i < ins.size(); ++i) {
+        fill(in_desc[i], ins[i]);
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+        fill(out_desc[i], outs[i]);
+    }
+    bool ok = rt != nullptr &&
+              rt->onShapeChange(in_desc.data(), static_cast<int32_t>(ins.size()), out_desc.data(),
+                                static_cast<int32_t>(outs.size())) == 0;
+    std::vector<void*> d_in(ins.size(), nullptr), d_out(outs.size(), nullptr);
+    std::vector<std::vector<char>> want(outs.size());
+    for (size_t i = 0; ok && i < ins.size(); ++i) {
+        std::vector<char> bytes;
+        ok = read_file(data + ".in" + std::to_string(i) + ".bin", &bytes) &&
+             cudaMalloc(&d_in[i], bytes.size() + 1) == cudaSuccess &&
+             cudaMemcpy(d_in[i], bytes.data(), bytes.size(), cudaMemcpyHostToDevice) ==
+                 cudaSuccess;
+    }
+    for (size_t i = 0; ok && i < outs.size(); ++i) {
+        ok = read_file(data + ".out" + std::to_string(i) + ".bin", &want[i]) &&
+             cudaMalloc(&d_out[i], want[i].size() + 1) == cudaSuccess;
+    }
+    cudaStream_t stream = nullptr;
+    ok = ok && cudaStreamCreate(&stream) == cudaSuccess;
+    ok = ok && rt->enqueue(in_desc.data(), out_desc.data(), d_in.data(), d_out.data(), nullptr,
+                           stream) == 0;
+    ok = ok && cudaStreamSynchronize(stream) == cudaSuccess;
+    check(ok, tag + ": enqueue on the device");
+    for (size_t i = 0; ok && i < outs.size(); ++i) {
+        std::vector<char> got(want[i].size());
+        cudaMemcpy(got.data(), d_out[i], got.size(), cudaMemcpyDeviceToHost);
+        size_t n = got.size() / element_size(outs[i].type), bad = 0;
+        double worst = 0.0;
+        for (size_t e = 0; e < n; ++e) {
+            double g, w, tol;
+            if (outs[i].type == DataType::kFLOAT) {
+                float gf, wf;
+                std::memcpy(&gf, &got[e * 4], 4);
+                std::memcpy(&wf, &want[i][e * 4], 4);
+                g = gf, w = wf, tol = 1e-5;
+            } else if (outs[i].type == DataType::kHALF) {
+                uint16_t gh, wh;
+                std::memcpy(&gh, &got[e * 2], 2);
+                std::memcpy(&wh, &want[i][e * 2], 2);
+                g = half_to_float(gh), w = half_to_float(wh), tol = 1e-2;
+            } else {
+                g = static_cast<int8_t>(got[e]), w = static_cast<int8_t>(want[i][e]), tol = 0.0;
+            }
+            double err = std::fabs(g - w) / (1.0 + std::fabs(w));
+            worst = err > worst ? err : worst;
+            bad += err > tol;
+        }
+        check(bad == 0, tag + ": device output " + std::to_string(i) + " matches the CPU (" +
+                            std::to_string(bad) + " of " + std::to_string(n) +
+                            " off, worst relative " + std::to_string(worst) + ")");
+    }
+    for (void* p : d_in) {
+        cudaFree(p);
+    }
+    for (void* p : d_out) {
+        cudaFree(p);
+    }
+    if (stream) {
+        cudaStreamDestroy(stream);
+    }
+}
+
 std::vector<int32_t> serialized(IPluginV3* p) {
     auto* rt = static_cast<IPluginV3OneRuntime*>(
         p->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
@@ -181,10 +311,21 @@ std::vector<int32_t> serialized(IPluginV3* p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 3) {
-        std::fprintf(stderr, "usage: %s libmmq_plugins.so SPEC\n", argv[0]);
+    bool enqueue = argc == 4 && std::strcmp(argv[3], "--enqueue") == 0;
+    if (argc != 3 && !enqueue) {
+        std::fprintf(stderr, "usage: %s libmmq_plugins.so SPEC [--enqueue]\n", argv[0]);
         return 2;
     }
+    if (enqueue) {
+        int devices = 0;
+        cudaError_t e = cudaGetDeviceCount(&devices);
+        if (e != cudaSuccess || devices == 0) {
+            std::printf("no CUDA device: %s\n", e != cudaSuccess ? cudaGetErrorString(e) : "none");
+            return 3;
+        }
+    }
+    std::string spec_dir = argv[2];
+    spec_dir = spec_dir.find('/') == std::string::npos ? "." : spec_dir.substr(0, spec_dir.rfind('/'));
     void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         std::fprintf(stderr, "dlopen: %s\n", dlerror());
@@ -237,7 +378,7 @@ int main(int argc, char** argv) {
             continue;
         }
         auto parts = split(line, '|');
-        if (parts.size() != 4) {
+        if (parts.size() != 4 && parts.size() != 5) {
             std::fprintf(stderr, "bad spec line '%s'\n", line.c_str());
             return 2;
         }
@@ -353,6 +494,9 @@ int main(int argc, char** argv) {
               tag + ": recreated from its serialized fields");
         IPluginV3* copy = plugin->clone();
         check(copy != nullptr && serialized(copy) == first, tag + ": clone");
+        if (enqueue && parts.size() == 5 && again != nullptr) {
+            enqueue_check(again, ins, outs, spec_dir + "/" + parts[4], tag);
+        }
         delete copy;
         delete again;
         delete plugin;

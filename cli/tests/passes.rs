@@ -185,7 +185,14 @@ fn opt_and_compile_errors() {
         vec!["opt", "small.mmir", "--rules", "simplify,no-such-set"],
         vec!["opt", "small.mmir", "--rules", "simplify", "-o", "out.txt"],
         vec![
-            "compile", vit, "--target", "trt", "--quant", "int4", "--asym", "-o", "out",
+            "compile",
+            vit,
+            "--target",
+            "trt",
+            "--quant",
+            "int8-dynamic",
+            "-o",
+            "out",
         ],
         vec![
             "compile",

@@ -10,7 +10,9 @@
 //! g++ against TensorRT 11.4's headers, `plugins/build.sh` builds `libmmq_plugins.so` with nvcc,
 //! and a CPU harness dlopens it and checks every plugin node of the packages (creation from the
 //! node's fields, output types and shapes through a mock `IExprBuilder`, formats, the
-//! serialization round trip) and each creator's fields against the manifest.
+//! serialization round trip) and each creator's fields against the manifest. On a GPU
+//! (`REQUIRE_GPU=1` turns the skip into a failure) the harness also runs two nodes of each
+//! plugin per package through `enqueue` on device buffers against the interpreter's results.
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -148,7 +150,7 @@ fn f64s(v: &RtValue) -> Vec<f64> {
 }
 
 /// Checks one package; returns its plugin uses as harness spec lines.
-fn check_package(fx: &Fixture, case: Case, dir: &Path) -> Vec<String> {
+fn check_package(fx: &Fixture, case: Case, dir: &Path) -> Vec<SpecLine> {
     let tag = format!("{} {}", fx.name, case.tag());
     let model = dir.join("model.onnx");
     let m = load(&model);
@@ -210,7 +212,7 @@ fn check_package(fx: &Fixture, case: Case, dir: &Path) -> Vec<String> {
         assert!(c >= case.least_cosine(), "{tag} {name}: cosine {c}");
     }
     assert!(compared > 0, "{tag}: no output compared");
-    spec_lines(&m, &ref_in)
+    spec_lines(&m, &ref_in, &format!("{}-{}", fx.name, case.tag()))
 }
 
 fn type_name(d: DType) -> &'static str {
@@ -225,9 +227,19 @@ fn type_name(d: DType) -> &'static str {
     }
 }
 
+/// Device data of a spec line: the operands and results of one plugin node, raw.
+struct Data {
+    prefix: String,
+    files: Vec<(String, Vec<u8>)>,
+}
+
+/// A spec line and, for the first nodes of each plugin in a package, its device data.
+type SpecLine = (String, Option<Data>);
+
 /// The harness's spec lines for the plugin nodes of `m`, with the concrete types and shapes of
-/// their operands and results on `inputs` (found by running `m` with them as extra outputs).
-fn spec_lines(m: &Module, inputs: &HashMap<String, Tensor>) -> Vec<String> {
+/// their operands and results on `inputs` (found by running `m` with them as extra outputs);
+/// the first two nodes of each plugin carry their operands and results for the device check.
+fn spec_lines(m: &Module, inputs: &HashMap<String, Tensor>, package: &str) -> Vec<SpecLine> {
     let mut probe = m.clone();
     let g = probe.entries[0].graph;
     let plugin_nodes: Vec<mmq_ir::Node> = probe.graphs[g]
@@ -261,10 +273,28 @@ fn spec_lines(m: &Module, inputs: &HashMap<String, Tensor>) -> Vec<String> {
             .collect::<Vec<_>>()
             .join(";")
     };
+    let mut per_plugin: HashMap<String, usize> = HashMap::new();
     plugin_nodes
         .iter()
-        .map(|&n| {
+        .enumerate()
+        .map(|(i, &n)| {
             let nd = &probe.nodes[n];
+            let count = per_plugin.entry(nd.op.op_type().to_owned()).or_default();
+            *count += 1;
+            let data = (*count <= 2).then(|| {
+                let prefix = format!("data/{package}-{i}");
+                let mut files = Vec::new();
+                for (kind, vals) in [("in", &nd.inputs), ("out", &nd.outputs)] {
+                    for (j, v) in vals.iter().flatten().enumerate() {
+                        let t = seen[v].as_tensor().expect("a tensor");
+                        files.push((
+                            format!("{prefix}.{kind}{j}.bin"),
+                            t.to_bytes().expect("raw bytes"),
+                        ));
+                    }
+                }
+                Data { prefix, files }
+            });
             let fields: Vec<String> = nd
                 .op
                 .attrs()
@@ -275,20 +305,25 @@ fn spec_lines(m: &Module, inputs: &HashMap<String, Tensor>) -> Vec<String> {
                     other => panic!("field {k} = {other:?}"),
                 })
                 .collect();
-            format!(
+            let mut line = format!(
                 "{}|{}|{}|{}",
                 nd.op.op_type(),
                 fields.join(","),
                 tensors(&nd.inputs),
                 tensors(&nd.outputs)
-            )
+            );
+            if let Some(d) = &data {
+                line.push('|');
+                line.push_str(&d.prefix);
+            }
+            (line, data)
         })
         .collect()
 }
 
 #[test]
 fn plugin_packages_pass_every_check_and_the_library_builds_and_loads() {
-    let results: Vec<Result<(PathBuf, Vec<String>), String>> = cases()
+    let results: Vec<Result<(PathBuf, Vec<SpecLine>), String>> = cases()
         .par_iter()
         .map(|(fx, case)| {
             std::panic::catch_unwind(|| {
@@ -314,9 +349,23 @@ fn plugin_packages_pass_every_check_and_the_library_builds_and_loads() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    let packages: Vec<(PathBuf, Vec<String>)> = results.into_iter().flatten().collect();
+    let packages: Vec<(PathBuf, Vec<SpecLine>)> = results.into_iter().flatten().collect();
+    // The library of one package (every package writes the same sources), built apart, with the
+    // harness, its spec and the device data: what tools/gpu-check.sh takes to the GPU.
+    let lib_dir = scratch_dir("trt-plugins-library");
+    for entry in std::fs::read_dir(packages[0].0.join("plugins")).expect("plugins/") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, lib_dir.join(path.file_name().expect("name"))).expect("copy");
+    }
+    std::fs::create_dir_all(lib_dir.join("data")).expect("data/");
+    let mut spec: Vec<String> = Vec::new();
+    for (line, data) in packages.iter().flat_map(|(_, s)| s) {
+        for (file, bytes) in data.iter().flat_map(|d| &d.files) {
+            std::fs::write(lib_dir.join(file), bytes).expect("device data");
+        }
+        spec.push(line.clone());
+    }
     // Every plugin of the schema is used somewhere.
-    let mut spec: Vec<String> = packages.iter().flat_map(|(_, s)| s.clone()).collect();
     for p in &mmq_kernels::plugin::PLUGINS {
         assert!(
             spec.iter().any(|l| l.starts_with(&format!("{}|", p.name))),
@@ -326,9 +375,7 @@ fn plugin_packages_pass_every_check_and_the_library_builds_and_loads() {
         let fields: Vec<&str> = p.fields.iter().map(|f| f.name).collect();
         spec.push(format!("fields {} {}", p.name, fields.join(",")));
     }
-    // The plugin library of one package (every package writes the same sources).
-    let (dir, _) = &packages[0];
-    build_and_load(&dir.join("plugins"), &spec);
+    build_and_load(&lib_dir, &spec);
 }
 
 /// g++ type-checks the plugin sources against TensorRT's headers, build.sh builds the library
@@ -374,11 +421,20 @@ fn build_and_load(plugins: &Path, spec: &[String]) {
     assert!(lib.is_file(), "build.sh wrote no {}", lib.display());
     let harness = plugins.join("harness");
     let source = repo_root().join("backend-trt/tests/plugin_harness.cpp");
+    let cuda_lib = cuda_include
+        .parent()
+        .map(|p| p.join("lib"))
+        .unwrap_or_default();
     gxx(&[
         source.as_os_str(),
         "-o".as_ref(),
         harness.as_os_str(),
+        "-L".as_ref(),
+        cuda_lib.as_os_str(),
+        "-lcudart_static".as_ref(),
         "-ldl".as_ref(),
+        "-lpthread".as_ref(),
+        "-lrt".as_ref(),
     ]);
     let spec_path = plugins.join("harness.spec");
     std::fs::write(&spec_path, spec.join("\n") + "\n").expect("spec");
@@ -399,6 +455,43 @@ fn build_and_load(plugins: &Path, spec: &[String]) {
     );
     let checks = text.lines().filter(|l| l.starts_with("ok ")).count();
     assert!(checks > spec.len(), "{text}");
+    // On a GPU: every node with device data through enqueue, against the CPU's results.
+    let out = Command::new(&harness)
+        .arg(&lib)
+        .arg(&spec_path)
+        .arg("--enqueue")
+        .output()
+        .expect("harness --enqueue");
+    let text = String::from_utf8_lossy(&out.stdout);
+    match out.status.code() {
+        Some(0) => {
+            let device = text.lines().filter(|l| l.contains("device output")).count();
+            assert!(device > 0, "{text}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "plugin enqueue: {device} device results match the CPU"
+            );
+        }
+        Some(3) => {
+            assert!(
+                std::env::var("REQUIRE_GPU").as_deref() != Ok("1"),
+                "REQUIRE_GPU=1: {text}"
+            );
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipping the plugins' enqueue on the device (GPU test): {}",
+                text.trim()
+            );
+        }
+        _ => panic!(
+            "the plugins' enqueue on the device failed:\n{}{}",
+            text.lines()
+                .filter(|l| l.starts_with("FAIL"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
     let _ = writeln!(
         std::io::stderr(),
         "plugin harness: {checks} checks passed over {} spec lines",
