@@ -5,7 +5,7 @@ mod common;
 use common::{fixture, run_in, scratch};
 
 #[test]
-fn inspect_summarizes_a_package_and_names_what_tensorrt_refuses() {
+fn inspect_summarizes_a_package_and_the_plugins_it_needs() {
     let dir = scratch("trt-inspect");
     let vit = fixture("vit_dynamic");
     let (code, _, stderr) = run_in(
@@ -47,14 +47,22 @@ fn inspect_summarizes_a_package_and_names_what_tensorrt_refuses() {
         json,
         std::fs::read_to_string(dir.join("pkg/manifest.json")).expect("manifest")
     );
-    // The QAT model's u8 units: refused, named.
+    // The QAT model's u8 units with zero points other than 128: plugins, listed with the nodes
+    // and why.
     let qat = fixture("qat_cnn");
     let (code, _, stderr) = run_in(&dir, &["compile", &qat, "--target", "trt", "-o", "qat"]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(stderr.contains("TensorRT's parser or quantization rules will refuse"));
+    assert!(stderr.contains("plugins/build.sh"), "{stderr}");
+    assert!(!stderr.contains("will refuse"), "{stderr}");
     let (_, text, _) = run_in(&dir, &["inspect", "qat"]);
-    assert!(
-        text.contains("TensorRT will refuse") && text.contains("u8"),
-        "{text}"
-    );
+    for want in [
+        "plugins: 2 (plugins/libmmq_plugins.so",
+        "MmqQuantize v1 (4 nodes)",
+        "MmqDequantize v1 (4 nodes)",
+        "why: TensorRT's Q/DQ layers are symmetric",
+        "nodes: /input_fq/QuantizeLinear",
+        "TensorRT rules: no finding",
+    ] {
+        assert!(text.contains(want), "no '{want}' in\n{text}");
+    }
 }
