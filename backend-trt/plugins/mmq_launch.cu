@@ -66,22 +66,23 @@ extern "C" int mmq_launch_dequantize(const int8_t* q, int64_t n, const float* sc
 }
 
 extern "C" int mmq_launch_dynamic_quantize(const void* x, int32_t x_type, int64_t rows,
-                                           int64_t row_len, int8_t* out, float* scales,
-                                           cudaStream_t stream) {
-    int64_t chunks = (row_len + 7) / 8;
+                                           int64_t row_len, int64_t group, int8_t* out,
+                                           float* scales, cudaStream_t stream) {
+    int64_t chunks = (group + 7) / 8;
     int threads = 32;
     while (threads < chunks && threads < 256) {
         threads *= 2;
     }
-    int32_t vec = row_len % 8 == 0;
-    unsigned grid = (unsigned)(rows < (1 << 20) ? (rows < 1 ? 1 : rows) : (1 << 20));
+    int32_t vec = row_len % 8 == 0 && group % 8 == 0;
+    int64_t groups = rows * ((row_len + group - 1) / group);
+    unsigned grid = (unsigned)(groups < (1 << 20) ? (groups < 1 ? 1 : groups) : (1 << 20));
     uint8_t* o = reinterpret_cast<uint8_t*>(out);
     if (x_type == MMQ_F16) {
         mmq_quantize_dynamic_f16_i8_f32s<<<grid, threads, 0, stream>>>(
-            static_cast<const mmq_f16*>(x), rows, row_len, row_len, 1, vec, o, scales, nullptr);
+            static_cast<const mmq_f16*>(x), rows, row_len, group, 1, vec, o, scales, nullptr);
     } else {
         mmq_quantize_dynamic_f32_i8_f32s<<<grid, threads, 0, stream>>>(
-            static_cast<const float*>(x), rows, row_len, row_len, 1, vec, o, scales, nullptr);
+            static_cast<const float*>(x), rows, row_len, group, 1, vec, o, scales, nullptr);
     }
     return last_error();
 }

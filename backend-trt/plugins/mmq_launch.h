@@ -30,9 +30,10 @@ int mmq_launch_quantize(const void* x, int32_t x_type, int64_t n, const float* s
 int mmq_launch_dequantize(const int8_t* q, int64_t n, const float* scales, const int8_t* zeros,
                           MmqScaleSpec spec, float* out, cudaStream_t stream);
 
-// Per row of row_len: symmetric int8 codes with the row's scale absmax / 127.
+// Rows of row_len in blocks of `group`: symmetric int8 codes with each block's scale
+// absmax / 127 (scales [rows, ceil(row_len / group)]).
 int mmq_launch_dynamic_quantize(const void* x, int32_t x_type, int64_t rows, int64_t row_len,
-                                int8_t* out, float* scales, cudaStream_t stream);
+                                int64_t group, int8_t* out, float* scales, cudaStream_t stream);
 
 // y[m, n] = a[m, k] · dequant(b)[n, k]ᵀ (+ bias), binary16 in and out.
 int mmq_launch_nbits(const void* a, const uint8_t* b, const void* scales, const uint8_t* zeros,

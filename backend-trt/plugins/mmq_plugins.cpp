@@ -39,7 +39,7 @@ std::vector<PluginSpec> const& specs() {
     static std::vector<PluginSpec> const all = {
         {Kind::kQuantize, "MmqQuantize", {{"axis", 1}, {"block_size", 0}}, 2, 3, 1},
         {Kind::kDequantize, "MmqDequantize", {{"axis", 1}, {"block_size", 0}}, 2, 3, 1},
-        {Kind::kDynamicQuantize, "MmqDynamicQuantize", {}, 1, 1, 2},
+        {Kind::kDynamicQuantize, "MmqDynamicQuantize", {{"block_size", 0}}, 1, 1, 2},
         {Kind::kMatMulNBits,
          "MmqMatMulNBits",
          {{"K", 0}, {"N", 0}, {"bits", 4}, {"block_size", 0}},
@@ -157,8 +157,13 @@ public:
         outputs[0] = inputs[0];
         int32_t last = inputs[0].nbDims - 1;
         if (mSpec.kind == Kind::kDynamicQuantize) {
+            // One scale per block of the last axis (per row without a block size).
+            int32_t block = field("block_size");
             outputs[1] = inputs[0];
-            outputs[1].d[last] = exprBuilder.constant(1);
+            outputs[1].d[last] =
+                block > 0 ? exprBuilder.operation(DimensionOperation::kCEIL_DIV, *inputs[0].d[last],
+                                                  *exprBuilder.constant(block))
+                          : exprBuilder.constant(1);
         } else if (mSpec.kind == Kind::kMatMulNBits) {
             outputs[0].d[last] = exprBuilder.constant(field("N"));
         }
@@ -231,6 +236,7 @@ public:
                 }
                 return mmq_launch_dynamic_quantize(
                     inputs[0], float_type(inputDesc[0].type), n / last, last,
+                    field("block_size") > 0 ? field("block_size") : last,
                     static_cast<int8_t*>(outputs[0]), static_cast<float*>(outputs[1]), stream);
             case Kind::kMatMulNBits: {
                 int64_t k = field("K");

@@ -320,12 +320,23 @@ impl CompileOptions {
                 "--image-cache {f}: image features are cached as int4 (groups of 64)"
             ));
         }
-        if (self.kv_cache.is_some() || self.image_cache.is_some()) && !rules.cache_io {
-            return Err(format!(
-                "--kv-cache/--image-cache: target {} writes caches through its cache-write \
-                 plugin, which this version does not emit; compile for ort",
-                self.target
-            ));
+        if !rules.cache_io {
+            if self.image_cache.is_some() {
+                return Err(format!(
+                    "--image-cache: target {} has no plugin for INT4 image features yet; \
+                     compile the vision model for ort",
+                    self.target
+                ));
+            }
+            if let Some(f) = self.kv_cache
+                && !(rules.plugins && f == CacheFormat::Int8)
+            {
+                return Err(format!(
+                    "--kv-cache {f}: target {} writes KV caches as int8 blocks through its \
+                     plugins (--kv-cache int8)",
+                    self.target
+                ));
+            }
         }
         if let Precision::Auto { cosine } = self.precision
             && !(0.0..=1.0).contains(&cosine)

@@ -76,13 +76,17 @@ pub const PLUGINS: [Schema; 4] = [
     },
     Schema {
         name: "MmqDynamicQuantize",
-        what: "per-token activation quantization: each row of the last axis to int8 with its own symmetric scale absmax / 127, computed at run time",
-        why: "TensorRT quantizes activations per tensor with constant scales; per-token scales are computed at run time",
-        fields: &[],
+        what: "run-time int8 quantization in blocks along the last axis, each with its symmetric scale absmax / 127 (a block of zeros gets scale 1): per-token activations (one block per row) and KV-cache writes (blocks of 512 codes)",
+        why: "TensorRT quantizes activations per tensor with constant scales; per-token and per-block scales are computed at run time",
+        fields: &[Field {
+            name: "block_size",
+            default: 0,
+            what: "elements per scale along the last axis (0: the whole row)",
+        }],
         inputs: &["x: float32|float16"],
         outputs: &[
             "q: int8",
-            "scale: float32 (the input's shape with the last dim 1)",
+            "scale: float32 (the input's shape with the last dim ceil(last / block_size), 1 per row)",
         ],
     },
     Schema {

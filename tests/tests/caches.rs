@@ -245,12 +245,21 @@ fn cache_errors_say_what_is_missing() {
     let e = compile(&mut m, &options).unwrap_err().to_string();
     assert!(e.contains("image features are cached as int4"), "{e}");
 
+    // TensorRT writes INT8 blocks through its plugins (trt_plugins.rs); the other formats
+    // and the image cache have no TensorRT form.
     let options = CompileOptions {
         target: TargetRef::TRT,
-        ..kv(CacheFormat::Int8)
+        ..kv(CacheFormat::Fp8)
     };
     let e = compile(&mut m, &options).unwrap_err().to_string();
-    assert!(e.contains("cache-write plugin"), "{e}");
+    assert!(e.contains("int8 blocks through its plugins"), "{e}");
+    let options = CompileOptions {
+        target: TargetRef::TRT,
+        image_cache: Some(CacheFormat::Int4),
+        ..CompileOptions::default()
+    };
+    let e = compile(&mut m, &options).unwrap_err().to_string();
+    assert!(e.contains("--image-cache") && e.contains("trt"), "{e}");
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! TensorRT packages whose models need mmq's plugins: asymmetric INT4 weights
 //! (`--quant int4 --asym`, the `MmqMatMulNBits` plugin), per-token INT8 activations
-//! (`--quant int8-dynamic --granularity per-token`, `MmqDynamicQuantize` + `MmqDequantize`) and
-//! the PyTorch QAT model's asymmetric uint8 fake-quant units (`MmqQuantize` / `MmqDequantize`).
+//! (`--quant int8-dynamic --granularity per-token`, `MmqDynamicQuantize` + `MmqDequantize`), the
+//! INT8 KV cache (`--kv-cache int8`: the same plugins in blocks of 512 codes, checked against
+//! ONNX Runtime running the `ort` target's standard-op form of the same cache) and the PyTorch
+//! QAT model's asymmetric uint8 fake-quant units (`MmqQuantize` / `MmqDequantize`).
 //!
 //! Per package: no linter finding (every plugin node matches a plugin of the manifest), the full
 //! ONNX checker, the package's reference outputs equal to what `mmq run` computes from the
@@ -21,6 +23,7 @@ use std::process::Command;
 
 use mmq_compiler::{Accuracy, CalibrationSource, CompileOptions, Precision, QuantScheme};
 use mmq_ir::{DType, Module};
+use mmq_kernels::cache::CacheFormat;
 use mmq_kernels::{Interpreter, RtValue, Tensor};
 use mmq_passes::quant::int8::ActGranularity;
 use mmq_passes::{OptLevel, TargetRef};
@@ -34,6 +37,8 @@ enum Case {
     Float,
     Int4Asym,
     Int8PerToken,
+    /// `--kv-cache int8`: the cache written in INT8 blocks by the plugins.
+    KvInt8,
 }
 
 impl Case {
@@ -42,6 +47,7 @@ impl Case {
             Case::Float => "fp32",
             Case::Int4Asym => "int4-asym",
             Case::Int8PerToken => "int8-per-token",
+            Case::KvInt8 => "kv-int8",
         }
     }
 
@@ -63,6 +69,7 @@ impl Case {
                 o.precision = Precision::Scheme(QuantScheme::Int8Dynamic);
                 o.granularity = ActGranularity::PerToken;
             }
+            Case::KvInt8 => o.kv_cache = Some(CacheFormat::Int8),
         }
         o
     }
@@ -72,7 +79,7 @@ impl Case {
         match self {
             Case::Float => 0.9999,
             Case::Int4Asym => 0.98,
-            Case::Int8PerToken => 0.99,
+            Case::Int8PerToken | Case::KvInt8 => 0.99,
         }
     }
 }
@@ -89,6 +96,9 @@ fn cases() -> Vec<(Fixture, Case)> {
             out.push((fx, Case::Float));
         } else {
             out.push((fx.clone(), Case::Int4Asym));
+            if fx.name.ends_with("_kv") {
+                out.push((fx.clone(), Case::KvInt8));
+            }
             out.push((fx, Case::Int8PerToken));
         }
     }
@@ -193,6 +203,10 @@ fn check_package(fx: &Fixture, case: Case, dir: &Path) -> Vec<SpecLine> {
             );
         }
     }
+    if case == Case::KvInt8 {
+        same_as_the_ort_cache_form(fx, dir, &ref_in, &ref_out);
+        return spec_lines(&m, &ref_in, &format!("{}-{}", fx.name, case.tag()));
+    }
     // Against the float references on the fixture's inputs.
     let inputs = npz(&fx.dir.join("inputs.npz"));
     let reference = npz(&fx.dir.join("outputs.npz"));
@@ -213,6 +227,70 @@ fn check_package(fx: &Fixture, case: Case, dir: &Path) -> Vec<SpecLine> {
     }
     assert!(compared > 0, "{tag}: no output compared");
     spec_lines(&m, &ref_in, &format!("{}-{}", fx.name, case.tag()))
+}
+
+/// The INT8 KV cache through the plugins has the interface of ONNX Runtime's standard-op form
+/// and its arithmetic: ONNX Runtime runs that form (compiled for `ort`) on the package's
+/// reference inputs, and its logits and cache codes agree with the package's references.
+fn same_as_the_ort_cache_form(
+    fx: &Fixture,
+    dir: &Path,
+    ref_in: &HashMap<String, Tensor>,
+    ref_out: &HashMap<String, Tensor>,
+) {
+    let (mut m, _) = mmq_compiler::load::load(&fx.models)
+        .and_then(|l| l.verified())
+        .unwrap_or_else(|e| panic!("{}: {e}", fx.name));
+    let options = CompileOptions {
+        target: TargetRef::ORT,
+        ..Case::KvInt8.options()
+    };
+    mmq_compiler::compile(&mut m, &options).unwrap_or_else(|e| panic!("{}: {e}", fx.name));
+    let ort_model = dir.join("ort-form.onnx");
+    mmq_backend_ort::write_model(
+        &m,
+        m.entries[0].graph,
+        &ort_model,
+        &mmq_backend_ort::ExportOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", fx.name));
+    let inputs = dir.join("model.reference_inputs.npz");
+    let out_path = dir.join("ort-form.outputs.npz");
+    let out = oracle(&[
+        std::ffi::OsStr::new("run"),
+        ort_model.as_os_str(),
+        inputs.as_os_str(),
+        std::ffi::OsStr::new("-o"),
+        out_path.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}: ONNX Runtime on the ort cache form: {}",
+        fx.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ort = npz(&out_path);
+    assert_eq!(ref_in.len(), m.graphs[m.entries[0].graph].inputs.len());
+    for (name, want) in ref_out {
+        let got = ort[name].to_f64().expect("numbers");
+        let want = want.to_f64().expect("numbers");
+        if name.ends_with("_scale") || name == "logits" {
+            let c = cosine(&got, &want);
+            assert!(
+                c >= 0.99999,
+                "{} kv-int8 {name}: cosine {c} to ONNX Runtime",
+                fx.name
+            );
+        } else {
+            let same = got.iter().zip(&want).filter(|(g, w)| g == w).count();
+            assert!(
+                same * 1000 >= want.len() * 999,
+                "{} kv-int8 {name}: {same} of {} codes equal to ONNX Runtime's",
+                fx.name,
+                want.len()
+            );
+        }
+    }
 }
 
 fn type_name(d: DType) -> &'static str {

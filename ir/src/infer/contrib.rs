@@ -111,7 +111,12 @@ fn plugin(cx: &Cx, c: &CustomOp, op: &str) -> Vec<Type> {
         "MmqQuantize" => vec![as_type(0, Some(crate::DType::I8))],
         "MmqDequantize" => vec![as_type(0, cx.dtype(1))],
         "MmqDynamicQuantize" => {
-            let scale = match with_last(cx, 0, Dim::known(1)) {
+            let block = int(c, "block_size").unwrap_or(0);
+            let last = match cx.shape(0).and_then(|s| s.last()) {
+                Some(d) if block > 0 => d.ceil_div(&Dim::known(block)),
+                _ => Dim::known(1),
+            };
+            let scale = match with_last(cx, 0, last) {
                 Type::Tensor(t) => Type::Tensor(TensorType {
                     dtype: Some(crate::DType::F32),
                     shape: t.shape,

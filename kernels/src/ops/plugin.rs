@@ -32,7 +32,7 @@ pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> Option<OpResul
     };
     Some(match schema.name {
         "MmqQuantize" | "MmqDequantize" => quant(cx, inputs, schema.name, field),
-        "MmqDynamicQuantize" => dynamic_quantize(cx, inputs),
+        "MmqDynamicQuantize" => dynamic_quantize(cx, inputs, field("block_size")),
         "MmqMatMulNBits" => matmul_nbits(cx, op, inputs),
         _ => return None,
     })
@@ -92,8 +92,9 @@ fn quant(
     }
 }
 
-/// `MmqDynamicQuantize`: one symmetric int8 scale per row of the last axis.
-fn dynamic_quantize(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
+/// `MmqDynamicQuantize`: one symmetric int8 scale per block of `block` along the last axis
+/// (`0`: per row).
+fn dynamic_quantize(cx: &OpCtx<'_>, inputs: &[Option<RtValue>], block: i64) -> OpResult {
     let x = tensor(cx, inputs, 0)?;
     if !matches!(x.dtype, DType::F32 | DType::F16) {
         return Err(cx.invalid(format!(
@@ -107,10 +108,15 @@ fn dynamic_quantize(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
             x.shape
         )));
     };
-    let d = packed::quantize_dynamic(&x.to_f32()?, row, row, Format::I8, true, false);
+    let group = match block {
+        0 => row,
+        b if b > 0 => b as usize,
+        b => return Err(cx.invalid(format!("block_size {b} must be 0 or positive"))),
+    };
+    let d = packed::quantize_dynamic(&x.to_f32()?, row, group, Format::I8, true, false);
     let codes: Vec<i8> = d.codes.iter().map(|&c| c as i8).collect();
     let mut scale_shape = x.shape.clone();
-    *scale_shape.last_mut().unwrap_or(&mut 0) = 1;
+    *scale_shape.last_mut().unwrap_or(&mut 0) = row.div_ceil(group);
     Ok(vec![
         Some(Tensor::new(DType::I8, x.shape.clone(), Data::I8(codes))?.into()),
         Some(Tensor::from_f32(scale_shape, d.scales)?.into()),

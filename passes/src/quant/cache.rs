@@ -143,7 +143,11 @@ impl Pass for KvCachePass {
 
     fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
         let pass = self.name();
-        check_target(pass, opts)?;
+        // Where the target has no standard-op cache form, INT8 blocks go through its plugins.
+        let plugin = kv_through_plugin(self.format, opts);
+        if !plugin {
+            check_target(pass, opts)?;
+        }
         let mut report = PassReport::default();
         let roots: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
         let mut all = Vec::new();
@@ -172,6 +176,12 @@ impl Pass for KvCachePass {
         let first = geometry[0];
         for (p, scales) in all.iter().zip(geometry) {
             let past_name = m.values[p.past].name.clone().unwrap_or_default();
+            if plugin {
+                kv_through_plugins(m, p, scales)
+                    .map_err(|e| fail(pass, format!("input '{past_name}': {e}")))?;
+                report.count("kv-cache-tensors", 1);
+                continue;
+            }
             dequantize_input(m, p.graph, p.past, self.format, scales)
                 .map_err(|e| fail(pass, format!("input '{past_name}': {e}")))?;
             let index = m.graphs[p.graph]
@@ -205,6 +215,118 @@ fn describe(scales: CacheScales) -> String {
     }
 }
 
+/// Whether the KV cache of `format` is written through the target's plugins (INT8 blocks on a
+/// target without the standard-op form, TensorRT).
+pub fn kv_through_plugin(format: CacheFormat, opts: &PassOptions) -> bool {
+    let rules = opts.target.qdq_rules();
+    !rules.cache_io && rules.plugins && format == CacheFormat::Int8
+}
+
+/// The KV pair `p` as INT8 blocks through the plugins, with the interface of the standard-op
+/// form (codes `[..., tokens, width]`, scales `[..., ceil(tokens / block tokens)]`): the codes
+/// of a head are one row of `tokens · width` (a block is 512 consecutive codes), so the past is
+/// `MmqDequantize` (blocks of 512 along the row) and the present `MmqDynamicQuantize` (the same
+/// blocks, each scale `absmax / 127` of its block's content), between `Reshape`s.
+fn kv_through_plugins(m: &mut Module, p: &KvPair, scales: CacheScales) -> Result<(), String> {
+    let CacheScales::Blocks { tokens } = scales else {
+        return Err("INT8 caches are blocks".into());
+    };
+    let block = (tokens * p.width) as i64;
+    let graph = p.graph;
+    // The past: codes in, then the scales input; readers see the float cache.
+    let ty = m.value_type(p.past).clone();
+    let (dtype, rank, _) = cache_width(&ty).ok_or("not a float tensor of static width")?;
+    let dims = ty.shape().unwrap_or_default().to_vec();
+    let name = m.values[p.past].name.clone().unwrap_or_default();
+    let scale_name = format!("{name}_scale");
+    check_free(m, graph, &scale_name)?;
+    m.set_type(p.past, Type::tensor(DType::I8, dims.clone()));
+    let s = add_input_after(m, graph, p.past, &scale_name, scale_type(&dims, scales));
+    let plugin = crate::target::plugins::plugin_op;
+    let mut e = Emit::new(m, graph, &format!("{name}_dq"));
+    let rows_shape = e.rows(m, rank - 2, &[]);
+    let rows = e.reshape(m, p.past, rows_shape);
+    let deq = e.op(
+        m,
+        plugin("MmqDequantize", &[("axis", -1), ("block_size", block)]),
+        vec![rows, s],
+    );
+    let shape = e.op(
+        m,
+        Op::Shape {
+            start: None,
+            end: None,
+        },
+        vec![p.past],
+    );
+    let mut out = e.reshape(m, deq, shape);
+    if dtype != DType::F32 {
+        out = e.cast(m, out, dtype);
+    }
+    let readers: Vec<Node> = e.nodes.clone();
+    m.replace_uses(p.past, out, graph, &readers);
+    m.set_type(out, Type::tensor(dtype, dims));
+    place(m, e, true);
+
+    // The present: the float tensor quantized in blocks.
+    let index = m.graphs[graph]
+        .outputs
+        .iter()
+        .position(|&o| o == p.present)
+        .ok_or("the present output went away")?;
+    let v = p.present;
+    let ty = m.value_type(v).clone();
+    let (dtype, rank, _) = cache_width(&ty).ok_or("not a float tensor of static width")?;
+    let dims = ty.shape().unwrap_or_default().to_vec();
+    let name = m.values[v].name.clone().unwrap_or_default();
+    let scale_name = format!("{name}_scale");
+    check_free(m, graph, &scale_name)?;
+    let mut e = Emit::new(m, graph, &format!("{name}_q"));
+    let x = if dtype == DType::F32 {
+        v
+    } else {
+        e.cast(m, v, DType::F32)
+    };
+    let rows_shape = e.rows(m, rank - 2, &[]);
+    let rows = e.reshape(m, x, rows_shape);
+    let op = plugin("MmqDynamicQuantize", &[("block_size", block)]);
+    let qname = e.fresh("mmqdynamicquantize");
+    let n = m.insert_node(
+        graph,
+        At::Unlisted,
+        op,
+        vec![Some(rows)],
+        vec![
+            Some((Some(format!("{qname}_codes")), Type::Unknown)),
+            Some((Some(scale_name.clone()), Type::Unknown)),
+        ],
+        Some(qname),
+    );
+    e.nodes.push(n);
+    let (codes_rows, scale) = match m.nodes[n].outputs[..] {
+        [Some(c), Some(s)] => (c, s),
+        _ => return Err("a plugin without its results".into()),
+    };
+    let shape = e.op(
+        m,
+        Op::Shape {
+            start: None,
+            end: None,
+        },
+        vec![v],
+    );
+    let codes = e.reshape(m, codes_rows, shape);
+    m.values[v].name = Some(format!("{name}_float"));
+    m.values[codes].name = Some(name);
+    m.set_type(codes, Type::tensor(DType::I8, dims.clone()));
+    m.set_type(scale, scale_type(&dims, scales));
+    let outs = &mut m.graphs[graph].outputs;
+    outs[index] = codes;
+    outs.insert(index + 1, scale);
+    place(m, e, false);
+    Ok(())
+}
+
 /// Quantized caches at the interface are the target's decision.
 fn check_target(pass: &str, opts: &PassOptions) -> Result<(), PassError> {
     if opts.target.qdq_rules().cache_io {
@@ -213,8 +335,8 @@ fn check_target(pass: &str, opts: &PassOptions) -> Result<(), PassError> {
     Err(fail(
         pass,
         format!(
-            "target {} writes caches through its cache-write plugin, which this version does \
-             not emit; compile for ort",
+            "target {} writes KV caches as int8 blocks through its plugins and has no image \
+             cache form; use --kv-cache int8, or compile for ort",
             opts.target
         ),
     ))

@@ -96,8 +96,8 @@ pub struct QdqRules {
     /// INT4 weights as `com.microsoft.MatMulNBits`.
     pub int4_matmul_nbits: bool,
     /// Quantized caches cross the graph interface as codes and scales, quantized and
-    /// dequantized by standard ops in the graph; `false` where the target writes caches
-    /// through its cache-write plugin.
+    /// dequantized by standard ops in the graph; `false` where the target has no such form
+    /// (TensorRT writes INT8 KV blocks through its plugins instead).
     pub cache_io: bool,
     /// Forms the target's own ops lack (zero points, INT4 with zero points) are emitted in
     /// ONNX Runtime's form and lowered into the target's plugins ([`Target::lowering`]).
