@@ -25,6 +25,7 @@ use mmq_ir::modality::{self, Modality};
 use mmq_ir::{At, DType, Dim, GraphId, Module, Node, Op, Type, Value, ValueDef};
 use mmq_kernels::cache::{CacheFormat, CacheScales};
 
+use crate::target::plugins::plugin_op;
 use crate::{Pass, PassError, PassOptions, PassReport};
 
 /// `--kv-cache FORMAT`: quantized KV-cache inputs and outputs.
@@ -176,20 +177,14 @@ impl Pass for KvCachePass {
         let first = geometry[0];
         for (p, scales) in all.iter().zip(geometry) {
             let past_name = m.values[p.past].name.clone().unwrap_or_default();
-            if plugin {
-                kv_through_plugins(m, p, scales)
-                    .map_err(|e| fail(pass, format!("input '{past_name}': {e}")))?;
-                report.count("kv-cache-tensors", 1);
-                continue;
-            }
-            dequantize_input(m, p.graph, p.past, self.format, scales)
+            dequantize_input(m, p.graph, p.past, self.format, scales, plugin)
                 .map_err(|e| fail(pass, format!("input '{past_name}': {e}")))?;
             let index = m.graphs[p.graph]
                 .outputs
                 .iter()
                 .position(|&o| o == p.present);
             let index = index.ok_or_else(|| fail(pass, "the present output went away"))?;
-            quantize_output(m, p.graph, index, self.format, scales)
+            quantize_output(m, p.graph, index, self.format, scales, plugin)
                 .map_err(|e| fail(pass, format!("input '{past_name}': {e}")))?;
             report.count("kv-cache-tensors", 1);
         }
@@ -217,114 +212,9 @@ fn describe(scales: CacheScales) -> String {
 
 /// Whether the KV cache of `format` is written through the target's plugins (INT8 blocks on a
 /// target without the standard-op form, TensorRT).
-pub fn kv_through_plugin(format: CacheFormat, opts: &PassOptions) -> bool {
+fn kv_through_plugin(format: CacheFormat, opts: &PassOptions) -> bool {
     let rules = opts.target.qdq_rules();
     !rules.cache_io && rules.plugins && format == CacheFormat::Int8
-}
-
-/// The KV pair `p` as INT8 blocks through the plugins, with the interface of the standard-op
-/// form (codes `[..., tokens, width]`, scales `[..., ceil(tokens / block tokens)]`): the codes
-/// of a head are one row of `tokens · width` (a block is 512 consecutive codes), so the past is
-/// `MmqDequantize` (blocks of 512 along the row) and the present `MmqDynamicQuantize` (the same
-/// blocks, each scale `absmax / 127` of its block's content), between `Reshape`s.
-fn kv_through_plugins(m: &mut Module, p: &KvPair, scales: CacheScales) -> Result<(), String> {
-    let CacheScales::Blocks { tokens } = scales else {
-        return Err("INT8 caches are blocks".into());
-    };
-    let block = (tokens * p.width) as i64;
-    let graph = p.graph;
-    // The past: codes in, then the scales input; readers see the float cache.
-    let ty = m.value_type(p.past).clone();
-    let (dtype, rank, _) = cache_width(&ty).ok_or("not a float tensor of static width")?;
-    let dims = ty.shape().unwrap_or_default().to_vec();
-    let name = m.values[p.past].name.clone().unwrap_or_default();
-    let scale_name = format!("{name}_scale");
-    check_free(m, graph, &scale_name)?;
-    m.set_type(p.past, Type::tensor(DType::I8, dims.clone()));
-    let s = add_input_after(m, graph, p.past, &scale_name, scale_type(&dims, scales));
-    let plugin = crate::target::plugins::plugin_op;
-    let mut e = Emit::new(m, graph, &format!("{name}_dq"));
-    let rows_shape = e.rows(m, rank - 2, &[]);
-    let rows = e.reshape(m, p.past, rows_shape);
-    let deq = e.op(
-        m,
-        plugin("MmqDequantize", &[("axis", -1), ("block_size", block)]),
-        vec![rows, s],
-    );
-    let shape = e.op(
-        m,
-        Op::Shape {
-            start: None,
-            end: None,
-        },
-        vec![p.past],
-    );
-    let mut out = e.reshape(m, deq, shape);
-    if dtype != DType::F32 {
-        out = e.cast(m, out, dtype);
-    }
-    let readers: Vec<Node> = e.nodes.clone();
-    m.replace_uses(p.past, out, graph, &readers);
-    m.set_type(out, Type::tensor(dtype, dims));
-    place(m, e, true);
-
-    // The present: the float tensor quantized in blocks.
-    let index = m.graphs[graph]
-        .outputs
-        .iter()
-        .position(|&o| o == p.present)
-        .ok_or("the present output went away")?;
-    let v = p.present;
-    let ty = m.value_type(v).clone();
-    let (dtype, rank, _) = cache_width(&ty).ok_or("not a float tensor of static width")?;
-    let dims = ty.shape().unwrap_or_default().to_vec();
-    let name = m.values[v].name.clone().unwrap_or_default();
-    let scale_name = format!("{name}_scale");
-    check_free(m, graph, &scale_name)?;
-    let mut e = Emit::new(m, graph, &format!("{name}_q"));
-    let x = if dtype == DType::F32 {
-        v
-    } else {
-        e.cast(m, v, DType::F32)
-    };
-    let rows_shape = e.rows(m, rank - 2, &[]);
-    let rows = e.reshape(m, x, rows_shape);
-    let op = plugin("MmqDynamicQuantize", &[("block_size", block)]);
-    let qname = e.fresh("mmqdynamicquantize");
-    let n = m.insert_node(
-        graph,
-        At::Unlisted,
-        op,
-        vec![Some(rows)],
-        vec![
-            Some((Some(format!("{qname}_codes")), Type::Unknown)),
-            Some((Some(scale_name.clone()), Type::Unknown)),
-        ],
-        Some(qname),
-    );
-    e.nodes.push(n);
-    let (codes_rows, scale) = match m.nodes[n].outputs[..] {
-        [Some(c), Some(s)] => (c, s),
-        _ => return Err("a plugin without its results".into()),
-    };
-    let shape = e.op(
-        m,
-        Op::Shape {
-            start: None,
-            end: None,
-        },
-        vec![v],
-    );
-    let codes = e.reshape(m, codes_rows, shape);
-    m.values[v].name = Some(format!("{name}_float"));
-    m.values[codes].name = Some(name);
-    m.set_type(codes, Type::tensor(DType::I8, dims.clone()));
-    m.set_type(scale, scale_type(&dims, scales));
-    let outs = &mut m.graphs[graph].outputs;
-    outs[index] = codes;
-    outs.insert(index + 1, scale);
-    place(m, e, false);
-    Ok(())
 }
 
 /// Quantized caches at the interface are the target's decision.
@@ -411,7 +301,7 @@ impl Pass for ImageCachePass {
             let Some(i) = m.graphs[g].outputs.iter().position(|&x| x == o) else {
                 continue;
             };
-            quantize_output(m, g, i, self.format, scales)
+            quantize_output(m, g, i, self.format, scales, false)
                 .map_err(|e| fail(pass, format!("output '{name}': {e}")))?;
             report.count("image-cache-outputs", 1);
             report.notes.push(format!(
@@ -427,7 +317,7 @@ impl Pass for ImageCachePass {
                     .copied()
                     .find(|&v| m.values[v].name.as_deref() == Some(name.as_str()));
                 if let Some(v) = input.filter(|_| other != g) {
-                    dequantize_input(m, other, v, self.format, scales)
+                    dequantize_input(m, other, v, self.format, scales, false)
                         .map_err(|e| fail(pass, format!("input '{name}': {e}")))?;
                     report.notes.push(format!(
                         "graph '{}' reads '{name}' as {} codes",
@@ -480,6 +370,34 @@ impl Emit {
         m.nodes[n].outputs[0].expect("one result")
     }
 
+    /// A node of `op` with two results.
+    fn op2(&mut self, m: &mut Module, op: Op, inputs: Vec<Value>) -> [Value; 2] {
+        let name = self.fresh(&op.op_type().to_ascii_lowercase());
+        let outs = (0..2)
+            .map(|i| Some((Some(format!("{name}_{i}")), Type::Unknown)))
+            .collect();
+        let n = m.insert_node(
+            self.graph,
+            At::Unlisted,
+            op,
+            inputs.into_iter().map(Some).collect(),
+            outs,
+            Some(name),
+        );
+        self.nodes.push(n);
+        let out = |i: usize| m.nodes[n].outputs[i].expect("declared results");
+        [out(0), out(1)]
+    }
+
+    /// `Shape(x)`.
+    fn shape(&mut self, m: &mut Module, x: Value) -> Value {
+        let op = Op::Shape {
+            start: None,
+            end: None,
+        };
+        self.op(m, op, vec![x])
+    }
+
     fn i64s(&mut self, m: &mut Module, vals: &[i64]) -> Value {
         let name = self.fresh("const");
         let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -516,14 +434,7 @@ impl Emit {
 
     /// `Shape(x)[axis]` as a 1-element tensor.
     fn dim(&mut self, m: &mut Module, x: Value, axis: i64) -> Value {
-        let shape = self.op(
-            m,
-            Op::Shape {
-                start: None,
-                end: None,
-            },
-            vec![x],
-        );
+        let shape = self.shape(m, x);
         let idx = self.i64s(m, &[axis]);
         self.binary(m, Op::Gather { axis: Some(0) }, shape, idx)
     }
@@ -691,13 +602,16 @@ fn place(m: &mut Module, e: Emit, start: bool) {
 }
 
 /// Input `v` of `graph` becomes codes, followed by a new scales input `<name>_scale`; its
-/// readers read the dequantized float tensor.
+/// readers read the dequantized float tensor. With `plugin` (INT8 blocks on a target without
+/// the standard-op form), a head's codes are one row of `tokens · width` (a block is that many
+/// consecutive codes) read by `MmqDequantize` in blocks along the row, between `Reshape`s.
 fn dequantize_input(
     m: &mut Module,
     graph: GraphId,
     v: Value,
     format: CacheFormat,
     scales: CacheScales,
+    plugin: bool,
 ) -> Result<(), String> {
     let ty = m.value_type(v).clone();
     let (dtype, rank, width) = cache_width(&ty).ok_or("not a float tensor of static width")?;
@@ -709,15 +623,28 @@ fn dequantize_input(
     let s = add_input_after(m, graph, v, &scale_name, scale_type(&dims, scales));
 
     let mut e = Emit::new(m, graph, &format!("{name}_dq"));
-    let x = e.cast(m, v, DType::F32);
-    let (rows, how) = cut(m, &mut e, x, rank, width, scales);
-    let s32 = match scales {
-        CacheScales::Blocks { .. } => s,
-        CacheScales::Groups { .. } => e.cast(m, s, DType::F32),
+    let mut out = match (plugin, scales) {
+        (true, CacheScales::Blocks { tokens }) => {
+            let shape = e.rows(m, rank - 2, &[]);
+            let rows = e.reshape(m, v, shape);
+            let block = (tokens * width) as i64;
+            let op = plugin_op("MmqDequantize", &[("axis", -1), ("block_size", block)]);
+            let deq = e.op(m, op, vec![rows, s]);
+            let shape = e.shape(m, v);
+            e.reshape(m, deq, shape)
+        }
+        _ => {
+            let x = e.cast(m, v, DType::F32);
+            let (rows, how) = cut(m, &mut e, x, rank, width, scales);
+            let s32 = match scales {
+                CacheScales::Blocks { .. } => s,
+                CacheScales::Groups { .. } => e.cast(m, s, DType::F32),
+            };
+            let s_b = e.unsqueeze_last(m, s32);
+            let y = e.binary(m, Op::Mul {}, rows, s_b);
+            uncut(m, &mut e, y, rank, how)
+        }
     };
-    let s_b = e.unsqueeze_last(m, s32);
-    let y = e.binary(m, Op::Mul {}, rows, s_b);
-    let mut out = uncut(m, &mut e, y, rank, how);
     if dtype != DType::F32 {
         out = e.cast(m, out, dtype);
     }
@@ -729,13 +656,15 @@ fn dequantize_input(
 }
 
 /// Output `index` of `graph` becomes codes (its name) and a scales output `<name>_scale` right
-/// after it; the float value keeps its other readers.
+/// after it; the float value keeps its other readers. With `plugin`, `MmqDynamicQuantize`
+/// quantizes each head's row of `tokens · width` in blocks (see [`dequantize_input`]).
 fn quantize_output(
     m: &mut Module,
     graph: GraphId,
     index: usize,
     format: CacheFormat,
     scales: CacheScales,
+    plugin: bool,
 ) -> Result<(), String> {
     let v = m.graphs[graph].outputs[index];
     let ty = m.value_type(v).clone();
@@ -751,7 +680,43 @@ fn quantize_output(
     } else {
         e.cast(m, v, DType::F32)
     };
-    let (rows, how) = cut(m, &mut e, x, rank, width, scales);
+    let (codes, scale) = match (plugin, scales) {
+        (true, CacheScales::Blocks { tokens }) => {
+            let shape = e.rows(m, rank - 2, &[]);
+            let rows = e.reshape(m, x, shape);
+            let block = (tokens * width) as i64;
+            let op = plugin_op("MmqDynamicQuantize", &[("block_size", block)]);
+            let [codes, scale] = e.op2(m, op, vec![rows]);
+            let shape = e.shape(m, v);
+            (e.reshape(m, codes, shape), scale)
+        }
+        _ => quantize_standard(m, &mut e, x, rank, width, format, scales),
+    };
+    let float_name = format!("{name}_float");
+    m.values[v].name = Some(float_name);
+    m.values[codes].name = Some(name);
+    m.values[scale].name = Some(scale_name);
+    m.set_type(codes, Type::tensor(format.code_dtype(), dims.clone()));
+    m.set_type(scale, scale_type(&dims, scales));
+    let outs = &mut m.graphs[graph].outputs;
+    outs[index] = codes;
+    outs.insert(index + 1, scale);
+    place(m, e, false);
+    Ok(())
+}
+
+/// The standard-op quantization of float `x` (rank `rank`): codes of `x`'s shape and the
+/// scales (`[..., blocks]` or `[..., tokens, groups]`).
+fn quantize_standard(
+    m: &mut Module,
+    e: &mut Emit,
+    x: Value,
+    rank: usize,
+    width: usize,
+    format: CacheFormat,
+    scales: CacheScales,
+) -> (Value, Value) {
+    let (rows, how) = cut(m, e, x, rank, width, scales);
     let amax = e.reduce_max_last(m, rows);
     let qmax = e.f32(m, format.qmax());
     let raw = e.binary(m, Op::Div {}, amax, qmax);
@@ -791,21 +756,10 @@ fn quantize_output(
         }
         None => scaled,
     };
-    let back = uncut(m, &mut e, coded, rank, how);
+    let back = uncut(m, e, coded, rank, how);
     let codes = e.cast(m, back, format.code_dtype());
     let scale = e.squeeze_last(m, stored);
-
-    let float_name = format!("{name}_float");
-    m.values[v].name = Some(float_name);
-    m.values[codes].name = Some(name);
-    m.values[scale].name = Some(scale_name);
-    m.set_type(codes, Type::tensor(format.code_dtype(), dims.clone()));
-    m.set_type(scale, scale_type(&dims, scales));
-    let outs = &mut m.graphs[graph].outputs;
-    outs[index] = codes;
-    outs.insert(index + 1, scale);
-    place(m, e, false);
-    Ok(())
+    (codes, scale)
 }
 
 /// The scales' type for a cache tensor of `dims`.

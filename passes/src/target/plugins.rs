@@ -171,7 +171,6 @@ fn unit(m: &Module, n: Node) -> Option<Unit> {
         return None;
     }
     const_source(m, scale)?;
-    let _ = scale;
     let codes = if quantize {
         (*nd.outputs.first()?)?
     } else {
@@ -185,7 +184,11 @@ fn unit(m: &Module, n: Node) -> Option<Unit> {
         _ => return None,
     };
     let zero = match zp {
-        None if unsigned => Some((Vec::new(), vec![-128])),
+        // An absent uint8 zero point is 0: -128 after recoding, one per scale.
+        None if unsigned => {
+            let (_, shape, bytes) = const_bytes(m, scale)?;
+            Some((shape, vec![-128; bytes.len() / 4]))
+        }
         None => None,
         Some(z) => {
             let (_, shape, bytes) = const_bytes(m, z)?;
@@ -319,21 +322,22 @@ fn lower_qdq(m: &mut Module, g: GraphId, report: &mut PassReport) {
             let Some(q) = recoded else { continue };
             m.nodes[n].inputs[0] = Some(q);
         }
-        // The zero point, recoded: absent when zero (TensorRT's native form), else int8.
-        let zero = match &u.zero {
-            Some((shape, z)) if u.nonzero() => Some(add_bytes(
+        // The zero point, recoded to int8 (all zeros: TensorRT's native form; a quantize needs
+        // it to produce int8).
+        let zero = u.zero.as_ref().map(|(shape, z)| {
+            add_bytes(
                 m,
                 format!("{base}_zero_i8"),
                 DType::I8,
                 shape.clone(),
                 z.iter().map(|&v| v as u8).collect(),
-            )),
-            _ => None,
-        };
+            )
+        });
+        let nonzero = u.nonzero();
         let nd = &mut m.nodes[n];
         nd.inputs.truncate(2);
-        if let Some(z) = zero {
-            nd.inputs.push(Some(z));
+        nd.inputs.extend(zero.map(Some));
+        if nonzero {
             let name = if u.quantize {
                 "MmqQuantize"
             } else {
@@ -342,10 +346,30 @@ fn lower_qdq(m: &mut Module, g: GraphId, report: &mut PassReport) {
             nd.op = plugin_op(name, &[("axis", u.axis), ("block_size", u.block_size)]);
             report.count(&format!("plugin-{name}"), 1);
         } else {
-            report.count("uint8-unit-recoded-symmetric", 1);
+            report.count("uint8-unit-recoded-int8", 1);
         }
         report.changed = true;
     }
+}
+
+/// A `Cast` of `x` to the result type `out.1` (named `out.0`), placed `at`: the node and its result.
+fn cast(
+    m: &mut Module,
+    g: GraphId,
+    at: At,
+    x: Value,
+    out: (Option<String>, Type),
+    name: String,
+) -> Result<(Node, Value), String> {
+    let to = out.1.dtype().ok_or("a Cast to an unknown type")?;
+    let op = Op::Cast {
+        to: Some(i64::from(to.onnx_code())),
+        saturate: None,
+        round_mode: None,
+    };
+    let node = m.insert_node(g, at, op, vec![Some(x)], vec![Some(out)], Some(name));
+    let v = m.nodes[node].outputs[0].ok_or("a Cast without a result")?;
+    Ok((node, v))
 }
 
 /// `com.microsoft.MatMulNBits` (4 bits, K a multiple of the block) becomes `MmqMatMulNBits`.
@@ -446,19 +470,8 @@ fn lower_nbits(m: &mut Module, g: GraphId, report: &mut PassReport) -> Result<()
         };
         let a16 = if a_dtype == Some(DType::F32) {
             let ty = f16_of(m.value_type(a));
-            let cast = m.insert_node(
-                g,
-                At::Before(n),
-                Op::Cast {
-                    to: Some(i64::from(DType::F16.onnx_code())),
-                    saturate: None,
-                    round_mode: None,
-                },
-                vec![Some(a)],
-                vec![Some((None, ty))],
-                Some(format!("{name}_a_f16")),
-            );
-            m.nodes[cast].outputs[0].ok_or("a Cast without a result")?
+            let at = At::Before(n);
+            cast(m, g, at, a, (None, ty), format!("{name}_a_f16"))?.1
         } else {
             a
         };
@@ -475,23 +488,144 @@ fn lower_nbits(m: &mut Module, g: GraphId, report: &mut PassReport) -> Result<()
             let out_name = m.values[out].name.take();
             m.values[out].name = Some(format!("{name}_y_f16"));
             m.set_type(out, f16_of(&out_ty));
-            let cast = m.insert_node(
+            let (node, y32) = cast(
+                m,
                 g,
                 At::After(n),
-                Op::Cast {
-                    to: Some(i64::from(DType::F32.onnx_code())),
-                    saturate: None,
-                    round_mode: None,
-                },
-                vec![Some(out)],
-                vec![Some((out_name, out_ty))],
-                Some(format!("{name}_y_f32")),
-            );
-            let y32 = m.nodes[cast].outputs[0].ok_or("a Cast without a result")?;
-            m.replace_uses(out, y32, g, &[cast]);
+                out,
+                (out_name, out_ty),
+                format!("{name}_y_f32"),
+            )?;
+            m.replace_uses(out, y32, g, &[node]);
         }
         report.count("plugin-MmqMatMulNBits", 1);
         report.changed = true;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use mmq_kernels::{Interpreter, RtValue, Tensor};
+
+    use super::*;
+    use crate::target::TargetRef;
+
+    fn lowered(src: &str) -> (Module, Module, PassReport) {
+        let (m, _) = mmq_ir::text::parse(src).unwrap_or_else(|e| panic!("{e:?}"));
+        let mut after = m.clone();
+        let opts = PassOptions {
+            target: TargetRef::TRT,
+            explain: false,
+        };
+        let report = TrtPlugins.run(&mut after, &opts).expect("lowers");
+        mmq_ir::verify::verify(&after).unwrap_or_else(|e| panic!("{e:?}"));
+        (m, after, report)
+    }
+
+    /// The outputs of `m` on an input ramp through zero.
+    fn run(m: &Module) -> Vec<f64> {
+        let g = m.entries[0].graph;
+        let x = m.graphs[g].inputs[0];
+        let n: usize = 32;
+        let ramp: Vec<f32> = (0..n).map(|i| (i as f32 - 9.5) * 0.11).collect();
+        let feeds: HashMap<String, RtValue> = [(
+            m.values[x].name.clone().unwrap_or_default(),
+            RtValue::from(Tensor::from_f32(vec![1, 2, 4, 4], ramp).expect("tensor")),
+        )]
+        .into();
+        let out = Interpreter::new(m).run(g, &feeds).expect("runs");
+        out[0]
+            .1
+            .as_tensor()
+            .expect("tensor")
+            .to_f64()
+            .expect("numbers")
+    }
+
+    fn ops(m: &Module) -> Vec<String> {
+        let g = m.entries[0].graph;
+        m.graphs[g]
+            .nodes
+            .iter()
+            .map(|&n| m.nodes[n].op.op_type().to_owned())
+            .collect()
+    }
+
+    const HEAD: &str = "graph @g(%x: f32[1, 2, 4, 4]) -> (f32[1, 2, 2, 2]) model {ir_version = 8, opsets = {\"\" = 17}} {";
+
+    #[test]
+    fn uint8_with_zero_point_128_becomes_native_int8_with_the_same_numbers() {
+        let src = format!(
+            "const $s : f32[] = dense<[0.05]>\nconst $z : u8[] = dense<[128]>\n{HEAD}\n  \
+             %q = QuantizeLinear(%x, $s, $z) : u8[1, 2, 4, 4]\n  \
+             %p = MaxPool(%q) {{kernel_shape = [2, 2], strides = [2, 2]}} : u8[1, 2, 2, 2]\n  \
+             %y = DequantizeLinear(%p, $s, $z) : f32[1, 2, 2, 2]\n  return %y\n}}\n"
+        );
+        let (before, after, report) = lowered(&src);
+        assert_eq!(
+            ops(&after),
+            ["QuantizeLinear", "MaxPool", "DequantizeLinear"]
+        );
+        assert_eq!(report.counters.get("uint8-unit-recoded-int8"), Some(&2));
+        let g = after.entries[0].graph;
+        for &n in &after.graphs[g].nodes {
+            for v in after.nodes[n].outputs.iter().flatten() {
+                assert_ne!(after.value_type(*v).dtype(), Some(DType::U8));
+            }
+        }
+        assert_eq!(run(&before), run(&after));
+    }
+
+    #[test]
+    fn asymmetric_units_become_plugins_with_the_same_numbers() {
+        // zero point 3 (uint8) on the activation; a per-channel uint8 weight without zero
+        // point (0, so -128 after recoding, one per channel).
+        let src = format!(
+            "const $s : f32[] = dense<[0.02]>\nconst $z : u8[] = dense<[3]>\n\
+             const $w : u8[2] = dense<[200, 7]>\nconst $ws : f32[2] = dense<[0.01, 0.03]>\n\
+             {HEAD}\n  \
+             %q = QuantizeLinear(%x, $s, $z) : u8[1, 2, 4, 4]\n  \
+             %p = MaxPool(%q) {{kernel_shape = [2, 2], strides = [2, 2]}} : u8[1, 2, 2, 2]\n  \
+             %d = DequantizeLinear(%p, $s, $z) : f32[1, 2, 2, 2]\n  \
+             %wd = DequantizeLinear($w, $ws) {{axis = 0}} : f32[2]\n  \
+             %r = Reshape(%wd, $shape) : f32[1, 2, 1, 1]\n  \
+             %y = Mul(%d, %r) : f32[1, 2, 2, 2]\n  return %y\n}}\n"
+        )
+        .replace("{HEAD}", HEAD)
+        .replace(
+            "const $ws",
+            "const $shape : i64[4] = dense<[1, 2, 1, 1]>\nconst $ws",
+        );
+        let (before, after, report) = lowered(&src);
+        assert_eq!(report.counters.get("plugin-MmqQuantize"), Some(&1));
+        assert_eq!(report.counters.get("plugin-MmqDequantize"), Some(&2));
+        assert_eq!(run(&before), run(&after));
+        assert!(free_of_u8(&after));
+    }
+
+    #[test]
+    fn a_quantized_value_that_leaves_the_graph_stays_as_it_is() {
+        let src = "const $s : f32[] = dense<[0.05]>\nconst $z : u8[] = dense<[3]>\n\
+             graph @g(%x: f32[1, 2, 4, 4]) -> (u8[1, 2, 4, 4]) model {ir_version = 8, opsets = {\"\" = 17}} {\n  \
+             %q = QuantizeLinear(%x, $s, $z) : u8[1, 2, 4, 4]\n  return %q\n}\n";
+        let (_, after, report) = lowered(src);
+        assert_eq!(ops(&after), ["QuantizeLinear"]);
+        assert!(!report.changed);
+    }
+
+    /// No value of the entry graph is uint8.
+    fn free_of_u8(m: &Module) -> bool {
+        let g = m.entries[0].graph;
+        m.graphs[g].nodes.iter().all(|&n| {
+            m.nodes[n]
+                .outputs
+                .iter()
+                .chain(&m.nodes[n].inputs)
+                .flatten()
+                .all(|v| m.value_type(*v).dtype() != Some(DType::U8))
+        })
+    }
 }
