@@ -80,9 +80,11 @@ fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Bo
     } else {
         mmq_passes::pipeline(options.target, options.level)
     };
-    let mut out: Vec<(Stage, Box<dyn Pass>)> = optimize
-        .into_passes()
+    let mut out: Vec<(Stage, Box<dyn Pass>)> = options
+        .target
+        .legalize()
         .into_iter()
+        .chain(optimize.into_passes())
         .map(|p| (Stage::Optimize, p))
         .collect();
     let lowering = options

@@ -8,6 +8,7 @@ pub mod canonicalize;
 pub mod const_fold;
 pub mod dce;
 pub mod egraph;
+mod emit;
 pub mod manager;
 pub mod pass;
 pub mod quant;

@@ -9,6 +9,7 @@
 //! - [`ort`]: ONNX Runtime's CPU provider, with the `com.microsoft` contrib ops.
 //! - [`trt`]: TensorRT's ONNX parser with explicit (Q/DQ) quantization.
 
+pub mod decompose;
 pub mod generic;
 pub mod ort;
 pub mod plugins;
@@ -51,6 +52,12 @@ pub trait Target: Send + Sync + std::panic::RefUnwindSafe {
 
     /// How FP16 is realized.
     fn fp16_form(&self) -> Fp16Form;
+
+    /// The pass that runs first, writing ops the target lacks (opset-23 `Attention`,
+    /// `RMSNormalization`, `RotaryEmbedding`) in ops it runs; `None` when it runs them all.
+    fn legalize(&self) -> Option<Box<dyn crate::pass::Pass>> {
+        None
+    }
 
     /// The pass that runs last, turning what the target cannot run natively into its plugins;
     /// `None` when the target has none.

@@ -248,6 +248,14 @@ impl Target for Trt {
         Fp16Form::WeightStorage
     }
 
+    fn legalize(&self) -> Option<Box<dyn crate::pass::Pass>> {
+        let ops = ["Attention", "RMSNormalization", "RotaryEmbedding"]
+            .into_iter()
+            .filter(|op| !parser_supports(op))
+            .collect();
+        Some(Box::new(super::decompose::Decompose { ops }))
+    }
+
     fn lowering(&self) -> Option<Box<dyn crate::pass::Pass>> {
         Some(Box::new(super::plugins::TrtPlugins))
     }
