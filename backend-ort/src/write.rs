@@ -5,9 +5,9 @@ use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use mmq_ir::fsio::{AtomicFile, lock_dir};
 use mmq_ir::{ConstData, GraphId, Module, Storage};
 use prost::Message;
-use tempfile::NamedTempFile;
 
 use crate::error::ExportError;
 use crate::export::{export_model, used_consts};
@@ -190,28 +190,16 @@ fn check_not_input(
     Ok(())
 }
 
-fn temp_in(dir: &Path, name: &str) -> Result<NamedTempFile, ExportError> {
-    let prefix = format!(".{name}.");
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(&prefix).suffix(".tmp");
-    // Temporary files are created private (0600); the output is an ordinary file, so ask for
-    // 0666 and let the process umask decide, as any other program writing a file would.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o666));
-    }
-    builder
-        .tempfile_in(dir)
-        .map_err(|e| ExportError::io("cannot create a temporary file in", dir, e))
+fn temp_for(path: &Path) -> Result<AtomicFile, ExportError> {
+    AtomicFile::create(path).map_err(|e| ExportError::io("cannot create a file for", path, e))
 }
 
 /// Exports top-level graph `graph` of `m` to the ONNX file `out`.
 ///
 /// External data, when used (see [`ExternalData`]), goes to `<file name of out>.data` in the
-/// same directory, each tensor aligned to 4096 bytes. Both files are written to temporary files
-/// in that directory and renamed into place, the data file first, so an error leaves no partial
-/// output. Writing over any file the module was read from (model sources and external data
+/// same directory, each tensor aligned to 4096 bytes. Both files are written as
+/// [`AtomicFile`]s (anonymous until complete, so an error or a crash leaves no partial output)
+/// and renamed into place together under the directory's lock, the data file first. Writing over any file the module was read from (model sources and external data
 /// files) is refused.
 pub fn write_model(
     m: &Module,
@@ -275,11 +263,11 @@ pub fn write_model(
     let mut external_tensors = 0;
     let (model, stats, data_tmp) = if external {
         check_not_input(&data_path, &dir_canonical.join(&data_name), &inputs)?;
-        let tmp = temp_in(&dir, &data_name)?;
+        let tmp = temp_for(&data_path)?;
         let file = tmp
-            .as_file()
+            .file()
             .try_clone()
-            .map_err(|e| ExportError::io("cannot open", tmp.path(), e))?;
+            .map_err(|e| ExportError::io("cannot open", &data_path, e))?;
         let mut sink = DataFileSink::new(file, &data_path, &data_name, threshold);
         let (model, stats) = export_model(
             m,
@@ -309,35 +297,37 @@ pub fn write_model(
     if size > PROTOBUF_LIMIT {
         return Err(ExportError::TooLarge { bytes: size });
     }
-    let model_tmp = temp_in(&dir, file_name)?;
+    let model_tmp = temp_for(out)?;
     {
-        let mut w = BufWriter::with_capacity(1 << 20, model_tmp.as_file());
+        let mut w = BufWriter::with_capacity(1 << 20, model_tmp.file());
         encode_model(model, &mut w)
             .and_then(|()| w.flush())
             .and_then(|()| {
                 if opts.sync {
-                    model_tmp.as_file().sync_all()
+                    model_tmp.file().sync_all()
                 } else {
                     Ok(())
                 }
             })
-            .map_err(|e| ExportError::io("cannot write", model_tmp.path(), e))?;
+            .map_err(|e| ExportError::io("cannot write", out, e))?;
     }
 
+    // The data file and the model are published as one unit: under the directory's lock, so
+    // a concurrent writer of the same output cannot put its model beside this data.
+    let _lock = lock_dir(&dir).map_err(|e| ExportError::io("cannot lock", &dir, e))?;
     let mut files = Vec::new();
     let data_path = match data_tmp {
         Some(tmp) => {
-            tmp.persist(&data_path).map_err(|e| {
-                ExportError::io("cannot rename the data file to", &data_path, e.error)
-            })?;
+            tmp.persist()
+                .map_err(|e| ExportError::io("cannot rename the data file to", &data_path, e))?;
             files.push(data_path.clone());
             Some(data_path)
         }
         None => None,
     };
     model_tmp
-        .persist(out)
-        .map_err(|e| ExportError::io("cannot rename the model file to", out, e.error))?;
+        .persist()
+        .map_err(|e| ExportError::io("cannot rename the model file to", out, e))?;
     files.push(out.to_owned());
     Ok(WriteReport {
         model_path: out.to_owned(),

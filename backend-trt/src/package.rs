@@ -9,6 +9,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use mmq_backend_ort::ExportOptions;
+use mmq_ir::fsio::AtomicFile;
 use mmq_ir::{DType, Dim, GraphId, Module, Op, Sym, Type, Value};
 use mmq_kernels::Tensor;
 use sha2::{Digest, Sha256};
@@ -130,18 +131,16 @@ fn write_err(path: &Path, e: impl std::fmt::Display) -> TrtError {
 
 /// Writes `bytes` to `path` through a temporary file in the same directory.
 fn write_atomic(path: &Path, bytes: &[u8], executable: bool) -> Result<(), TrtError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| write_err(path, e))?;
+    let mut tmp = AtomicFile::create(path).map_err(|e| write_err(path, e))?;
     tmp.write_all(bytes).map_err(|e| write_err(path, e))?;
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = if executable { 0o755 } else { 0o644 };
-        tmp.as_file()
+        tmp.file()
             .set_permissions(std::fs::Permissions::from_mode(mode))
             .map_err(|e| write_err(path, e))?;
     }
-    tmp.persist(path).map_err(|e| write_err(path, e.error))?;
-    Ok(())
+    tmp.persist().map_err(|e| write_err(path, e))
 }
 
 fn sha256(path: &Path) -> Result<String, TrtError> {

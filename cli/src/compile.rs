@@ -551,23 +551,10 @@ fn accuracy_text(report: &CompileReport, full: bool) -> String {
     }
 }
 
-/// Writes `bytes` to a temporary file beside `path` and renames it into place.
+/// Writes `bytes` to `path` atomically ([`mmq_ir::fsio::write_atomic`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(fail)?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        fail(e)
-    })
+    mmq_ir::fsio::write_atomic(path, bytes)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// One row per pass: name, milliseconds (when `total` is given), and its counters; then each

@@ -437,22 +437,7 @@ pub fn write(
         path: path.to_owned(),
         source: e,
     };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    // An ordinary file: 0666 less the umask, as the models beside it.
-    let mut tmp = {
-        use std::os::unix::fs::PermissionsExt;
-        tempfile::Builder::new()
-            .prefix(".qpqr.")
-            .suffix(".tmp")
-            .permissions(std::fs::Permissions::from_mode(0o666))
-            .tempfile_in(&dir)
-            .map_err(io)?
-    };
-    std::io::Write::write_all(&mut tmp, &buf).map_err(io)?;
-    tmp.persist(path).map_err(|e| io(e.error))?;
+    mmq_ir::fsio::write_atomic(path, &buf).map_err(io)?;
     Ok(Written {
         entries,
         bytes: file_bytes,

@@ -29,6 +29,7 @@ pub mod constant;
 pub mod diag;
 pub mod dim;
 pub mod dtype;
+pub mod fsio;
 pub mod infer;
 pub mod modality;
 pub mod module;

@@ -339,18 +339,10 @@ pub fn write_npz(path: &Path, arrays: &[(&str, &Tensor)]) -> Result<(), NpyError
         let bytes = npy_bytes(t).map_err(|m| error(path, Some(name), m))?;
         members.push((*name, bytes));
     }
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let file_name = path
-        .file_name()
-        .map_or_else(|| "out.npz".into(), |n| n.to_string_lossy());
-    let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
     let result = (|| -> Result<(), String> {
-        let file =
-            File::create(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-        let mut zip = zip::ZipWriter::new(std::io::BufWriter::new(file));
+        let out = mmq_ir::fsio::AtomicFile::create(path)
+            .map_err(|e| format!("cannot create a file for {}: {e}", path.display()))?;
+        let mut zip = zip::ZipWriter::new(std::io::BufWriter::new(out.file()));
         for (name, bytes) in &members {
             let opts = zip::write::SimpleFileOptions::default()
                 .compression_method(zip::CompressionMethod::Stored)
@@ -368,10 +360,10 @@ pub fn write_npz(path: &Path, arrays: &[(&str, &Tensor)]) -> Result<(), NpyError
             .into_inner()
             .map_err(|e| format!("cannot write: {}", e.error()))?;
         file.sync_all().map_err(|e| format!("cannot write: {e}"))?;
-        std::fs::rename(&tmp, path).map_err(|e| format!("cannot rename {}: {e}", tmp.display()))
+        out.persist()
+            .map_err(|e| format!("cannot rename into {}: {e}", path.display()))
     })();
     if let Err(m) = result {
-        let _ = std::fs::remove_file(&tmp);
         return Err(error(path, None, m));
     }
     Ok(())
