@@ -954,3 +954,51 @@ fn untyped_subgraph_outputs_get_no_type() {
         Some(DType::F32.onnx_code())
     );
 }
+
+#[test]
+fn the_model_and_its_data_are_published_under_the_directory_lock() {
+    // While another writer holds the output directory's lock, nothing is published; once it
+    // lets go, the model and its data appear together (and nothing else).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut m, g) = module("main");
+    let big: Vec<f32> = (0..100).map(|i| i as f32).collect();
+    let a = m.add_const(f32_const(Some("big"), vec![100], &big));
+    let y = unary(
+        &mut m,
+        g,
+        Op::Neg {},
+        vec![a],
+        Some("y"),
+        f32_ty(vec![Dim::known(100)]),
+    );
+    m.graphs[g].outputs = vec![y];
+    let out = dir.path().join("model.onnx");
+    let held = mmq_ir::fsio::lock_dir(dir.path()).expect("lock");
+    let writer = {
+        let out = out.clone();
+        std::thread::spawn(move || {
+            let opts = ExportOptions {
+                external_data: ExternalData::Always,
+                size_threshold: 16,
+                ..Default::default()
+            };
+            write_model(&m, g, &out, &opts).expect("write")
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let names = |d: &std::path::Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .expect("read")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(!writer.is_finished(), "published while the lock was held");
+    assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
+    drop(held);
+    let report = writer.join().expect("writer");
+    assert_eq!(report.external_tensors, 1);
+    assert_eq!(names(dir.path()), ["model.onnx", "model.onnx.data"]);
+}

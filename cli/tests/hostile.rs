@@ -297,3 +297,86 @@ fn external_data_stays_inside_the_model_directory_and_matches_its_hash() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("not the stated"), "{stderr}");
 }
+
+#[test]
+fn concurrent_writers_of_one_output_leave_one_whole_model_and_its_data() {
+    // Two models written to one output at once, with external data, again and again: every
+    // time the pair on disk is exactly one writer's and no temporary file is left. (The window
+    // this race needs is microseconds wide with these small models; that publication holds the
+    // directory's lock is shown deterministically in backend-ort's export tests.)
+    let dir = scratch("hostile-race");
+    let models = ["vit", "clip"].map(|f| {
+        repo()
+            .join(format!("tests/fixtures/{f}/model.onnx"))
+            .display()
+            .to_string()
+    });
+    // Each writer alone, for reference.
+    let alone: Vec<(Vec<u8>, Vec<u8>)> = models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            // The same file name as in the race: the model names its data file.
+            let alone = dir.join(format!("alone{i}"));
+            std::fs::create_dir_all(&alone).expect("dir");
+            let (code, _, stderr) = run_in(
+                &alone,
+                &[
+                    "convert",
+                    m,
+                    "--external-data",
+                    "always",
+                    "-o",
+                    "model.onnx",
+                ],
+            );
+            assert_eq!(code, 0, "{stderr}");
+            (
+                std::fs::read(alone.join("model.onnx")).expect("model"),
+                std::fs::read(alone.join("model.onnx.data")).expect("data"),
+            )
+        })
+        .collect();
+    assert_ne!(alone[0], alone[1]);
+    let race = dir.join("race");
+    std::fs::create_dir_all(&race).expect("dir");
+    for round in 0..6 {
+        let children: Vec<std::process::Child> = models
+            .iter()
+            .map(|m| {
+                std::process::Command::new(env!("CARGO_BIN_EXE_mmq"))
+                    .current_dir(&race)
+                    .args([
+                        "convert",
+                        m,
+                        "--external-data",
+                        "always",
+                        "-o",
+                        "model.onnx",
+                    ])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .expect("spawn")
+            })
+            .collect();
+        for mut c in children {
+            assert!(c.wait().expect("wait").success(), "round {round}");
+        }
+        let pair = (
+            std::fs::read(race.join("model.onnx")).expect("model"),
+            std::fs::read(race.join("model.onnx.data")).expect("data"),
+        );
+        assert!(
+            alone.contains(&pair),
+            "round {round}: the model and the data on disk are not one writer's"
+        );
+        let mut names: Vec<String> = std::fs::read_dir(&race)
+            .expect("read")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["model.onnx", "model.onnx.data"], "round {round}");
+    }
+}
