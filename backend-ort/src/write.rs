@@ -190,6 +190,54 @@ fn check_not_input(
     Ok(())
 }
 
+/// The file stem each entry graph is written under when a module of several graphs goes to one
+/// directory: the stem of the file it was loaded from (`inputs`, in entry order), else the
+/// graph's name. Two graphs with one stem would overwrite each other: that is an error naming
+/// both sources, found before any work (the stems depend on the input paths alone).
+pub fn entry_stems(m: &Module, inputs: &[PathBuf]) -> Result<Vec<String>, String> {
+    let stems: Vec<(String, String)> = m
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| match inputs.get(i).and_then(|p| p.file_stem()) {
+            Some(s) => (
+                s.to_string_lossy().into_owned(),
+                inputs[i].display().to_string(),
+            ),
+            None => {
+                let name = m.graphs[e.graph].name.clone();
+                (name.clone(), format!("graph '{name}'"))
+            }
+        })
+        .collect();
+    check_distinct(&stems)?;
+    Ok(stems.into_iter().map(|(s, _)| s).collect())
+}
+
+/// [`entry_stems`]' check on the input paths alone, for callers that have not loaded them yet.
+pub fn check_distinct_stems(inputs: &[PathBuf]) -> Result<(), String> {
+    let stems: Vec<(String, String)> = inputs
+        .iter()
+        .map(|p| {
+            let stem = p.file_stem().map(|s| s.to_string_lossy().into_owned());
+            (stem.unwrap_or_default(), p.display().to_string())
+        })
+        .collect();
+    check_distinct(&stems)
+}
+
+fn check_distinct(stems: &[(String, String)]) -> Result<(), String> {
+    for (i, (stem, from)) in stems.iter().enumerate() {
+        if let Some((_, other)) = stems[..i].iter().find(|(s, _)| s == stem) {
+            return Err(format!(
+                "{other} and {from} would both be written as {stem}.onnx in the output \
+                 directory; rename one of them"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn temp_for(path: &Path) -> Result<AtomicFile, ExportError> {
     AtomicFile::create(path).map_err(|e| ExportError::io("cannot create a file for", path, e))
 }

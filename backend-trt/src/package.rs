@@ -260,16 +260,12 @@ pub fn write_package(
     let mut models = Vec::new();
     let mut notes = Vec::new();
     let single = m.entries.len() == 1;
-    for (i, e) in m.entries.iter().enumerate() {
-        let stem = if single {
-            "model".to_owned()
-        } else {
-            inputs
-                .get(i)
-                .and_then(|p| p.file_stem())
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| m.graphs[e.graph].name.clone())
-        };
+    let stems = if single {
+        vec!["model".to_owned()]
+    } else {
+        mmq_backend_ort::entry_stems(m, inputs).map_err(|e| write_err(dir, e))?
+    };
+    for (i, (e, stem)) in m.entries.iter().zip(stems).enumerate() {
         let path = dir.join(format!("{stem}.onnx"));
         let report = mmq_backend_ort::write_model(m, e.graph, &path, &ExportOptions::default())
             .map_err(|err| write_err(&path, err))?;

@@ -380,3 +380,27 @@ fn concurrent_writers_of_one_output_leave_one_whole_model_and_its_data() {
         assert_eq!(names, ["model.onnx", "model.onnx.data"], "round {round}");
     }
 }
+
+#[test]
+fn two_inputs_with_one_file_name_are_refused_before_any_work() {
+    // Both fixtures are `model.onnx`: one would overwrite the other in the output directory.
+    let vit = repo()
+        .join("tests/fixtures/vit/model.onnx")
+        .display()
+        .to_string();
+    let clip = repo()
+        .join("tests/fixtures/clip/model.onnx")
+        .display()
+        .to_string();
+    for target in ["ort", "trt"] {
+        refused(
+            &format!("same-stem-{target}"),
+            &["compile", &vit, &clip, "--target", target, "-o", "out"],
+            &[
+                "vit/model.onnx",
+                "clip/model.onnx",
+                "would both be written as model.onnx",
+            ],
+        );
+    }
+}

@@ -10,6 +10,12 @@ use mmq_ir::Module;
 #[error("{0}")]
 pub struct ExportError(pub String);
 
+/// Checks, before any work, that the models of several `inputs` go to one directory under
+/// distinct names.
+pub fn check_distinct_outputs(inputs: &[PathBuf]) -> Result<(), ExportError> {
+    mmq_backend_ort::check_distinct_stems(inputs).map_err(ExportError)
+}
+
 /// Checks, before any work, that a single output can be written at `output` (its directory
 /// exists).
 pub fn check_output(output: &Path) -> Result<(), ExportError> {
@@ -56,13 +62,9 @@ pub fn write_referencing(
             std::fs::create_dir_all(output).map_err(|e| {
                 ExportError(format!("cannot create directory {}: {e}", output.display()))
             })?;
+            let stems = mmq_backend_ort::entry_stems(m, inputs).map_err(ExportError)?;
             let mut written = Vec::new();
-            for (i, entry) in entries.iter().enumerate() {
-                let stem = inputs
-                    .get(i)
-                    .and_then(|p| p.file_stem())
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| m.graphs[entry.graph].name.clone());
+            for (entry, stem) in entries.iter().zip(stems) {
                 let path = output.join(format!("{stem}.onnx"));
                 write_graph(m, entry.graph, &path, &options)?;
                 written.push(path);
