@@ -62,6 +62,19 @@ pub enum ExportError {
         /// The input file it is.
         input: PathBuf,
     },
+    /// Subgraphs nested deeper than ONNX readers can parse.
+    #[error(
+        "graph `{graph}` nests subgraphs {depth} deep; ONNX readers (protobuf's default \
+         recursion limit of 100 messages) load at most {limit}"
+    )]
+    TooDeep {
+        /// The innermost graph of the deepest chain.
+        graph: String,
+        /// Its nesting depth (0: the top-level graph).
+        depth: usize,
+        /// The deepest nesting readers load.
+        limit: usize,
+    },
     /// The model does not fit in one protobuf message.
     #[error(
         "the model needs {bytes} bytes of protobuf, above the 2 GiB protobuf limit; \

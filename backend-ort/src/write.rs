@@ -238,6 +238,36 @@ fn check_distinct(stems: &[(String, String)]) -> Result<(), String> {
     Ok(())
 }
 
+/// The deepest subgraph nesting ONNX readers load. Every level of nesting is three protobuf
+/// messages deeper (node, attribute, graph) and protobuf's parsers stop at 100 by default
+/// (Python's `onnx.load`, ONNX Runtime); the model, the top graph and a tensor attribute in the
+/// innermost graph take the rest.
+pub const MAX_SUBGRAPH_DEPTH: usize = 31;
+
+/// Refuses a graph whose subgraphs nest deeper than [`MAX_SUBGRAPH_DEPTH`].
+fn check_depth(m: &Module, graph: GraphId) -> Result<(), ExportError> {
+    let mut stack = vec![(graph, 0usize)];
+    while let Some((g, depth)) = stack.pop() {
+        if depth > MAX_SUBGRAPH_DEPTH {
+            return Err(ExportError::TooDeep {
+                graph: m.graphs[g].name.clone(),
+                depth,
+                limit: MAX_SUBGRAPH_DEPTH,
+            });
+        }
+        for &n in &m.graphs[g].nodes {
+            stack.extend(
+                m.nodes[n]
+                    .op
+                    .subgraphs()
+                    .into_iter()
+                    .map(|s| (s, depth + 1)),
+            );
+        }
+    }
+    Ok(())
+}
+
 fn temp_for(path: &Path) -> Result<AtomicFile, ExportError> {
     AtomicFile::create(path).map_err(|e| ExportError::io("cannot create a file for", path, e))
 }
@@ -272,6 +302,7 @@ pub fn write_model(
     let inputs = module_inputs(m);
     check_not_input(out, &dir_canonical.join(file_name), &inputs)?;
 
+    check_depth(m, graph)?;
     // Decide where tensor data goes before writing anything.
     let mut total = 0u64;
     let mut small = 0u64;

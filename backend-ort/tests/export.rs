@@ -1002,3 +1002,55 @@ fn the_model_and_its_data_are_published_under_the_directory_lock() {
     assert_eq!(report.external_tensors, 1);
     assert_eq!(names(dir.path()), ["model.onnx", "model.onnx.data"]);
 }
+
+/// A graph whose output comes through `depth` nested `If`s (the innermost branch returns the
+/// input), as `.mmir` text.
+fn nested_ifs(depth: usize) -> String {
+    fn branch(level: usize, depth: usize) -> String {
+        if level == depth {
+            return "return %x".to_owned();
+        }
+        let inner = branch(level + 1, depth);
+        format!(
+            "%y{level} = If(%c) {{\n then_branch = graph @t{level}() -> (f32[1]) {{\n{inner}\n}},\n \
+             else_branch = graph @e{level}() -> (f32[1]) {{\nreturn %x\n}}\n}} : f32[1]\nreturn %y{level}"
+        )
+    }
+    format!(
+        "graph @main(%c: bool[], %x: f32[1]) -> (f32[1]) model {{ir_version = 8, opsets = {{\"\" = 17}}}} {{\n{}\n}}\n",
+        branch(0, depth)
+    )
+}
+
+#[test]
+fn subgraphs_nested_deeper_than_readers_load_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let limit = mmq_backend_ort::MAX_SUBGRAPH_DEPTH;
+    for (depth, ok) in [(limit, true), (limit + 1, false)] {
+        let (m, _) = mmq_ir::text::parse(&nested_ifs(depth)).unwrap_or_else(|e| panic!("{e:?}"));
+        let out = dir.path().join(format!("nest{depth}.onnx"));
+        let r = write_model(&m, m.entries[0].graph, &out, &ExportOptions::default());
+        match (ok, r) {
+            (true, Ok(_)) => {
+                // The deepest nesting written is one ONNX's own reader loads.
+                let check = std::process::Command::new(
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"),
+                )
+                .args(["-c", "import onnx, sys; onnx.load(sys.argv[1])"])
+                .arg(&out)
+                .output()
+                .expect("python");
+                assert!(
+                    check.status.success(),
+                    "onnx.load: {}",
+                    String::from_utf8_lossy(&check.stderr)
+                );
+            }
+            (false, Err(ExportError::TooDeep { depth: d, .. })) => {
+                assert_eq!(d, limit + 1);
+                assert!(!out.exists());
+            }
+            (ok, r) => panic!("depth {depth}: expected ok={ok}, got {r:?}"),
+        }
+    }
+}
