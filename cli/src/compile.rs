@@ -111,6 +111,8 @@ pub struct CompileArgs {
     pub asym: bool,
     /// `--granularity`: run-time activation scales of int8-dynamic.
     pub granularity: mmq_passes::quant::int8::ActGranularity,
+    /// `--skip-non-finite`: nodes with NaN/Inf weights stay float.
+    pub skip_non_finite: bool,
     /// `--symbol NAME=MIN:OPT:MAX` (TensorRT profiles).
     pub symbols: Vec<(String, mmq_backend_trt::Profile)>,
     /// `--smoothquant ALPHA`: SmoothQuant before INT8.
@@ -191,6 +193,7 @@ fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, F
             symmetric: !args.asym,
         },
         granularity: args.granularity,
+        skip_non_finite: args.skip_non_finite,
         modality: args.modality.clone(),
         kv_cache: args.kv_cache,
         image_cache: args.image_cache,

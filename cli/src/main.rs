@@ -230,6 +230,10 @@ enum Command {
         #[arg(long, value_name = "per-tensor|per-token|per-patch", default_value = "per-tensor",
               value_parser = parse_granularity)]
         granularity: mmq_passes::quant::int8::ActGranularity,
+        /// Keep a node in float, with a warning, when its weight holds NaN or an infinity
+        /// (--quant int8|int8-dynamic|int4|fp8), instead of failing.
+        #[arg(long)]
+        skip_non_finite: bool,
         /// SmoothQuant before --quant int8|int8-dynamic: migrate activation outlier channels
         /// into the weights with strength ALPHA in [0, 1] (0.5 is usual).
         #[arg(long, value_name = "ALPHA")]
@@ -492,6 +496,7 @@ fn main() -> ExitCode {
             block,
             asym,
             granularity,
+            skip_non_finite,
             smoothquant,
             awq,
             observer,
@@ -523,6 +528,7 @@ fn main() -> ExitCode {
             block,
             asym,
             granularity,
+            skip_non_finite,
             smoothquant,
             awq,
             auto,

@@ -223,6 +223,38 @@ fn non_finite_weights_are_not_quantized_silently() {
             &["proj_weight", "non-finite value NaN"],
         );
     }
+    // Asked to, the node stays float with a warning naming it and its weight.
+    let dir = scratch("hostile-nan-skip");
+    for quant in ["int8", "int4", "fp8"] {
+        let (code, _, stderr) = run_in(
+            &dir,
+            &[
+                "compile",
+                &model,
+                "--target",
+                "ort",
+                "--quant",
+                quant,
+                "--calib-random",
+                "2",
+                "--no-accuracy",
+                "--skip-non-finite",
+                "-o",
+                "out.onnx",
+            ],
+        );
+        assert_eq!(code, 0, "{quant}: {stderr}");
+        assert!(
+            stderr.contains("warning: node") && stderr.contains("'proj_weight' holds NaN"),
+            "{quant}: {stderr}"
+        );
+        let (code, text, _) = run_in(&dir, &["inspect", "out.onnx"]);
+        assert_eq!(code, 0);
+        assert!(
+            text.contains("$proj_weight"),
+            "{quant}: the float weight went away\n{text}"
+        );
+    }
 }
 
 #[test]

@@ -179,6 +179,7 @@ fn context(options: &CompileOptions) -> steps::Context {
         placement: options.placement,
         int4: options.int4,
         granularity: options.granularity,
+        skip_non_finite: options.skip_non_finite,
         modality: options.modality.clone(),
         progress: options.progress.clone(),
         auto: Mutex::new(None),

@@ -181,6 +181,10 @@ pub struct CompileOptions {
     pub int4: Int4Options,
     /// Run-time activation scales of `int8-dynamic` (`--granularity`).
     pub granularity: ActGranularity,
+    /// A weight holding NaN or an infinity keeps its node in float (with a warning naming both)
+    /// instead of failing the compile (`--skip-non-finite`; `--quant int8`, `int8-dynamic`,
+    /// `int4`, `fp8`).
+    pub skip_non_finite: bool,
     /// Modality overrides (input name, label) for precision maps and `--auto`.
     pub modality: Vec<(String, Modality)>,
     /// Accuracy measurement after compiling.
@@ -210,6 +214,7 @@ impl Default for CompileOptions {
             awq: false,
             int4: Int4Options::default(),
             granularity: ActGranularity::PerTensor,
+            skip_non_finite: false,
             modality: Vec::new(),
             accuracy: Accuracy::EndToEnd,
             kv_cache: None,

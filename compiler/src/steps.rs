@@ -7,15 +7,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use mmq_ir::modality::{Labels, Modality};
-use mmq_ir::{GraphId, Module, Node, Value};
+use mmq_ir::{DType, GraphId, Module, Node, Op, Value};
 use mmq_passes::quant::auto::{self, AutoError, Candidate, Choice, Reference};
 use mmq_passes::quant::calibrate::{self, CalibError, ChannelStats, Observer, Ranges, Sample};
 use mmq_passes::quant::fp16::Fp16Pass;
-use mmq_passes::quant::int8::{ActGranularity, Int8Pass, Int8Scheme};
+use mmq_passes::quant::int8::{ActGranularity, Int8Pass, Int8Scheme, NodeFilter};
 use mmq_passes::quant::place::Placement;
 use mmq_passes::quant::precision::{Granularity, NodePlan, Plan, PrecisionMap, Scheme, Settings};
 use mmq_passes::quant::smooth::Site;
-use mmq_passes::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass, WeightScheme};
+use mmq_passes::quant::weight_only::{
+    WeightOnlyConfig, WeightOnlyPass, WeightScheme, const_source,
+};
 use mmq_passes::{Pass, PassError, PassManager, PassOptions, PassReport};
 
 use crate::calibration::{CalibrationSource, Samples};
@@ -29,6 +31,7 @@ pub(crate) struct Context {
     pub placement: Placement,
     pub int4: Int4Options,
     pub granularity: ActGranularity,
+    pub skip_non_finite: bool,
     pub modality: Vec<(String, Modality)>,
     pub progress: Option<ProgressFn>,
     pub auto: Mutex<Option<AutoOutcome>>,
@@ -207,10 +210,64 @@ impl Pass for Int8Step {
                 symmetric: opts.target.qdq_rules().symmetric_activations,
             }
         };
-        let pass = Int8Pass::new(scheme)
+        let mut pass = Int8Pass::new(scheme)
             .with_placement(self.ctx.placement)
             .with_granularity(self.ctx.granularity);
+        if let Some(f) = self.ctx.finite_filter(m, &mut notes) {
+            pass = pass.with_filter(f);
+        }
         run_with_notes(&pass, m, opts, notes)
+    }
+}
+
+impl Context {
+    /// With `--skip-non-finite`: a filter leaving out the nodes whose constant float operands
+    /// hold NaN or an infinity, with a warning per node in `notes`; `None` otherwise (the passes
+    /// then refuse such weights).
+    fn finite_filter(&self, m: &Module, notes: &mut Vec<String>) -> Option<NodeFilter> {
+        if !self.skip_non_finite {
+            return None;
+        }
+        let mut skipped = std::collections::HashSet::new();
+        for e in &m.entries {
+            for g in m.graph_tree(e.graph) {
+                for &n in &m.graphs[g].nodes {
+                    let nd = &m.nodes[n];
+                    if !matches!(
+                        nd.op,
+                        Op::MatMul {}
+                            | Op::Gemm { .. }
+                            | Op::Conv { .. }
+                            | Op::ConvTranspose { .. }
+                    ) {
+                        continue;
+                    }
+                    for &v in nd.inputs.iter().flatten() {
+                        let Some(c) = const_source(m, v) else {
+                            continue;
+                        };
+                        let data = &m.consts[c];
+                        if data.dtype != DType::F32 {
+                            continue;
+                        }
+                        let bad = mmq_kernels::Tensor::from_const(data)
+                            .and_then(|t| t.to_f32())
+                            .map(|xs| xs.iter().position(|x| !x.is_finite()).map(|i| (i, xs[i])));
+                        if let Ok(Some((i, x))) = bad {
+                            notes.push(format!(
+                                "warning: node '{}': weight '{}' holds {x} at element {i}; the \
+                                 node stays in float (--skip-non-finite)",
+                                nd.name.as_deref().unwrap_or("<unnamed>"),
+                                data.name.as_deref().unwrap_or("<unnamed>"),
+                            ));
+                            skipped.insert(n);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Some(Box::new(move |_: &Module, n| !skipped.contains(&n)))
     }
 }
 
@@ -309,6 +366,9 @@ impl Pass for WeightOnlyStep {
                 self.ctx.observer
             ));
             pass = pass.with_activation_ranges(ranges);
+        }
+        if let Some(f) = self.ctx.finite_filter(m, &mut notes) {
+            pass = pass.with_filter(f);
         }
         run_with_notes(&pass, m, opts, notes)
     }
@@ -725,6 +785,7 @@ impl Pass for AutoStep {
             placement: ctx.placement,
             int4: ctx.int4,
             granularity: ctx.granularity,
+            skip_non_finite: ctx.skip_non_finite,
             modality: ctx.modality.clone(),
             progress: None,
             auto: Mutex::new(None),

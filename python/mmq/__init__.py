@@ -127,6 +127,7 @@ def compile(
     kv_cache: Literal["int8", "fp8", "int4"] | None = None,
     image_cache: Literal["int4"] | None = None,
     granularity: Literal["per-tensor", "per-token", "per-patch"] = "per-tensor",
+    skip_non_finite: bool = False,
 ) -> Any:
     """Optimizes and quantizes a model for a target; the same as ``mmq compile``.
 
@@ -162,6 +163,8 @@ def compile(
             ``<name>_scale``.
         granularity: run-time activation scales of ``quant="int8-dynamic"``: one per tensor,
             or one per row (``"per-token"``, ``"per-patch"``).
+        skip_non_finite: a node whose weight holds NaN or an infinity stays in float, with a
+            warning, instead of raising (``--skip-non-finite``).
 
     Returns:
         the compiled ``onnx.ModelProto`` (``target="trt"``: the package manifest as a dict),
@@ -199,6 +202,7 @@ def compile(
         "kv_cache": kv_cache,
         "image_cache": image_cache,
         "granularity": granularity,
+        "skip_non_finite": skip_non_finite,
     }
     if precision_map is not None:
         text = os.fspath(precision_map)

@@ -70,6 +70,9 @@ struct Options {
     /// `--granularity`.
     #[serde(default)]
     granularity: Option<String>,
+    /// `--skip-non-finite`.
+    #[serde(default)]
+    skip_non_finite: bool,
 }
 
 /// `CompileOptions` from the Python keywords; `samples` are the calibration samples given as
@@ -163,6 +166,7 @@ fn options(o: Options, samples: Option<Vec<Arrays>>) -> PyResult<(CompileOptions
                 Some(g) => g.parse().map_err(err)?,
                 None => Default::default(),
             },
+            skip_non_finite: o.skip_non_finite,
             modality,
             kv_cache: o
                 .kv_cache
