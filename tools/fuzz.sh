@@ -37,7 +37,7 @@ env -u MMQ_NVCC cargo +nightly fuzz build -O >/dev/null
 for t in "${targets[@]}"; do
     start=$(date +%s)
     log="$(mktemp)"
-    if env -u MMQ_NVCC cargo +nightly fuzz run -O "$t" "corpus/$t" -- -runs="$runs" -max_len=262144 \
+    if env -u MMQ_NVCC cargo +nightly fuzz run -O "$t" "corpus/$t" -- -runs="$runs" -max_len=262144 -timeout=10 \
         -print_final_stats=1 >"$log" 2>&1; then
         status="0 crashes"
     else

@@ -76,5 +76,27 @@ def main():
     (OUT / "huge_shape.npy").write_bytes(npy_header((2**20, 2**20)))
 
 
+def data_sized():
+    """Results sized by an input's values (no static shape to check before the node runs): the
+    kernel itself must refuse them."""
+    x = h.make_tensor_value_info("x", T.FLOAT, [1])
+    x2 = h.make_tensor_value_info("x", T.FLOAT, [1, 1])
+    s = h.make_tensor_value_info("s", T.INT64, [2])
+    save("expand_by_input", [h.make_node("Expand", ["x", "s"], ["y"], name="data_expand")],
+         [x, s], [])
+    save("fill_by_input", [h.make_node("ConstantOfShape", ["s"], ["y"], name="data_fill")],
+         [x, s], [])
+    save("tile_by_input", [h.make_node("Tile", ["x", "s"], ["y"], name="data_tile")], [x2, s], [])
+    pads = h.make_tensor_value_info("s", T.INT64, [2])
+    save("pad_by_input", [h.make_node("Pad", ["x", "s"], ["y"], name="data_pad")], [x, pads], [])
+    save("resize_by_input",
+         [h.make_node("Resize", ["x", "", "", "s"], ["y"], name="data_resize", mode="nearest")],
+         [x2, s], [])
+    np.savez(OUT / "xs.npz", x=np.ones(1, np.float32), s=HUGE)
+    np.savez(OUT / "x2s.npz", x=np.ones((1, 1), np.float32), s=HUGE)
+    np.savez(OUT / "xp.npz", x=np.ones(1, np.float32), s=np.array([0, 10**12], np.int64))
+
+
 if __name__ == "__main__":
     main()
+    data_sized()

@@ -66,6 +66,12 @@ fn results_too_large_for_memory_are_errors_naming_the_node() {
         ("cos_of_1e12.onnx", &x, "big_fill"),
         ("pad_1e12.onnx", &x, "big_pad"),
         ("onehot_1e12.onnx", &i, "big_onehot"),
+        // Sizes read from an input at run time: no static shape to check first.
+        ("expand_by_input.onnx", &file("xs.npz"), "data_expand"),
+        ("fill_by_input.onnx", &file("xs.npz"), "data_fill"),
+        ("tile_by_input.onnx", &file("x2s.npz"), "data_tile"),
+        ("pad_by_input.onnx", &file("xp.npz"), "data_pad"),
+        ("resize_by_input.onnx", &file("x2s.npz"), "data_resize"),
     ] {
         refused(
             model,

@@ -34,6 +34,33 @@ pub struct OpCtx<'a> {
 
 impl OpCtx<'_> {
     /// `name (Op)` for messages.
+    /// Refuses a result of `shape` that does not fit the memory limit, before a kernel sizing
+    /// its result from the data (a shape tensor, repeats, pads, scales) allocates it: an error
+    /// naming the node and the size, never an aborted process.
+    pub(crate) fn check_result(
+        &self,
+        dtype: mmq_ir::DType,
+        shape: &[usize],
+    ) -> Result<(), KernelError> {
+        crate::tensor::check_size(&format!("{} result", self.label()), dtype, shape).map(|_| ())
+    }
+
+    /// `dims` multiplied elementwise by `factors`; an error when a product does not fit.
+    pub(crate) fn scaled_dims(
+        &self,
+        dims: &[usize],
+        factors: &[usize],
+    ) -> Result<Vec<usize>, KernelError> {
+        dims.iter()
+            .zip(factors)
+            .map(|(&d, &f)| {
+                d.checked_mul(f).ok_or_else(|| {
+                    self.invalid(format!("a result dim of {d} x {f} does not fit in memory"))
+                })
+            })
+            .collect()
+    }
+
     pub fn label(&self) -> String {
         match &self.node.name {
             Some(n) if !n.is_empty() => format!("node '{n}' ({})", self.node.op.op_type()),

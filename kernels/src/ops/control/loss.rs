@@ -333,6 +333,7 @@ fn upsample(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> OpResul
         .zip(&scales)
         .map(|(&d, &s)| scaled_len(d, s))
         .collect();
+    cx.check_result(x.dtype, &out_shape)?;
     match attr_str(c, "mode").unwrap_or("nearest") {
         "nearest" => {
             let rank = x.rank();

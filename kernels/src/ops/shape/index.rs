@@ -444,6 +444,10 @@ pub(super) fn one_hot(cx: &OpCtx<'_>, inputs: &[Option<RtValue>], axis: i64) -> 
     let outer: usize = it.shape[..a].iter().product();
     let inner: usize = it.shape[a..].iter().product();
     let d = depth as usize;
+    let mut out_shape = it.shape[..a].to_vec();
+    out_shape.push(d);
+    out_shape.extend_from_slice(&it.shape[a..]);
+    cx.check_result(vals.dtype, &out_shape)?;
     let mut sel = Vec::with_capacity(outer * d * inner);
     for o in 0..outer {
         for k in 0..depth {

@@ -370,6 +370,7 @@ pub(super) fn expand(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
     if shape == x.shape {
         return single(reshaped(x, shape));
     }
+    cx.check_result(x.dtype, &shape)?;
     let data = strided(&x.data, 0, &shape, &broadcast_strides(&x.shape, &shape));
     single(like(x, shape, data)?)
 }
@@ -390,12 +391,9 @@ pub(super) fn tile(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
         vshape.extend([r as usize, x.shape[i]]);
         vst.extend([0, st[i]]);
     }
-    let shape: Vec<usize> = x
-        .shape
-        .iter()
-        .zip(&reps)
-        .map(|(&d, &r)| d * r as usize)
-        .collect();
+    let reps: Vec<usize> = reps.iter().map(|&r| r as usize).collect();
+    let shape = cx.scaled_dims(&x.shape, &reps)?;
+    cx.check_result(x.dtype, &shape)?;
     let data = if shape.contains(&0) {
         take(&x.data, &[])
     } else {
@@ -513,11 +511,13 @@ pub(super) fn pad(
         end[a] = pads[k + axes.len()];
     }
     let st = strides(&x.shape);
-    let mut tables = Vec::with_capacity(r);
     let mut shape = Vec::with_capacity(r);
     for a in 0..r {
         let dim = sdim(x.shape[a]);
-        let len = dim + begin[a] + end[a];
+        let len = dim
+            .checked_add(begin[a])
+            .and_then(|l| l.checked_add(end[a]))
+            .ok_or_else(|| cx.invalid(format!("pads {} and {} overflow", begin[a], end[a])))?;
         if len < 0 {
             return Err(cx.invalid(format!(
                 "pads {} and {} crop more than the dim {dim} of axis {a}",
@@ -527,6 +527,13 @@ pub(super) fn pad(
         if dim == 0 && len > 0 && mode != "constant" {
             return Err(cx.invalid(format!("cannot pad the empty axis {a} in {mode} mode")));
         }
+        shape.push(len as usize);
+    }
+    cx.check_result(x.dtype, &shape)?;
+    let mut tables = Vec::with_capacity(r);
+    for a in 0..r {
+        let dim = sdim(x.shape[a]);
+        let len = shape[a] as i64;
         let table: Vec<Option<usize>> = (0..len)
             .map(|o| {
                 let i = o - begin[a];
@@ -534,7 +541,6 @@ pub(super) fn pad(
                 src.map(|s| s as usize * st[a])
             })
             .collect();
-        shape.push(len as usize);
         tables.push(table);
     }
     if !matches!(mode, "constant" | "edge" | "wrap" | "reflect") {

@@ -108,11 +108,12 @@ pub(super) fn constant_of_shape(
         return Err(cx.invalid(format!("shape {spec:?} has the dim {d}")));
     }
     let shape: Vec<usize> = spec.iter().map(|&d| d as usize).collect();
-    let n = shape.iter().product();
     let fill = match value {
         Some(c) => cx.interp.constant(c)?,
         None => std::sync::Arc::new(Tensor::from_f32(vec![1], vec![0.0])?),
     };
+    cx.check_result(fill.dtype, &shape)?;
+    let n = shape.iter().product();
     if fill.len() != 1 {
         return Err(cx.invalid(format!("value must have one element, has {}", fill.len())));
     }

@@ -355,6 +355,7 @@ pub(super) fn resize(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
         (Some(_), Some(_)) => return Err(cx.invalid("both scales and sizes are given")),
         (None, None) => return Err(cx.invalid("neither scales nor sizes is given")),
     }
+    cx.check_result(x.dtype, &out_shape)?;
     let mut roi_full: Option<Vec<f64>> = None;
     if let Some(t) = roi {
         let v = t.to_f64()?;
