@@ -31,68 +31,87 @@ fn main() {
     );
     let mut ratios = Vec::new();
     for f in fixtures() {
-        let inputs: HashMap<String, RtValue> = mmq_kernels::io::read_npz(&f.dir.join("inputs.npz"))
-            .unwrap_or_else(|e| panic!("{}: {e}", f.name))
-            .into_iter()
-            .map(|(k, t)| (k, RtValue::from(t)))
-            .collect();
         for model in &f.models {
-            let m = mmq_onnx::load_files(&[model.as_path()], &Default::default())
-                .unwrap_or_else(|e| panic!("{}: {e}", f.name));
-            let g = m.graphs[m.entries[0].graph].clone();
-            let names: Vec<String> = g
-                .inputs
-                .iter()
-                .filter_map(|&v| m.values[v].name.clone())
-                .collect();
-            let feeds: HashMap<String, RtValue> = inputs
-                .iter()
-                .filter(|(k, _)| names.contains(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            let interp = Interpreter::new(&m);
-            let graph = m.entries[0].graph;
-            interp
-                .run(graph, &feeds)
-                .unwrap_or_else(|e| panic!("{}: {e}", f.name));
-            let times: Vec<f64> = (0..runs)
-                .map(|_| {
-                    let t = Instant::now();
-                    let _ = interp.run(graph, &feeds);
-                    t.elapsed().as_secs_f64()
-                })
-                .collect();
-            let ours = median(times);
-            let out = Command::new(python())
-                .arg(repo_root().join("tools/ort_bench.py"))
-                .arg(model)
-                .arg(f.dir.join("inputs.npz"))
-                .args(["--threads", "1,2", "--runs", &runs.to_string()])
-                .output()
-                .expect("run ort_bench");
-            let j: serde_json::Value = serde_json::from_slice(&out.stdout)
-                .unwrap_or_else(|_| panic!("ort_bench: {}", String::from_utf8_lossy(&out.stderr)));
-            let o1 = j["1"].as_f64().unwrap_or(f64::NAN);
-            let o2 = j["2"].as_f64().unwrap_or(f64::NAN);
-            let file = model
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            println!(
-                "{:<16} {:<20} {:>8.3}ms {:>8.3}ms {:>8.3}ms {:>7.2}x {:>7.2}x",
-                f.name,
-                file,
-                ours * 1e3,
-                o1 * 1e3,
-                o2 * 1e3,
-                ours / o1,
-                ours / o2
-            );
-            ratios.push(ours / o1);
+            let r = bench_model(&f.name, model, &f.dir.join("inputs.npz"), runs);
+            ratios.push(r);
         }
+    }
+    // Single ops at a MiniLM-L6 MLP's size (batch 4): the elementwise math alone.
+    let ops = repo_root().join("target/bench-ops");
+    let made = Command::new(python())
+        .arg(repo_root().join("tools/gen_op_bench.py"))
+        .arg(&ops)
+        .status()
+        .expect("gen_op_bench");
+    assert!(made.success(), "tools/gen_op_bench.py failed");
+    for op in ["gelu", "erf"] {
+        let dir = ops.join(op);
+        bench_model(op, &dir.join("model.onnx"), &dir.join("inputs.npz"), runs);
     }
     println!(
         "median interpreter / onnxruntime (1 thread): {:.2}x",
         median(ratios)
     );
+}
+
+/// Times the interpreter (one thread) and ONNX Runtime (1 and 2 threads) on `model` with the
+/// inputs it declares from `inputs`; prints a row; returns interpreter / ONNX Runtime (1 thread).
+fn bench_model(name: &str, model: &std::path::Path, inputs: &std::path::Path, runs: usize) -> f64 {
+    let all: HashMap<String, RtValue> = mmq_kernels::io::read_npz(inputs)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .into_iter()
+        .map(|(k, t)| (k, RtValue::from(t)))
+        .collect();
+    let m = mmq_onnx::load_files(&[model], &Default::default())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let g = m.graphs[m.entries[0].graph].clone();
+    let names: Vec<String> = g
+        .inputs
+        .iter()
+        .filter_map(|&v| m.values[v].name.clone())
+        .collect();
+    let feeds: HashMap<String, RtValue> = all
+        .iter()
+        .filter(|(k, _)| names.contains(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let interp = Interpreter::new(&m);
+    let graph = m.entries[0].graph;
+    interp
+        .run(graph, &feeds)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            let _ = interp.run(graph, &feeds);
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    let ours = median(times);
+    let out = Command::new(python())
+        .arg(repo_root().join("tools/ort_bench.py"))
+        .arg(model)
+        .arg(inputs)
+        .args(["--threads", "1,2", "--runs", &runs.to_string()])
+        .output()
+        .expect("run ort_bench");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("ort_bench: {}", String::from_utf8_lossy(&out.stderr)));
+    let o1 = j["1"].as_f64().unwrap_or(f64::NAN);
+    let o2 = j["2"].as_f64().unwrap_or(f64::NAN);
+    let file = model
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    println!(
+        "{:<16} {:<20} {:>8.3}ms {:>8.3}ms {:>8.3}ms {:>7.2}x {:>7.2}x",
+        name,
+        file,
+        ours * 1e3,
+        o1 * 1e3,
+        o2 * 1e3,
+        ours / o1,
+        ours / o2
+    );
+    ours / o1
 }
