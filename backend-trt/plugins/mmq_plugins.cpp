@@ -270,6 +270,11 @@ private:
         int32_t rank = x.nbDims;
         int32_t block = field("block_size");
         if (block > 0) {
+            int32_t axis = field("axis");
+            if (axis != -1 && axis != rank - 1) {
+                spec.mode = -1;  // blocks along the last axis only
+                return spec;
+            }
             spec.mode = 2;
             spec.row_len = rank > 0 ? x.d[rank - 1] : 1;
             spec.group = block;

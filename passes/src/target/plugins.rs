@@ -199,6 +199,13 @@ fn unit(m: &Module, n: Node) -> Option<Unit> {
             Some((shape, vals))
         }
     };
+    // The plugins' kernels take blocks along the last axis only.
+    if block_size > 0 {
+        let rank = m.value_type(codes).shape()?.len() as i64;
+        if axis != -1 && axis != rank - 1 {
+            return None;
+        }
+    }
     Some(Unit {
         node: n,
         quantize,
