@@ -134,6 +134,28 @@ def test_trt_writes_the_package_the_command_writes(tmp_path, mmq_bin):
                     output=tmp_path / "bad")
 
 
+def test_trt_packages_with_plugins_match_the_command(tmp_path, mmq_bin):
+    """Asymmetric INT4 for TensorRT: the MatMulNBits plugin, its sources in plugins/, the same
+    bytes as the command writes."""
+    fx = fixture("llama_gqa_kv")
+    subprocess.run(
+        [mmq_bin, "compile", fx / "model.onnx", "--target", "trt", "--quant", "int4", "--asym",
+         "-o", tmp_path / "cli", "--no-accuracy"],
+        check=True, capture_output=True,
+    )
+    manifest = mmq.compile(fx / "model.onnx", target="trt", quant="int4", asym=True,
+                           output=tmp_path / "lib", progress=False)
+    assert manifest["findings"] == []
+    assert [p["name"] for p in manifest["plugins"]] == ["MmqMatMulNBits"]
+    assert manifest["plugins"][0]["namespace"] == "mmq"
+    assert manifest["plugin_library"]["library"] == "plugins/libmmq_plugins.so"
+    for name in ["model.onnx", "manifest.json", "plugins/mmq_plugins.cpp", "plugins/build.sh"]:
+        assert (tmp_path / "lib" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes()
+    nodes = onnx.load(tmp_path / "lib" / "model.onnx").graph.node
+    plugins = [n for n in nodes if n.domain == "mmq.trt"]
+    assert plugins and all(n.op_type == "MmqMatMulNBits" for n in plugins)
+
+
 def test_report_lists_the_quantization_passes_and_the_accuracy(capfd):
     fx = fixture("clip")
     model, report = mmq.compile(fx / "model.onnx", quant="int4", calibration=samples(fx, 4),
