@@ -95,6 +95,15 @@ def data_sized():
     np.savez(OUT / "xs.npz", x=np.ones(1, np.float32), s=HUGE)
     np.savez(OUT / "x2s.npz", x=np.ones((1, 1), np.float32), s=HUGE)
     np.savez(OUT / "xp.npz", x=np.ones(1, np.float32), s=np.array([0, 10**12], np.int64))
+    # Symbolic dims the inputs bind: [n, 1] x [1, m] is n x m (run with --max-memory 1MiB).
+    for name, op in [("outer_by_symbols", "MatMul"), ("broadcast_by_symbols", "Add")]:
+        g = h.make_graph([h.make_node(op, ["a", "b"], ["y"], name=f"sym_{op.lower()}")], name,
+                         [h.make_tensor_value_info("a", T.FLOAT, ["n", 1]),
+                          h.make_tensor_value_info("b", T.FLOAT, [1, "m"])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["n", "m"])])
+        onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)],
+                               producer_name="gen_hostile"), OUT / f"{name}.onnx")
+    np.savez(OUT / "ab.npz", a=np.ones((1024, 1), np.float32), b=np.ones((1, 1024), np.float32))
 
 
 if __name__ == "__main__":

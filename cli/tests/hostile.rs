@@ -82,6 +82,29 @@ fn results_too_large_for_memory_are_errors_naming_the_node() {
 }
 
 #[test]
+fn results_sized_by_bound_symbols_are_checked_before_they_run() {
+    // [n, 1] x [1, m] with n = m = 1024 under a 1 MiB limit: the shapes are symbolic, the
+    // inputs bind them, and the 4 MiB result is refused before it is allocated.
+    for (model, node) in [
+        ("outer_by_symbols.onnx", "sym_matmul"),
+        ("broadcast_by_symbols.onnx", "sym_add"),
+    ] {
+        refused(
+            model,
+            &[
+                "run",
+                &file(model),
+                "--inputs",
+                &file("ab.npz"),
+                "--max-memory",
+                "1MiB",
+            ],
+            &[node, "[1024, 1024]", "exceeds the memory limit"],
+        );
+    }
+}
+
+#[test]
 fn models_standard_readers_refuse_do_not_verify() {
     for (model, want) in [
         (

@@ -25,6 +25,8 @@ pub struct RunStats {
 pub struct Env<'p> {
     vals: HashMap<Value, RtValue>,
     parent: Option<&'p Env<'p>>,
+    /// The symbols the top-level inputs bound (in the root scope).
+    syms: HashMap<Sym, i64>,
 }
 
 impl Env<'_> {
@@ -32,6 +34,14 @@ impl Env<'_> {
         self.vals
             .get(&v)
             .or_else(|| self.parent.and_then(|p| p.lookup(v)))
+    }
+
+    /// The value the run's inputs bound symbol `s` to.
+    fn sym(&self, s: Sym) -> Option<i64> {
+        self.syms
+            .get(&s)
+            .copied()
+            .or_else(|| self.parent.and_then(|p| p.sym(s)))
     }
 }
 
@@ -165,6 +175,7 @@ impl<'m> Interpreter<'m> {
         let root = Env {
             vals: HashMap::new(),
             parent: None,
+            syms: bound,
         };
         let outs = self.run_graph(graph, args, &root)?;
         Ok(g.outputs
@@ -310,6 +321,7 @@ impl<'m> Interpreter<'m> {
         let mut env = Env {
             vals: HashMap::new(),
             parent: Some(outer),
+            syms: HashMap::new(),
         };
         let mut inputs = inputs;
         inputs.resize(g.inputs.len(), None);
@@ -405,6 +417,7 @@ impl<'m> Interpreter<'m> {
         let env = Env {
             vals: HashMap::new(),
             parent: None,
+            syms: HashMap::new(),
         };
         let cx = OpCtx {
             interp: self,
@@ -493,9 +506,11 @@ fn uses_of(m: &Module, n: Node) -> Vec<Value> {
     out
 }
 
-/// Refuses, before running it, a node whose results have static shapes too large for the memory
-/// limit ([`crate::memory_limit`]): an `Expand`, `Pad` or `OneHot` to 10^12 elements is an error
-/// naming the node, not an aborted process.
+/// Refuses, before running it, a node whose results have shapes too large for the memory limit
+/// ([`crate::memory_limit`]): static shapes, and symbolic ones evaluated with the symbols the
+/// run's inputs bound (a `MatMul` of `[n, 1]` by `[1, m]` with n = m = 10^6). An `Expand`, `Pad`
+/// or `OneHot` to 10^12 elements is an error naming the node, not an aborted process; results
+/// sized by data check themselves in their kernels ([`OpCtx::check_result`]).
 fn check_results(cx: &OpCtx<'_>) -> Result<(), KernelError> {
     let m = cx.interp.module();
     for v in cx.node.outputs.iter().flatten() {
@@ -507,7 +522,11 @@ fn check_results(cx: &OpCtx<'_>) -> Result<(), KernelError> {
         };
         let dims: Option<Vec<usize>> = shape
             .iter()
-            .map(|d| d.as_known().and_then(|k| usize::try_from(k).ok()))
+            .map(|d| {
+                d.as_known()
+                    .or_else(|| d.expr()?.eval(&|s| cx.env.sym(s)))
+                    .and_then(|k| usize::try_from(k).ok())
+            })
             .collect();
         if let Some(dims) = dims {
             crate::tensor::check_size(&format!("{} result", cx.label()), dtype, &dims)?;
