@@ -359,16 +359,22 @@ fn attention(m: &mut Module, g: GraphId, n: Node) -> Result<(), String> {
     }
     let (present_k, present_v) = (k4, v4);
     if hq != hkv {
+        // V's head size may differ from Q's and K's.
+        let vd = dims(m, v).ok_or("V's rank is unknown")?;
+        let dv = match vd.len() {
+            4 => vd[3].ok_or("V's head size is not static")?,
+            _ => vd[2].ok_or("V's hidden size is not static")? / hkv,
+        };
         let rep = hq / hkv;
-        let expand = |e: &mut Emit, m: &mut Module, x: Value| {
+        let expand = |e: &mut Emit, m: &mut Module, x: Value, last: i64| {
             let u = unsqueeze(e, m, x, &[2]);
             let to = e.i64s(m, &[1, 1, rep, 1, 1]);
             let x = e.op(m, Op::Expand {}, vec![u, to]);
-            let shape = e.i64s(m, &[0, hq, -1, d]);
+            let shape = e.i64s(m, &[0, hq, -1, last]);
             e.reshape(m, x, shape)
         };
-        k4 = expand(&mut e, m, k4);
-        v4 = expand(&mut e, m, v4);
+        k4 = expand(&mut e, m, k4, d);
+        v4 = expand(&mut e, m, v4, dv);
     }
     let kt = transpose(&mut e, m, k4, &[0, 1, 3, 2]);
     let mut scores = e.binary(m, Op::MatMul {}, q4, kt);

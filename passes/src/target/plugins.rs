@@ -17,7 +17,7 @@
 //! quantize whose readers are all dequantizes. Anything else stays, and the TensorRT linter names
 //! it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 use mmq_ir::{
@@ -268,14 +268,15 @@ fn lower_qdq(m: &mut Module, g: GraphId, report: &mut PassReport) {
     // A quantize is lowered when it needs it and every reader is a dequantize that can follow;
     // a dequantize when it needs it and its codes are constant or come from a lowered quantize.
     let needs = |u: &Unit| u.unsigned || u.nonzero();
-    let mut lowered_q: HashMap<Value, Node> = HashMap::new();
-    let mut recoded: Vec<Value> = Vec::new();
+    // Quantize results lowered, and every value their int8 codes flow through.
+    let mut lowered_q: HashSet<Value> = HashSet::new();
+    let mut recoded: HashSet<Value> = HashSet::new();
     for u in units.values().filter(|u| u.quantize && needs(u)) {
         let Some(out) = m.nodes[u.node].outputs[0] else {
             continue;
         };
         if let Some(chain) = code_flow(m, &readers, &units, out, u.unsigned) {
-            lowered_q.insert(out, u.node);
+            lowered_q.insert(out);
             recoded.extend(chain);
         }
     }
@@ -307,7 +308,7 @@ fn lower_qdq(m: &mut Module, g: GraphId, report: &mut PassReport) {
             let Some(out) = m.nodes[n].outputs[0] else {
                 continue;
             };
-            if !lowered_q.contains_key(&out) {
+            if !lowered_q.contains(&out) {
                 continue;
             }
         } else {
