@@ -233,45 +233,33 @@ fn paths_that_are_not_regular_files_are_refused_before_opening() {
 #[test]
 fn non_finite_weights_are_not_quantized_silently() {
     let model = file("nan_weight.onnx");
+    let args = |quant: &'static str, extra: &'static [&'static str]| {
+        let mut a = vec![
+            "compile",
+            model.as_str(),
+            "--target",
+            "ort",
+            "--quant",
+            quant,
+            "--calib-random",
+            "2",
+            "--no-accuracy",
+        ];
+        a.extend_from_slice(extra);
+        a.extend(["-o", "out.onnx"]);
+        a
+    };
     for quant in ["int8", "int4", "fp8"] {
         refused(
             &format!("nan-{quant}"),
-            &[
-                "compile",
-                &model,
-                "--target",
-                "ort",
-                "--quant",
-                quant,
-                "--calib-random",
-                "2",
-                "--no-accuracy",
-                "-o",
-                "out.onnx",
-            ],
+            &args(quant, &[]),
             &["proj_weight", "non-finite value NaN"],
         );
     }
     // Asked to, the node stays float with a warning naming it and its weight.
     let dir = scratch("hostile-nan-skip");
     for quant in ["int8", "int4", "fp8"] {
-        let (code, _, stderr) = run_in(
-            &dir,
-            &[
-                "compile",
-                &model,
-                "--target",
-                "ort",
-                "--quant",
-                quant,
-                "--calib-random",
-                "2",
-                "--no-accuracy",
-                "--skip-non-finite",
-                "-o",
-                "out.onnx",
-            ],
-        );
+        let (code, _, stderr) = run_in(&dir, &args(quant, &["--skip-non-finite"]));
         assert_eq!(code, 0, "{quant}: {stderr}");
         assert!(
             stderr.contains("warning: node") && stderr.contains("'proj_weight' holds NaN"),
