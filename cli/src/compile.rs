@@ -261,7 +261,9 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     if args.inputs.len() == 1 || args.target == CompileTarget::Trt {
         mmq_compiler::export::check_output(&args.output)?;
     }
-    mmq_compiler::export::check_distinct_outputs(&args.inputs)?;
+    if args.inputs.len() > 1 {
+        mmq_compiler::export::check_distinct_outputs(&args.inputs, &args.output)?;
+    }
     check_side_outputs(args)?;
     let (mut module, load_warnings) = load::load(&args.inputs)?.verified()?;
     crate::warn(&load_warnings);

@@ -453,3 +453,48 @@ fn two_inputs_with_one_file_name_are_refused_before_any_work() {
         );
     }
 }
+
+#[test]
+fn unrelated_models_compile_together_and_never_over_their_inputs() {
+    // Two exports from one exporter share constant names ('val_28' in both): merging equal
+    // constants across them once gave one graph two values of one name.
+    let dir = scratch("hostile-two-models");
+    for (name, fx) in [("vit.onnx", "vit"), ("clip.onnx", "clip")] {
+        std::fs::copy(
+            repo().join(format!("tests/fixtures/{fx}/model.onnx")),
+            dir.join(name),
+        )
+        .expect("copy");
+    }
+    let (code, _, stderr) = run_in(
+        &dir,
+        &[
+            "compile",
+            "vit.onnx",
+            "clip.onnx",
+            "--target",
+            "ort",
+            "-o",
+            "out",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(dir.join("out/vit.onnx").is_file() && dir.join("out/clip.onnx").is_file());
+    // Into the inputs' own directory: refused before any work, inputs untouched.
+    let before = std::fs::read(dir.join("vit.onnx")).expect("read");
+    let (code, _, stderr) = run_in(
+        &dir,
+        &[
+            "compile",
+            "vit.onnx",
+            "clip.onnx",
+            "--target",
+            "ort",
+            "-o",
+            ".",
+        ],
+    );
+    assert!(code == 1 || code == 2, "{stderr}");
+    assert!(stderr.contains("would overwrite the input"), "{stderr}");
+    assert_eq!(std::fs::read(dir.join("vit.onnx")).expect("read"), before);
+}

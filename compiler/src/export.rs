@@ -10,10 +10,26 @@ use mmq_ir::Module;
 #[error("{0}")]
 pub struct ExportError(pub String);
 
-/// Checks, before any work, that the models of several `inputs` go to one directory under
-/// distinct names.
-pub fn check_distinct_outputs(inputs: &[PathBuf]) -> Result<(), ExportError> {
-    mmq_backend_ort::check_distinct_stems(inputs).map_err(ExportError)
+/// Checks, before any work, that the models of several `inputs` go to the directory `output`
+/// under distinct names, none of them an input.
+pub fn check_distinct_outputs(inputs: &[PathBuf], output: &Path) -> Result<(), ExportError> {
+    mmq_backend_ort::check_distinct_stems(inputs).map_err(ExportError)?;
+    let canonical: Vec<Option<PathBuf>> = inputs.iter().map(|p| p.canonicalize().ok()).collect();
+    for p in inputs {
+        let Some(stem) = p.file_stem() else { continue };
+        let target = output.join(format!("{}.onnx", stem.to_string_lossy()));
+        if let Ok(t) = target.canonicalize()
+            && canonical.contains(&Some(t))
+        {
+            return Err(ExportError(format!(
+                "writing the models into {} would overwrite the input {}; choose another \
+                 output directory",
+                output.display(),
+                target.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Checks, before any work, that a single output can be written at `output` (its directory

@@ -133,20 +133,24 @@ impl Pass for Canonicalize {
 
 /// Maps every constant value to the first identical small constant; counts the merges.
 fn merge_consts(m: &Module, report: &mut PassReport) -> HashMap<Value, Value> {
-    let mut first: HashMap<(i32, Vec<i64>, Vec<u8>), Value> = HashMap::new();
+    // Merged within one model (an entry and its subgraphs) only: a constant of another model
+    // may carry a name this model already uses for another value.
+    let mut first: HashMap<(usize, i32, Vec<i64>, Vec<u8>), Value> = HashMap::new();
     let mut map = HashMap::new();
-    let mut used: Vec<Value> = Vec::new();
+    let mut used: Vec<(usize, Value)> = Vec::new();
     let mut seen = HashSet::new();
-    for g in live_graphs(m) {
-        for &n in &m.graphs[g].nodes {
-            for &v in m.nodes[n].inputs.iter().flatten() {
-                if seen.insert(v) && matches!(m.values[v].def, ValueDef::Const(_)) {
-                    used.push(v);
+    for (model, e) in m.entries.iter().enumerate() {
+        for g in m.graph_tree(e.graph) {
+            for &n in &m.graphs[g].nodes {
+                for &v in m.nodes[n].inputs.iter().flatten() {
+                    if seen.insert(v) && matches!(m.values[v].def, ValueDef::Const(_)) {
+                        used.push((model, v));
+                    }
                 }
             }
         }
     }
-    for v in used {
+    for (model, v) in used {
         let ValueDef::Const(c) = m.values[v].def else {
             continue;
         };
@@ -154,7 +158,7 @@ fn merge_consts(m: &Module, report: &mut PassReport) -> HashMap<Value, Value> {
             continue;
         };
         let data = &m.consts[c];
-        let key = (data.dtype.onnx_code(), data.shape.clone(), bytes);
+        let key = (model, data.dtype.onnx_code(), data.shape.clone(), bytes);
         match first.get(&key) {
             Some(&keep) => {
                 map.insert(v, keep);

@@ -280,7 +280,9 @@ fn compile(
         if inputs.len() == 1 || trt {
             mmq_compiler::export::check_output(&output).map_err(err)?;
         }
-        mmq_compiler::export::check_distinct_outputs(&inputs).map_err(err)?;
+        if inputs.len() > 1 {
+            mmq_compiler::export::check_distinct_outputs(&inputs, &output).map_err(err)?;
+        }
         let mut module = load(&inputs)?;
         let report = mmq_compiler::compile(&mut module, &options).map_err(err)?;
         if trt {
