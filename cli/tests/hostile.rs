@@ -159,6 +159,8 @@ fn array_headers_whose_size_wraps_or_explodes_are_errors_naming_the_file() {
     for (npy, want) in [
         ("wrapping_shape.npy", "4611686018427387904, 4"),
         ("huge_shape.npy", "memory limit"),
+        // Found by fuzzing: 50 nested '[' kept the header parser busy for minutes.
+        ("nested_header.npy", "nests brackets more than 8 deep"),
     ] {
         let input = format!("pixel_values={}", file(npy));
         refused(npy, &["run", &vit, "--input", &input], &[npy, want]);

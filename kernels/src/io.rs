@@ -95,6 +95,9 @@ pub fn npy_from_bytes(bytes: &[u8]) -> Result<Tensor, String> {
     npy_from_reader(bytes)
 }
 
+/// The deepest bracket nesting a `.npy` header may have.
+const MAX_HEADER_NESTING: usize = 8;
+
 /// Reads the header of a `.npy` stream and checks its shape's element count before the array
 /// reader sees it (it multiplies the dims unchecked); returns the header bytes read.
 fn checked_header(r: &mut impl Read) -> Result<Vec<u8>, String> {
@@ -124,6 +127,25 @@ fn checked_header(r: &mut impl Read) -> Result<Vec<u8>, String> {
     r.read_exact(&mut head[start..])
         .map_err(|e| format!("not a .npy array: the header is cut short ({e})"))?;
     let text = String::from_utf8_lossy(&head[10 + extra..]);
+    // A header is a dict of a dtype, a flag and a shape tuple: two levels of brackets (a
+    // structured dtype, which is not read, a few more). The array reader's header parser takes
+    // time exponential in the nesting (a 293-byte header of 50 '[' took minutes).
+    let mut depth = 0usize;
+    for c in text.chars() {
+        match c {
+            '(' | '[' | '{' => {
+                depth += 1;
+                if depth > MAX_HEADER_NESTING {
+                    return Err(format!(
+                        "not a .npy array: the header nests brackets more than \
+                         {MAX_HEADER_NESTING} deep"
+                    ));
+                }
+            }
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
     if let Some(at) = text.find("'shape'")
         && let Some(open) = text[at..].find('(')
         && let Some(close) = text[at + open..].find(')')
