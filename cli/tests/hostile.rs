@@ -468,34 +468,26 @@ fn unrelated_models_compile_together_and_never_over_their_inputs() {
         )
         .expect("copy");
     }
-    let (code, _, stderr) = run_in(
-        &dir,
-        &[
-            "compile",
-            "vit.onnx",
-            "clip.onnx",
-            "--target",
-            "ort",
-            "-o",
-            "out",
-        ],
-    );
+    let compile_into = |out: &str| {
+        run_in(
+            &dir,
+            &[
+                "compile",
+                "vit.onnx",
+                "clip.onnx",
+                "--target",
+                "ort",
+                "-o",
+                out,
+            ],
+        )
+    };
+    let (code, _, stderr) = compile_into("out");
     assert_eq!(code, 0, "{stderr}");
     assert!(dir.join("out/vit.onnx").is_file() && dir.join("out/clip.onnx").is_file());
     // Into the inputs' own directory: refused before any work, inputs untouched.
     let before = std::fs::read(dir.join("vit.onnx")).expect("read");
-    let (code, _, stderr) = run_in(
-        &dir,
-        &[
-            "compile",
-            "vit.onnx",
-            "clip.onnx",
-            "--target",
-            "ort",
-            "-o",
-            ".",
-        ],
-    );
+    let (code, _, stderr) = compile_into(".");
     assert!(code == 1 || code == 2, "{stderr}");
     assert!(stderr.contains("would overwrite the input"), "{stderr}");
     assert_eq!(std::fs::read(dir.join("vit.onnx")).expect("read"), before);

@@ -20,6 +20,7 @@
 
 use mmq_ir::{DType, GraphId, Module, Node, Op, Value};
 
+use crate::dce::live_graphs;
 use crate::emit::{Emit, place_before};
 use crate::pass::{Pass, PassError, PassOptions, PassReport};
 
@@ -35,28 +36,25 @@ impl Pass for Decompose {
 
     fn run(&self, m: &mut Module, _opts: &PassOptions) -> Result<PassReport, PassError> {
         let mut report = PassReport::default();
-        let roots: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
-        for root in roots {
-            for g in m.graph_tree(root) {
-                for n in m.graphs[g].nodes.clone() {
-                    let op = m.nodes[n].op.op_type().to_owned();
-                    if !self.ops.contains(&op.as_str()) {
-                        continue;
+        for g in live_graphs(m) {
+            for n in m.graphs[g].nodes.clone() {
+                let op = m.nodes[n].op.op_type().to_owned();
+                if !self.ops.contains(&op.as_str()) {
+                    continue;
+                }
+                let done = match m.nodes[n].op {
+                    Op::RMSNormalization { .. } => rms_norm(m, g, n),
+                    Op::RotaryEmbedding { .. } => rotary(m, g, n),
+                    Op::Attention { .. } => attention(m, g, n),
+                    _ => continue,
+                };
+                let name = m.nodes[n].name.clone().unwrap_or_else(|| op.clone());
+                match done {
+                    Ok(()) => {
+                        report.count(&format!("decomposed-{op}"), 1);
+                        report.changed = true;
                     }
-                    let done = match m.nodes[n].op {
-                        Op::RMSNormalization { .. } => rms_norm(m, g, n),
-                        Op::RotaryEmbedding { .. } => rotary(m, g, n),
-                        Op::Attention { .. } => attention(m, g, n),
-                        _ => continue,
-                    };
-                    let name = m.nodes[n].name.clone().unwrap_or_else(|| op.clone());
-                    match done {
-                        Ok(()) => {
-                            report.count(&format!("decomposed-{op}"), 1);
-                            report.changed = true;
-                        }
-                        Err(why) => report.notes.push(format!("{name} ({op}) kept: {why}")),
-                    }
+                    Err(why) => report.notes.push(format!("{name} ({op}) kept: {why}")),
                 }
             }
         }

@@ -25,7 +25,7 @@ use mmq_ir::{
 };
 use mmq_kernels::plugin::{DOMAIN, NAMESPACE, VERSION};
 
-use crate::dce::Dce;
+use crate::dce::{Dce, live_graphs};
 use crate::pass::{Pass, PassError, PassOptions, PassReport};
 use crate::quant::weight_only::const_source;
 
@@ -39,15 +39,12 @@ impl Pass for TrtPlugins {
 
     fn run(&self, m: &mut Module, opts: &PassOptions) -> Result<PassReport, PassError> {
         let mut report = PassReport::default();
-        let roots: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
-        for root in roots {
-            for g in m.graph_tree(root) {
-                lower_qdq(m, g, &mut report);
-                lower_nbits(m, g, &mut report).map_err(|e| PassError::Failed {
-                    pass: self.name().to_owned(),
-                    message: e,
-                })?;
-            }
+        for g in live_graphs(m) {
+            lower_qdq(m, g, &mut report);
+            lower_nbits(m, g, &mut report).map_err(|e| PassError::Failed {
+                pass: self.name().to_owned(),
+                message: e,
+            })?;
         }
         if report.changed {
             let dce = Dce.run(m, opts)?;
