@@ -396,7 +396,14 @@ fn lower_nbits(m: &mut Module, g: GraphId, report: &mut PassReport) -> Result<()
         let (Some(k), Some(nn), Some(block)) = (int("K"), int("N"), int("block_size")) else {
             continue;
         };
-        if int("bits").unwrap_or(4) != 4 || block <= 0 || k % block != 0 {
+        if int("bits").unwrap_or(4) != 4 || block <= 0 {
+            continue;
+        }
+        // The kernels take whole blocks: a K that is not a multiple of the block is padded (A
+        // with zeros, which cancel whatever the last block's padding codes are).
+        let padded_k = (k + block - 1) / block * block;
+        let a_rank = m.nodes[n].inputs[0].and_then(|a| m.value_type(a).shape().map(<[_]>::len));
+        if padded_k != k && a_rank.is_none() {
             continue;
         }
         let inputs = m.nodes[n].inputs.clone();
@@ -473,18 +480,60 @@ fn lower_nbits(m: &mut Module, g: GraphId, report: &mut PassReport) -> Result<()
             }),
             other => other.clone(),
         };
-        let a16 = if a_dtype == Some(DType::F32) {
+        let mut a16 = if a_dtype == Some(DType::F32) {
             let ty = f16_of(m.value_type(a));
             let at = At::Before(n);
             cast(m, g, at, a, (None, ty), format!("{name}_a_f16"))?.1
         } else {
             a
         };
+        if let (true, Some(rank)) = (padded_k != k, a_rank) {
+            let mut pads = vec![0i64; 2 * rank];
+            pads[2 * rank - 1] = padded_k - k;
+            let pads = add_bytes(
+                m,
+                format!("{name}_k_pads"),
+                DType::I64,
+                vec![2 * rank as i64],
+                pads.iter().flat_map(|p| p.to_le_bytes()).collect(),
+            );
+            let ty = match m.value_type(a16).clone() {
+                Type::Tensor(t) => Type::Tensor(mmq_ir::TensorType {
+                    dtype: t.dtype,
+                    shape: t.shape.map(|mut s| {
+                        if let Some(l) = s.last_mut() {
+                            *l = mmq_ir::Dim::known(padded_k);
+                        }
+                        s
+                    }),
+                }),
+                other => other,
+            };
+            let op = Op::Pad {
+                mode: None,
+                pads: None,
+                value: None,
+            };
+            let pad = m.insert_node(
+                g,
+                At::Before(n),
+                op,
+                vec![Some(a16), Some(pads)],
+                vec![Some((None, ty))],
+                Some(format!("{name}_a_pad")),
+            );
+            a16 = m.nodes[pad].outputs[0].ok_or("a Pad without a result")?;
+        }
         let mut plugin_inputs = vec![Some(a16), Some(b), Some(scales16), Some(zeros)];
         plugin_inputs.extend(bias.map(Some));
         m.nodes[n].op = plugin_op(
             "MmqMatMulNBits",
-            &[("K", k), ("N", nn), ("bits", 4), ("block_size", block)],
+            &[
+                ("K", padded_k),
+                ("N", nn),
+                ("bits", 4),
+                ("block_size", block),
+            ],
         );
         m.nodes[n].inputs = plugin_inputs;
         if a_dtype == Some(DType::F32) {
@@ -619,6 +668,37 @@ mod tests {
         let (_, after, report) = lowered(src);
         assert_eq!(ops(&after), ["QuantizeLinear"]);
         assert!(!report.changed);
+    }
+
+    #[test]
+    fn matmul_nbits_with_a_partial_last_block_pads_k() {
+        // K = 40 with blocks of 32: two blocks, the second holding 8 values; the plugin takes
+        // K = 64 with A padded by zeros, and gives the same product.
+        let b: Vec<String> = (0..64).map(|i| ((i * 37 + 11) % 256).to_string()).collect();
+        let src = format!(
+            "const $b : u8[2, 2, 16] = dense<[{}]>\n\
+             const $s : f32[2, 2] = dense<[0.02, 0.03, 0.025, 0.01]>\n\
+             const $z : u8[2, 1] = dense<[0x97, 0x78]>\n\
+             graph @g(%x: f32[1, 2, 4, 4]) -> (f32[1, 2]) model {{ir_version = 8, opsets = {{\"\" = 17, \"com.microsoft\" = 1}}}} {{\n  \
+             %f = Reshape(%x, $shape) : f32[1, 32]\n  \
+             %a = Concat(%f, %f) {{axis = 1}} : f32[1, 64]\n  \
+             %a40 = Slice(%a, $st, $en, $ax) : f32[1, 40]\n  \
+             %y = \"com.microsoft\".MatMulNBits(%a40, $b, $s, $z) {{K = 40, N = 2, bits = 4, block_size = 32}} : f32[1, 2]\n  \
+             return %y\n}}\n",
+            b.join(", ")
+        )
+        .replace(
+            "const $b",
+            "const $shape : i64[2] = dense<[1, 32]>\nconst $st : i64[1] = dense<[0]>\n\
+             const $en : i64[1] = dense<[40]>\nconst $ax : i64[1] = dense<[1]>\nconst $b",
+        );
+        let (before, after, report) = lowered(&src);
+        assert_eq!(report.counters.get("plugin-MmqMatMulNBits"), Some(&1));
+        assert!(ops(&after).contains(&"Pad".to_owned()), "{:?}", ops(&after));
+        let (want, got) = (run(&before), run(&after));
+        for (w, g) in want.iter().zip(&got) {
+            assert!((w - g).abs() <= 1e-2 * (1.0 + w.abs()), "{w} vs {g}");
+        }
     }
 
     /// No value of the entry graph is uint8.
