@@ -11,7 +11,7 @@
 //! - **`com.microsoft.MatMulNBits`** (4-bit weights in blocks along K, with zero points: what
 //!   `--quant int4 --asym` produces, or a model quantized by ONNX Runtime's tools) becomes
 //!   `MmqMatMulNBits` on binary16 activations (`Cast` before and after when the graph is float32),
-//!   binary16 scales and explicit zero points.
+//!   binary16 scales and explicit zero points; a K that is not a multiple of the block is padded.
 //!
 //! A unit is lowered only where every piece is known: constant scales and zero points, a
 //! quantize whose readers are all dequantizes. Anything else stays, and the TensorRT linter names
@@ -377,7 +377,7 @@ fn cast(
     Ok((node, v))
 }
 
-/// `com.microsoft.MatMulNBits` (4 bits, K a multiple of the block) becomes `MmqMatMulNBits`.
+/// `com.microsoft.MatMulNBits` (4 bits) becomes `MmqMatMulNBits`, K padded to whole blocks.
 fn lower_nbits(m: &mut Module, g: GraphId, report: &mut PassReport) -> Result<(), String> {
     let nodes = m.graphs[g].nodes.clone();
     for n in nodes {
