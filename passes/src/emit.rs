@@ -72,36 +72,29 @@ impl Emit {
         self.op(m, op, vec![x])
     }
 
-    pub(crate) fn i64s(&mut self, m: &mut Module, vals: &[i64]) -> Value {
+    /// A constant of `dtype` and `shape` holding `bytes`, with a fresh name.
+    fn constant(&mut self, m: &mut Module, dtype: DType, shape: Vec<i64>, bytes: Vec<u8>) -> Value {
         let name = self.fresh("const");
-        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
         m.add_const(ConstData::new(
             Some(name),
-            DType::I64,
-            vec![vals.len() as i64],
+            dtype,
+            shape,
             Storage::Inline(Bytes::from(bytes)),
         ))
     }
 
+    pub(crate) fn i64s(&mut self, m: &mut Module, vals: &[i64]) -> Value {
+        let bytes = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.constant(m, DType::I64, vec![vals.len() as i64], bytes)
+    }
+
     /// An i64 scalar constant.
     pub(crate) fn i64_scalar(&mut self, m: &mut Module, v: i64) -> Value {
-        let name = self.fresh("const");
-        m.add_const(ConstData::new(
-            Some(name),
-            DType::I64,
-            vec![],
-            Storage::Inline(Bytes::copy_from_slice(&v.to_le_bytes())),
-        ))
+        self.constant(m, DType::I64, vec![], v.to_le_bytes().to_vec())
     }
 
     pub(crate) fn f32(&mut self, m: &mut Module, v: f32) -> Value {
-        let name = self.fresh("const");
-        m.add_const(ConstData::new(
-            Some(name),
-            DType::F32,
-            vec![],
-            Storage::Inline(Bytes::copy_from_slice(&v.to_le_bytes())),
-        ))
+        self.constant(m, DType::F32, vec![], v.to_le_bytes().to_vec())
     }
 
     pub(crate) fn cast(&mut self, m: &mut Module, x: Value, to: DType) -> Value {
