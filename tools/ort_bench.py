@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Times ONNX Runtime on one model: median seconds per run for each thread count.
 
-    ort_bench.py MODEL.onnx INPUTS.npz --threads 1,2 --runs N
+    ort_bench.py MODEL.onnx INPUTS.npz --threads 1,2 --runs N [--cold]
 
 Prints one JSON object: {"1": median_seconds, "2": median_seconds}. Only the inputs the model
-declares are fed; default graph optimizations are on, as users run it.
+declares are fed; default graph optimizations are on, as users run it. With --cold each timed
+run creates the session (loading and optimizing the model) and runs it once.
 """
 
 import argparse
@@ -22,6 +23,7 @@ def main():
     p.add_argument("inputs")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--cold", action="store_true")
     a = p.parse_args()
     data = np.load(a.inputs)
     out = {}
@@ -30,12 +32,17 @@ def main():
         so.intra_op_num_threads = n
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        s = ort.InferenceSession(a.model, so, providers=["CPUExecutionProvider"])
+        def session():
+            return ort.InferenceSession(a.model, so, providers=["CPUExecutionProvider"])
+
+        s = session()
         feeds = {i.name: data[i.name] for i in s.get_inputs() if i.name in data}
         s.run(None, feeds)
         times = []
         for _ in range(a.runs):
             t = time.perf_counter()
+            if a.cold:
+                s = session()
             s.run(None, feeds)
             times.append(time.perf_counter() - t)
         out[str(n)] = statistics.median(times)

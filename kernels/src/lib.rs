@@ -25,6 +25,7 @@ mod ops;
 pub mod packed;
 pub mod plugin;
 mod tensor;
+pub mod vmath;
 
 pub use error::KernelError;
 pub use interp::{Env, Interpreter, RunStats};

@@ -1,5 +1,10 @@
 //! Interpreter time (one thread) against ONNX Runtime (1 and 2 threads) on every fixture, in
 //! one run: `cargo bench -p mmq-tests --bench interp [-- RUNS]`. Prints medians and ratios.
+//!
+//! With `MMQ_REAL_MODELS=DIR` (a directory written by `tools/real_models.py`: real-weight models
+//! shipped in PyPI packages, with held-back samples) those models are timed too, on their first
+//! held-back sample; the row `<name> e2e` adds loading the model to the run (a fresh
+//! interpreter, constants decoded) against an ONNX Runtime session created and run once.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
@@ -51,6 +56,73 @@ fn main() {
     println!(
         "median interpreter / onnxruntime (1 thread): {:.2}x",
         median(ratios)
+    );
+    if let Some(dir) = std::env::var_os("MMQ_REAL_MODELS") {
+        real_models(std::path::Path::new(&dir), runs);
+    }
+}
+
+/// Times every model listed in `dir/models.json` on `dir/NAME/held/0000.npz`.
+fn real_models(dir: &std::path::Path, runs: usize) {
+    let list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("models.json")).expect("read models.json"))
+            .expect("parse models.json");
+    let mut ratios = Vec::new();
+    for (name, rec) in list.as_object().expect("models.json is an object") {
+        let model = std::path::PathBuf::from(rec["model"].as_str().expect("model path"));
+        let sample = dir.join(name).join("held/0000.npz");
+        ratios.push(bench_model(name, &model, &sample, runs));
+        end_to_end(name, &model, &sample, runs);
+    }
+    println!(
+        "median interpreter / onnxruntime on the real models (1 thread): {:.2}x",
+        median(ratios)
+    );
+}
+
+/// Load + one run, mmq (one thread, in process) against ONNX Runtime (session + one run).
+fn end_to_end(name: &str, model: &std::path::Path, inputs: &std::path::Path, runs: usize) {
+    let all: HashMap<String, mmq_kernels::Tensor> = mmq_kernels::io::read_npz(inputs)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .into_iter()
+        .collect();
+    let times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            let m = mmq_onnx::load_files(&[model], &Default::default())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let g = &m.graphs[m.entries[0].graph];
+            let feeds: HashMap<String, RtValue> = g
+                .inputs
+                .iter()
+                .filter_map(|&v| m.values[v].name.clone())
+                .filter_map(|n| all.get(&n).map(|t| (n, RtValue::from(t.clone()))))
+                .collect();
+            Interpreter::new(&m)
+                .run(m.entries[0].graph, &feeds)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    let ours = median(times);
+    let out = Command::new(python())
+        .arg(repo_root().join("tools/ort_bench.py"))
+        .arg(model)
+        .arg(inputs)
+        .args(["--threads", "1", "--runs", &runs.to_string(), "--cold"])
+        .output()
+        .expect("run ort_bench");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("ort_bench: {}", String::from_utf8_lossy(&out.stderr)));
+    let o1 = j["1"].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "{:<16} {:<20} {:>8.3}ms {:>8.3}ms {:>10} {:>7.2}x",
+        format!("{name} e2e"),
+        "load + run",
+        ours * 1e3,
+        o1 * 1e3,
+        "",
+        ours / o1
     );
 }
 

@@ -1,6 +1,6 @@
 //! Contrib kernels: GELU variants (`Gelu`, `FastGelu`, `BiasGelu`), `QuickGelu` and
-//! `FusedMatMul`, per ONNX Runtime's contrib op schemas. Element math runs in f64 and results
-//! are rounded once to the input's dtype.
+//! `FusedMatMul`, per ONNX Runtime's contrib op schemas. On f32 tensors the element math runs in
+//! f32 through [`crate::vmath`] (vectorized); other dtypes compute in f64 and round once.
 
 use mmq_ir::CustomOp;
 
@@ -10,17 +10,25 @@ use crate::ops::elementwise::unary::erf;
 use crate::ops::linalg::{matmul_padded, matmul_shapes};
 use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
-use crate::tensor::{RtValue, Tensor};
+use crate::tensor::{Data, RtValue, Tensor};
+use crate::vmath;
 
 /// Runs `op` when it belongs to this file.
 pub(super) fn eval(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
     let r = match op.op_type.as_str() {
-        "Gelu" => map(cx, inputs, false, gelu_erf),
-        "BiasGelu" => map(cx, inputs, true, gelu_erf),
-        "FastGelu" => map(cx, inputs, false, gelu_tanh),
+        "Gelu" => map(cx, inputs, false, gelu_erf, gelu_erf_f32),
+        "BiasGelu" => map(cx, inputs, true, gelu_erf, gelu_erf_f32),
+        "FastGelu" => map(cx, inputs, false, gelu_tanh, gelu_tanh_f32),
         "QuickGelu" => {
-            let alpha = f64::from(float_attr(op, "alpha", 1.702));
-            map(cx, inputs, false, move |x| x / (1.0 + (-alpha * x).exp()))
+            let a = float_attr(op, "alpha", 1.702);
+            let alpha = f64::from(a);
+            map(
+                cx,
+                inputs,
+                false,
+                move |x| x / (1.0 + (-alpha * x).exp()),
+                move |x| x * vmath::sigmoid(a * x),
+            )
         }
         "FusedMatMul" => fused_matmul(cx, op, inputs),
         _ => return None,
@@ -33,18 +41,33 @@ fn gelu_erf(x: f64) -> f64 {
     0.5 * x * (1.0 + erf(x * std::f64::consts::FRAC_1_SQRT_2))
 }
 
+/// [`gelu_erf`] in f32.
+#[inline(always)]
+fn gelu_erf_f32(x: f32) -> f32 {
+    0.5 * x * (1.0 + vmath::erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// [`gelu_tanh`] in f32.
+#[inline(always)]
+fn gelu_tanh_f32(x: f32) -> f32 {
+    let k = (2.0 / std::f32::consts::PI).sqrt();
+    0.5 * x * (1.0 + vmath::tanh(k * (x + 0.044715 * x * x * x)))
+}
+
 /// The tanh approximation of GELU.
 fn gelu_tanh(x: f64) -> f64 {
     let k = (2.0 / std::f64::consts::PI).sqrt();
     0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
 }
 
-/// `f(x + bias)`, the bias (operand 1; required when `need_bias`) 1-D over the last axis.
+/// `f(x + bias)`, the bias (operand 1; required when `need_bias`) 1-D over the last axis; `f32f`
+/// is `f` on f32 tensors.
 fn map(
     cx: &OpCtx<'_>,
     inputs: &[Option<RtValue>],
     need_bias: bool,
     f: impl Fn(f64) -> f64,
+    f32f: impl Fn(f32) -> f32,
 ) -> OpResult {
     let x = tensor(cx, inputs, 0)?;
     if !x.dtype.is_float() {
@@ -56,16 +79,31 @@ fn map(
         opt_tensor(inputs, 1)
     };
     let hidden = x.shape.last().copied().unwrap_or(1);
-    let b = match bias {
-        Some(b) if b.len() != hidden || b.rank() != 1 => {
-            return Err(cx.invalid(format!(
-                "bias {:?} must be 1-D of the last dim {hidden}",
-                b.shape
-            )));
-        }
-        Some(b) => Some(b.to_f64()?),
-        None => None,
-    };
+    if let Some(b) = bias
+        && (b.len() != hidden || b.rank() != 1)
+    {
+        return Err(cx.invalid(format!(
+            "bias {:?} must be 1-D of the last dim {hidden}",
+            b.shape
+        )));
+    }
+    if let Data::F32(xv) = &x.data {
+        let y = match bias.map(|b| &b.data) {
+            None => vmath::map_vec(xv, f32f),
+            Some(Data::F32(b)) => {
+                let mut xb = xv.clone();
+                for row in xb.chunks_mut(hidden.max(1)) {
+                    row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+                }
+                vmath::map_vec(&xb, f32f)
+            }
+            Some(_) => return Err(cx.invalid("the bias must have the input's dtype")),
+        };
+        return Ok(vec![Some(RtValue::Tensor(
+            Tensor::new(x.dtype, x.shape.clone(), Data::F32(y))?.into(),
+        ))]);
+    }
+    let b = bias.map(|b| b.to_f64()).transpose()?;
     let xv = x.to_f64()?;
     let y: Vec<f64> = xv
         .iter()

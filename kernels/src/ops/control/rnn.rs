@@ -3,12 +3,14 @@
 //! activations, both layouts, forward / reverse / bidirectional).
 
 use mmq_ir::{Attr, CustomOp};
+use multiversion::multiversion;
 
 use super::{attr, attr_i64, attr_str};
 use crate::error::KernelError;
+use crate::ops::linalg::gemm;
 use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
-use crate::tensor::{RtValue, Tensor};
+use crate::tensor::{Data, RtValue, Tensor};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -204,13 +206,13 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
     let mut y = vec![0.0; seq * nd * batch * hs];
     let mut yh = vec![0.0; nd * batch * hs];
     let mut yc = vec![0.0; nd * batch * hs];
-    let xat = |t: usize, b: usize| -> &[f64] {
-        let base = if layout == 0 {
-            (t * batch + b) * isz
+    // The row of X holding step t of batch entry b.
+    let xat = |t: usize, b: usize| -> usize {
+        if layout == 0 {
+            t * batch + b
         } else {
-            (b * seq + t) * isz
-        };
-        &xv[base..base + isz]
+            b * seq + t
+        }
     };
     let gh = gates * hs;
     let mut xw = vec![0.0; gh];
@@ -218,6 +220,28 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
     for (d, &reverse) in dirs_names.iter().enumerate() {
         let wd = &wv[d * gh * isz..(d + 1) * gh * isz];
         let rd = &rv[d * gh * hs..(d + 1) * gh * hs];
+        // X Wᵀ for every step at once (one GEMM: W is read once, not once per step), rows in
+        // X's own (layout) order.
+        let mut xw_all = vec![0.0; seq * batch * gh];
+        gemm(
+            seq * batch,
+            isz,
+            gh,
+            1.0,
+            &xv,
+            (isz, 1),
+            wd,
+            (1, isz),
+            0.0,
+            &mut xw_all,
+            (gh, 1),
+        );
+        // R's rows in f32 when R is f32: the products are the same in f64 and the per-step read
+        // of R, the bound on this loop, halves.
+        let r32 = match &r.data {
+            Data::F32(v) => Some(&v[d * gh * hs..(d + 1) * gh * hs]),
+            _ => None,
+        };
         let (wb, rb) = match &bias {
             Some(bv) => (
                 &bv[d * 2 * gh..d * 2 * gh + gh],
@@ -238,14 +262,17 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
                 .map_or(vec![0.0; hs], |v| v[off..off + hs].to_vec());
             for step in 0..len {
                 let t = if reverse { len - 1 - step } else { step };
-                let xt = xat(t, b);
-                for g in 0..gh {
-                    let wrow = &wd[g * isz..(g + 1) * isz];
-                    let rrow = &rd[g * hs..(g + 1) * hs];
-                    xw[g] = wrow.iter().zip(xt).map(|(a, b)| a * b).sum::<f64>()
-                        + wb.get(g).copied().unwrap_or(0.0);
-                    hr[g] = rrow.iter().zip(&h).map(|(a, b)| a * b).sum::<f64>()
-                        + rb.get(g).copied().unwrap_or(0.0);
+                let row = xat(t, b);
+                for ((o, &v), bias) in xw
+                    .iter_mut()
+                    .zip(&xw_all[row * gh..(row + 1) * gh])
+                    .zip(wb.iter().chain(std::iter::repeat(&0.0)))
+                {
+                    *o = v + bias;
+                }
+                match r32 {
+                    Some(m) => mat_vec(m, &h, rb, &mut hr),
+                    None => mat_vec(rd, &h, rb, &mut hr),
                 }
                 match kind {
                     Kind::Rnn => {
@@ -340,4 +367,27 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
         outs.push(Some(Tensor::from_f64_as(dtype, yh_shape, &yc)?.into()));
     }
     Ok(outs)
+}
+
+/// `out = m · v + bias` for `m` of `out.len()` rows of `v.len()` (`bias` empty for none); each
+/// dot product runs in f64 over eight partial sums (vectorized).
+#[multiversion(targets = "simd")]
+fn mat_vec<M: Copy + Into<f64>>(m: &[M], v: &[f64], bias: &[f64], out: &mut [f64]) {
+    let k = v.len();
+    for (g, o) in out.iter_mut().enumerate() {
+        let row = &m[g * k..(g + 1) * k];
+        let mut acc = [0.0f64; 8];
+        let (rc, vc) = (row.chunks_exact(8), v.chunks_exact(8));
+        let (rr, vr) = (rc.remainder(), vc.remainder());
+        for (a, b) in rc.zip(vc) {
+            for i in 0..8 {
+                acc[i] += a[i].into() * b[i];
+            }
+        }
+        let mut sum = acc.iter().sum::<f64>();
+        for (a, b) in rr.iter().zip(vr) {
+            sum += (*a).into() * b;
+        }
+        *o = sum + bias.get(g).copied().unwrap_or(0.0);
+    }
 }

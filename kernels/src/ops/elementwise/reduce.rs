@@ -426,28 +426,40 @@ trait SmF:
     + std::ops::Div<Output = Self>
     + std::ops::AddAssign
 {
-    fn exp(self) -> Self;
+    /// `v[i] = e^v[i]` (vectorized for f32).
+    fn exp_in_place(v: &mut [Self]);
     fn ln(self) -> Self;
     const ZERO: Self;
     const ONE: Self;
     const NEG_INF: Self;
 }
-macro_rules! smf {
-    ($($t:ty),*) => {$(
-        impl SmF for $t {
-            fn exp(self) -> Self { <$t>::exp(self) }
-            fn ln(self) -> Self { <$t>::ln(self) }
-            const ZERO: Self = 0.0;
-            const ONE: Self = 1.0;
-            const NEG_INF: Self = <$t>::NEG_INFINITY;
-        }
-    )*};
+impl SmF for f32 {
+    fn exp_in_place(v: &mut [Self]) {
+        crate::vmath::map_in_place(v, crate::vmath::exp);
+    }
+    fn ln(self) -> Self {
+        self.ln()
+    }
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INF: Self = f32::NEG_INFINITY;
 }
-smf!(f32, f64);
+impl SmF for f64 {
+    fn exp_in_place(v: &mut [Self]) {
+        v.iter_mut().for_each(|e| *e = e.exp());
+    }
+    fn ln(self) -> Self {
+        self.ln()
+    }
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INF: Self = f64::NEG_INFINITY;
+}
 
 fn softmax_slice<T: SmF>(kind: Sm, x: &[T], (outer, red, inner): (usize, usize, usize)) -> Vec<T> {
     let mut out = vec![T::ZERO; x.len()];
     let mut row = vec![T::ZERO; red];
+    let mut ex = vec![T::ZERO; red];
     for o in 0..outer {
         for i in 0..inner {
             let at = |r: usize| (o * red + r) * inner + i;
@@ -467,14 +479,18 @@ fn softmax_slice<T: SmF>(kind: Sm, x: &[T], (outer, red, inner): (usize, usize, 
                 continue;
             }
             let m = if m == T::NEG_INF { T::ZERO } else { m };
-            let mut s = T::ZERO;
             for e in row.iter_mut() {
                 *e = *e - m;
-                s += e.exp();
+            }
+            ex.copy_from_slice(&row);
+            T::exp_in_place(&mut ex);
+            let mut s = T::ZERO;
+            for &e in &ex {
+                s += e;
             }
             if kind == Sm::Soft {
-                for (r, e) in row.iter().enumerate() {
-                    out[at(r)] = e.exp() / s;
+                for (r, &e) in ex.iter().enumerate() {
+                    out[at(r)] = e / s;
                 }
             } else {
                 let ls = s.ln();

@@ -9,20 +9,41 @@ use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{Data, RtValue, Tensor};
 
-/// The float types math runs in (f16/bf16 compute in f32).
+/// The float types math runs in (f16/bf16 compute in f32). The f32 forms of the transcendental
+/// functions are [`crate::vmath`]'s branch-free ones, so that [`float_map!`]'s loops vectorize;
+/// f64 keeps the C library's.
 pub(super) trait Flt: Copy {
     /// `v` in this type.
     fn c(v: f64) -> Self;
     /// The error function.
     fn erfv(self) -> Self;
+    /// `e^x`.
+    fn expv(self) -> Self;
+    /// `tanh x`.
+    fn tanhv(self) -> Self;
+    /// The logistic function.
+    fn sigmoidv(self) -> Self;
 }
 
 impl Flt for f32 {
     fn c(v: f64) -> Self {
         v as f32
     }
+    #[inline(always)]
     fn erfv(self) -> Self {
-        libm::erff(self)
+        crate::vmath::erf(self)
+    }
+    #[inline(always)]
+    fn expv(self) -> Self {
+        crate::vmath::exp(self)
+    }
+    #[inline(always)]
+    fn tanhv(self) -> Self {
+        crate::vmath::tanh(self)
+    }
+    #[inline(always)]
+    fn sigmoidv(self) -> Self {
+        crate::vmath::sigmoid(self)
     }
 }
 
@@ -32,6 +53,21 @@ impl Flt for f64 {
     }
     fn erfv(self) -> Self {
         erf(self)
+    }
+    fn expv(self) -> Self {
+        self.exp()
+    }
+    fn tanhv(self) -> Self {
+        self.tanh()
+    }
+    fn sigmoidv(self) -> Self {
+        // Stable for large |x|.
+        if self >= 0.0 {
+            1.0 / (1.0 + (-self).exp())
+        } else {
+            let e = self.exp();
+            e / (1.0 + e)
+        }
     }
 }
 
@@ -48,7 +84,7 @@ macro_rules! float_map {
         let data = match &t.data {
             Data::F32(v) => {
                 $(let $p = <f32 as Flt>::c($p);)*
-                Data::F32(v.iter().map(|&$x| $body).collect())
+                Data::F32(crate::vmath::map_vec(v, |$x| $body))
             }
             Data::F64(v) => {
                 $(let $p = <f64 as Flt>::c($p);)*
@@ -118,44 +154,24 @@ macro_rules! num_map {
     }};
 }
 
-fn sigmoid<T: num_like::F>(x: T) -> T {
-    num_like::sigmoid(x)
-}
-
-/// Small generic helpers shared by the f32 and f64 bodies.
+/// The generic helper [`sign_f`] shares between the f32 and f64 bodies.
 mod num_like {
     /// The float operations the generic helpers need.
     pub(super) trait F: Copy + PartialOrd {
-        fn exp(self) -> Self;
         fn one() -> Self;
         fn zero() -> Self;
         fn neg(self) -> Self;
-        fn add(self, o: Self) -> Self;
-        fn div(self, o: Self) -> Self;
     }
     macro_rules! f {
         ($($t:ty),*) => {$(
             impl F for $t {
-                fn exp(self) -> Self { <$t>::exp(self) }
                 fn one() -> Self { 1.0 }
                 fn zero() -> Self { 0.0 }
                 fn neg(self) -> Self { -self }
-                fn add(self, o: Self) -> Self { self + o }
-                fn div(self, o: Self) -> Self { self / o }
             }
         )*};
     }
     f!(f32, f64);
-
-    /// The logistic function, stable for large |x|.
-    pub(super) fn sigmoid<T: F>(x: T) -> T {
-        if x >= T::zero() {
-            T::one().div(T::one().add(x.neg().exp()))
-        } else {
-            let e = x.exp();
-            e.div(T::one().add(e))
-        }
-    }
 }
 
 fn softplus_f32(x: f32) -> f32 {
@@ -284,7 +300,7 @@ fn unary(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> Result<Tensor, 
             num_map!(cx, t, |x| float: if x > 0.0 || x.is_nan() { x } else { 0.0 }, signed: x.max(0), unsigned: x)
         }
         Op::Sqrt {} => float_map!(cx, t, [], |x| x.sqrt()),
-        Op::Exp {} => float_map!(cx, t, [], |x| x.exp()),
+        Op::Exp {} => float_map!(cx, t, [], |x| x.expv()),
         Op::Log {} => float_map!(cx, t, [], |x| x.ln()),
         Op::Reciprocal {} => float_map!(cx, t, [], |x| 1.0 / x),
         Op::Floor {} => float_map!(cx, t, [], |x| x.floor()),
@@ -301,8 +317,8 @@ fn unary(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> Result<Tensor, 
         Op::Asinh {} => float_map!(cx, t, [], |x| x.asinh()),
         Op::Acosh {} => float_map!(cx, t, [], |x| x.acosh()),
         Op::Atanh {} => float_map!(cx, t, [], |x| x.atanh()),
-        Op::Tanh {} => float_map!(cx, t, [], |x| x.tanh()),
-        Op::Sigmoid {} => float_map!(cx, t, [], |x| sigmoid(x)),
+        Op::Tanh {} => float_map!(cx, t, [], |x| x.tanhv()),
+        Op::Sigmoid {} => float_map!(cx, t, [], |x| x.sigmoidv()),
         Op::Erf {} => float_map!(cx, t, [], |x| x.erfv()),
         Op::LeakyRelu { alpha } => {
             let alpha = f64::from(alpha.unwrap_or(0.01));
@@ -311,7 +327,7 @@ fn unary(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> Result<Tensor, 
         Op::Elu { alpha } => {
             let alpha = f64::from(alpha.unwrap_or(1.0));
             float_map!(cx, t, [alpha], |x| if x < 0.0 {
-                alpha * (x.exp() - 1.0)
+                alpha * (x.expv() - 1.0)
             } else {
                 x
             })
@@ -322,13 +338,13 @@ fn unary(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> Result<Tensor, 
             float_map!(cx, t, [alpha, gamma], |x| if x > 0.0 {
                 gamma * x
             } else {
-                gamma * (alpha * x.exp() - alpha)
+                gamma * (alpha * x.expv() - alpha)
             })
         }
         Op::Celu { alpha } => {
             let alpha = f64::from(alpha.unwrap_or(1.0));
             float_map!(cx, t, [alpha], |x| x.max(0.0)
-                + (alpha * ((x / alpha).exp() - 1.0)).min(0.0))
+                + (alpha * ((x / alpha).expv() - 1.0)).min(0.0))
         }
         Op::Gelu { approximate } => match approximate.as_deref().unwrap_or("none") {
             "none" => {
@@ -339,7 +355,7 @@ fn unary(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> Result<Tensor, 
                 let k = (2.0 / std::f64::consts::PI).sqrt();
                 float_map!(cx, t, [k], |x| 0.5
                     * x
-                    * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh()))
+                    * (1.0 + (k * (x + 0.044715 * x * x * x)).tanhv()))
             }
             a => return Err(cx.invalid(format!("approximate must be none or tanh, got '{a}'"))),
         },
@@ -361,7 +377,7 @@ fn unary(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> Result<Tensor, 
         }
         Op::Swish { alpha } => {
             let alpha = f64::from(alpha.unwrap_or(1.0));
-            float_map!(cx, t, [alpha], |x| x * sigmoid(alpha * x))
+            float_map!(cx, t, [alpha], |x| x * (alpha * x).sigmoidv())
         }
         Op::Not {} => match &t.data {
             Data::Bool(v) => Tensor::new(

@@ -184,16 +184,29 @@ fn im2col<T: Real>(x: &[T], channels: usize, g: &Geometry, col: &mut [T]) {
                     continue;
                 }
                 let xrow = &xc[base * iw..(base + 1) * iw];
-                if sw == 1 && kw_off >= 0 && kw_off as usize + ow <= iw {
-                    seg.copy_from_slice(&xrow[kw_off as usize..kw_off as usize + ow]);
+                // Outputs j0..j1 read inside the row (j·sw + kw_off in 0..iw); the rest is padding.
+                let j0 = if kw_off >= 0 {
+                    0
                 } else {
-                    for (j, s) in seg.iter_mut().enumerate() {
-                        let p = (j * sw) as isize + kw_off;
-                        *s = if p >= 0 && (p as usize) < iw {
-                            xrow[p as usize]
-                        } else {
-                            T::ZERO
-                        };
+                    kw_off.unsigned_abs().div_ceil(sw).min(ow)
+                };
+                let j1 = if (iw as isize) > kw_off {
+                    ((iw as isize - kw_off) as usize).div_ceil(sw).clamp(j0, ow)
+                } else {
+                    j0
+                };
+                seg[..j0].fill(T::ZERO);
+                seg[j1..].fill(T::ZERO);
+                let start = (j0 * sw) as isize + kw_off;
+                if j1 > j0 {
+                    let start = start as usize;
+                    if sw == 1 {
+                        seg[j0..j1].copy_from_slice(&xrow[start..start + (j1 - j0)]);
+                    } else {
+                        for (s, &v) in seg[j0..j1].iter_mut().zip(xrow[start..].iter().step_by(sw))
+                        {
+                            *s = v;
+                        }
                     }
                 }
             }
@@ -338,6 +351,55 @@ pub(crate) fn conv_shape(
     })
 }
 
+/// One output plane of a 2-D convolution over one input plane `x` with the taps `w`
+/// (`kh × kw`): each output sums its taps in kernel order (`y` starts at zero).
+fn depthwise_2d<T: Real>(x: &[T], w: &[T], g: &Geometry, y: &mut [T]) {
+    let (ih, iw) = (g.input[0], g.input[1]);
+    let (oh, ow) = (g.output[0], g.output[1]);
+    let (kh, kw) = (g.kernel[0], g.kernel[1]);
+    let (sh, sw) = (g.strides[0], g.strides[1]);
+    let (dh, dw) = (g.dilations[0], g.dilations[1]);
+    let (ph, pw) = (g.pad_begin[0] as isize, g.pad_begin[1] as isize);
+    y.fill(T::ZERO);
+    for (r, yrow) in y.chunks_mut(ow).enumerate().take(oh) {
+        for a in 0..kh {
+            let p = (r * sh + a * dh) as isize - ph;
+            if p < 0 || p >= ih as isize {
+                continue;
+            }
+            let xrow = &x[p as usize * iw..(p as usize + 1) * iw];
+            for b in 0..kw {
+                let wv = w[a * kw + b];
+                let off = (b * dw) as isize - pw;
+                // Outputs j0..j1 read inside the row (j·sw + off in 0..iw).
+                let j0 = if off >= 0 {
+                    0
+                } else {
+                    off.unsigned_abs().div_ceil(sw).min(ow)
+                };
+                let j1 = if (iw as isize) > off {
+                    ((iw as isize - off) as usize).div_ceil(sw).clamp(j0, ow)
+                } else {
+                    j0
+                };
+                if j1 == j0 {
+                    continue;
+                }
+                let start = (j0 * sw) as isize + off;
+                let src = &xrow[start as usize..];
+                let dst = &mut yrow[j0..j1];
+                if sw == 1 {
+                    dst.iter_mut().zip(src).for_each(|(o, &v)| *o += wv * v);
+                } else {
+                    dst.iter_mut()
+                        .zip(src.iter().step_by(sw))
+                        .for_each(|(o, &v)| *o += wv * v);
+                }
+            }
+        }
+    }
+}
+
 /// Runs a convolution on typed data: `y[n, m, out...]` (bias added when given).
 pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Option<&[T]>) -> Vec<T> {
     let g = &s.geo;
@@ -357,26 +419,33 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
         let (img, grp) = (ng / s.group, ng % s.group);
         let xg = &x[(img * s.c + grp * cg) * in_size..(img * s.c + (grp + 1) * cg) * in_size];
         let wg = &w[grp * mg * kdim..(grp + 1) * mg * kdim];
-        let b: &[T] = if pointwise {
-            xg
+        if cg == 1 && g.input.len() == 2 {
+            // Depthwise: one input channel per group; taps accumulate straight into the output.
+            for (j, yo) in yg.chunks_mut(out_size).enumerate() {
+                depthwise_2d(xg, &wg[j * kdim..(j + 1) * kdim], g, yo);
+            }
         } else {
-            col.resize(kdim * out_size, T::ZERO);
-            im2col(xg, cg, g, col);
-            col
-        };
-        gemm(
-            mg,
-            kdim,
-            out_size,
-            T::ONE,
-            wg,
-            (kdim, 1),
-            b,
-            (out_size, 1),
-            T::ZERO,
-            yg,
-            (out_size, 1),
-        );
+            let b: &[T] = if pointwise {
+                xg
+            } else {
+                col.resize(kdim * out_size, T::ZERO);
+                im2col(xg, cg, g, col);
+                col
+            };
+            gemm(
+                mg,
+                kdim,
+                out_size,
+                T::ONE,
+                wg,
+                (kdim, 1),
+                b,
+                (out_size, 1),
+                T::ZERO,
+                yg,
+                (out_size, 1),
+            );
+        }
         if let Some(bias) = bias {
             for (j, row) in yg.chunks_mut(out_size).enumerate() {
                 let bv = bias[grp * mg + j];

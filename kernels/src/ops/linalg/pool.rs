@@ -84,15 +84,20 @@ fn pool_planes<T: Real>(
     let mut idx = vec![0i64; if want_idx { planes * out_size } else { 0 }];
     let plane = |p: usize, yp: &mut [T], ip: &mut [i64]| {
         let xp = &x[p * in_size..(p + 1) * in_size];
+        if nd == 2 && !want_idx {
+            return plane_2d(xp, yp, g, &wins, kind);
+        }
         let mut oidx = vec![0usize; nd];
         let mut kpos = vec![0usize; nd];
+        let mut lists: Vec<&[usize]> = Vec::with_capacity(nd);
         for (o, yo) in yp.iter_mut().enumerate() {
             let mut r = o;
             for d in (0..nd).rev() {
                 oidx[d] = r % g.output[d];
                 r /= g.output[d];
             }
-            let lists: Vec<&[usize]> = (0..nd).map(|d| wins[d].valid[oidx[d]].as_slice()).collect();
+            lists.clear();
+            lists.extend((0..nd).map(|d| wins[d].valid[oidx[d]].as_slice()));
             let total: usize = lists.iter().map(|l| l.len()).product();
             let mut best = T::NEG_INF;
             let mut best_i = 0usize;
@@ -166,6 +171,59 @@ fn pool_planes<T: Real>(
             .for_each(|(p, yp)| plane(p, yp, &mut []));
     }
     (y, idx)
+}
+
+/// One 2-D plane without indices: the common case (`MaxPool`, `AveragePool`, the global pools
+/// of image models), walked row by row with no per-output bookkeeping. Same results as the
+/// general walk: the first element seeds the max, averages accumulate in f64.
+fn plane_2d<T: Real>(xp: &[T], yp: &mut [T], g: &Geometry, wins: &[DimWindows], kind: Kind) {
+    let w = g.input[1];
+    for (oh, yrow) in yp.chunks_mut(g.output[1].max(1)).enumerate() {
+        let rows = &wins[0].valid[oh];
+        for (ow, yo) in yrow.iter_mut().enumerate() {
+            let cols = &wins[1].valid[ow];
+            *yo = match kind {
+                Kind::Max => {
+                    let mut best: Option<T> = None;
+                    for &r in rows {
+                        let xr = &xp[r * w..(r + 1) * w];
+                        for &c in cols {
+                            let v = xr[c];
+                            if best.is_none_or(|b| v > b) {
+                                best = Some(v);
+                            }
+                        }
+                    }
+                    best.unwrap_or(T::NEG_INF)
+                }
+                Kind::Avg { include_pad } => {
+                    let mut acc = 0f64;
+                    for &r in rows {
+                        let xr = &xp[r * w..(r + 1) * w];
+                        for &c in cols {
+                            acc += xr[c].to_f64();
+                        }
+                    }
+                    let cnt = if include_pad {
+                        wins[0].padded_count[oh] * wins[1].padded_count[ow]
+                    } else {
+                        rows.len() * cols.len()
+                    };
+                    T::from_f64(acc / cnt as f64)
+                }
+                Kind::Lp(pw) => {
+                    let mut acc = 0f64;
+                    for &r in rows {
+                        let xr = &xp[r * w..(r + 1) * w];
+                        for &c in cols {
+                            acc += xr[c].to_f64().abs().powf(pw);
+                        }
+                    }
+                    T::from_f64(acc.powf(1.0 / pw))
+                }
+            };
+        }
+    }
 }
 
 fn pool_float<T: Real>(cx: &OpCtx<'_>, x: &Tensor) -> Result<Vec<Option<RtValue>>, KernelError> {
