@@ -106,7 +106,13 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
     }
     let xv = x.to_f64()?;
     let wv = w.to_f64()?;
-    let rv = r.to_f64()?;
+    // R in f64 is only needed when it is not f32 (the products read its f32 rows) or for
+    // GRU's reset product.
+    let rv = if matches!(r.data, Data::F32(_)) && kind != Kind::Gru {
+        Vec::new()
+    } else {
+        r.to_f64()?
+    };
     let read = |i: usize, len: usize, what: &str| -> Result<Option<Vec<f64>>, KernelError> {
         match opt_tensor(inputs, i) {
             Some(t) if t.len() == len => Ok(Some(t.to_f64()?)),
@@ -219,7 +225,7 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
     let mut hr = vec![0.0; gh];
     for (d, &reverse) in dirs_names.iter().enumerate() {
         let wd = &wv[d * gh * isz..(d + 1) * gh * isz];
-        let rd = &rv[d * gh * hs..(d + 1) * gh * hs];
+        let rd = rv.get(d * gh * hs..(d + 1) * gh * hs).unwrap_or(&[]);
         // X Wᵀ for every step at once (one GEMM: W is read once, not once per step), rows in
         // X's own (layout) order.
         let mut xw_all = vec![0.0; seq * batch * gh];

@@ -262,6 +262,20 @@ pub(super) fn cast_tensor(
     if int_like(x.dtype) && int_like(to) {
         return from_i64(to, shape, &x.to_i64()?);
     }
+    // Bool and integers to f32 directly (one rounding, as a C cast).
+    if to == DType::F32 {
+        let v: Option<Vec<f32>> = match &x.data {
+            Data::Bool(v) => Some(v.iter().map(|&b| if b { 1.0 } else { 0.0 }).collect()),
+            Data::U8(v) => Some(v.iter().map(|&i| f32::from(i)).collect()),
+            Data::I8(v) => Some(v.iter().map(|&i| f32::from(i)).collect()),
+            Data::I32(v) => Some(v.iter().map(|&i| i as f32).collect()),
+            Data::I64(v) => Some(v.iter().map(|&i| i as f32).collect()),
+            _ => None,
+        };
+        if let Some(v) = v {
+            return Tensor::new(to, shape, Data::F32(v));
+        }
+    }
     // f32 to the half and small float types: round once, from f32.
     if let Data::F32(v) = &x.data {
         let data = match to {

@@ -351,6 +351,31 @@ pub(crate) fn conv_shape(
     })
 }
 
+/// `g` without the spatial dims that change nothing (input, kernel and output 1, no padding),
+/// so that a `[5, 1]` kernel over `[L, 1]` runs as the 1-D convolution it is. One dim is kept.
+fn squeeze_unit_dims(g: &Geometry) -> Geometry {
+    let keep: Vec<usize> = (0..g.input.len())
+        .filter(|&d| {
+            !(g.input[d] == 1
+                && g.kernel[d] == 1
+                && g.output[d] == 1
+                && g.pad_begin[d] == 0
+                && g.pad_end[d] == 0)
+        })
+        .collect();
+    let keep = if keep.is_empty() { vec![0] } else { keep };
+    let pick = |v: &[usize]| keep.iter().map(|&d| v[d]).collect::<Vec<_>>();
+    Geometry {
+        input: pick(&g.input),
+        kernel: pick(&g.kernel),
+        strides: pick(&g.strides),
+        dilations: pick(&g.dilations),
+        pad_begin: pick(&g.pad_begin),
+        pad_end: pick(&g.pad_end),
+        output: pick(&g.output),
+    }
+}
+
 /// One output plane of a 2-D convolution over one input plane `x` with the taps `w`
 /// (`kh × kw`): each output sums its taps in kernel order (`y` starts at zero).
 fn depthwise_2d<T: Real>(x: &[T], w: &[T], g: &Geometry, y: &mut [T]) {
@@ -402,7 +427,7 @@ fn depthwise_2d<T: Real>(x: &[T], w: &[T], g: &Geometry, y: &mut [T]) {
 
 /// Runs a convolution on typed data: `y[n, m, out...]` (bias added when given).
 pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Option<&[T]>) -> Vec<T> {
-    let g = &s.geo;
+    let g = &squeeze_unit_dims(&s.geo);
     let in_size: usize = g.input.iter().product();
     let out_size: usize = g.output.iter().product();
     let ksize: usize = g.kernel.iter().product();
