@@ -109,6 +109,8 @@ pub struct CompileArgs {
     pub block: usize,
     /// `--asym`: asymmetric INT4 blocks.
     pub asym: bool,
+    /// `--int4-accuracy-level`: MatMulNBits' accuracy_level (`None`: the target's).
+    pub int4_accuracy_level: Option<i64>,
     /// `--granularity`: run-time activation scales of int8-dynamic.
     pub granularity: mmq_passes::quant::int8::ActGranularity,
     /// `--skip-non-finite`: nodes with NaN/Inf weights stay float.
@@ -191,6 +193,7 @@ fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, F
         int4: Int4Options {
             block: args.block,
             symmetric: !args.asym,
+            accuracy_level: args.int4_accuracy_level,
         },
         granularity: args.granularity,
         skip_non_finite: args.skip_non_finite,

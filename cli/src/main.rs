@@ -225,6 +225,11 @@ enum Command {
         /// Asymmetric INT4 blocks (with zero points) instead of symmetric ones.
         #[arg(long)]
         asym: bool,
+        /// MatMulNBits' accuracy_level (--quant int4): the compute type ONNX Runtime uses for
+        /// the activations, 4 = int8 (the ort target's default), 1 = f32; 0 leaves it out.
+        /// Default: the target's choice
+        #[arg(long, value_name = "0..4")]
+        int4_accuracy_level: Option<i64>,
         /// Run-time activation scales of --quant int8-dynamic: per-tensor (one per tensor,
         /// DynamicQuantizeLinear), per-token or per-patch (one per row, symmetric i8).
         #[arg(long, value_name = "per-tensor|per-token|per-patch", default_value = "per-tensor",
@@ -495,6 +500,7 @@ fn main() -> ExitCode {
             calib_random,
             block,
             asym,
+            int4_accuracy_level,
             granularity,
             skip_non_finite,
             smoothquant,
@@ -527,6 +533,7 @@ fn main() -> ExitCode {
             modality,
             block,
             asym,
+            int4_accuracy_level,
             granularity,
             skip_non_finite,
             smoothquant,

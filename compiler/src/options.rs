@@ -115,6 +115,8 @@ pub struct Int4Options {
     pub block: usize,
     /// Symmetric blocks (no zero points).
     pub symmetric: bool,
+    /// `MatMulNBits`' `accuracy_level` (0 leaves it out); `None`: the target's choice.
+    pub accuracy_level: Option<i64>,
 }
 
 impl Default for Int4Options {
@@ -122,6 +124,7 @@ impl Default for Int4Options {
         Int4Options {
             block: 32,
             symmetric: true,
+            accuracy_level: None,
         }
     }
 }
@@ -280,6 +283,21 @@ impl CompileOptions {
             return Err(format!(
                 "--block {}: expected 32, 64 or 128 (16 and 256 also work)",
                 self.int4.block
+            ));
+        }
+        if let Some(level) = self.int4.accuracy_level
+            && !(0..=4).contains(&level)
+        {
+            return Err(format!(
+                "--int4-accuracy-level {level}: expected 0 (left out), 1 (f32), 2 (f16), 3 (bf16) or 4 (int8)"
+            ));
+        }
+        if self.int4.accuracy_level.is_some_and(|l| l != 0)
+            && !self.target.qdq_rules().int4_matmul_nbits
+        {
+            return Err(format!(
+                "--int4-accuracy-level is an attribute of ONNX Runtime's MatMulNBits; target {} has none",
+                self.target.name()
             ));
         }
         if matches!(self.precision, Precision::Scheme(QuantScheme::Fp8)) && !self.int4.symmetric {

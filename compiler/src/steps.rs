@@ -290,11 +290,16 @@ impl Pass for SmoothStep {
     }
 }
 
-fn int4_config(int4: Int4Options) -> WeightOnlyConfig {
+/// The INT4 settings for `target`: the options' `accuracy_level`, else the target's (0: none).
+fn int4_config(int4: Int4Options, target: &dyn mmq_passes::target::Target) -> WeightOnlyConfig {
     WeightOnlyConfig {
         scheme: WeightScheme::Int4,
         block_size: int4.block,
         symmetric: int4.symmetric,
+        accuracy_level: int4
+            .accuracy_level
+            .or_else(|| target.int4_accuracy_level())
+            .filter(|&l| l != 0),
         ..WeightOnlyConfig::default()
     }
 }
@@ -313,7 +318,7 @@ impl Pass for AwqStep {
         use mmq_passes::quant::awq::{self, AwqPass, MAX_ROWS};
         let sites = awq::sites(m);
         let stats = self.ctx.site_stats(m, self.name(), &sites, MAX_ROWS)?;
-        AwqPass::new(int4_config(self.ctx.int4), stats).run(m, opts)
+        AwqPass::new(int4_config(self.ctx.int4, &*opts.target), stats).run(m, opts)
     }
 }
 
@@ -347,7 +352,7 @@ impl Pass for WeightOnlyStep {
                 ..WeightOnlyConfig::default()
             })
         } else {
-            WeightOnlyPass::new(int4_config(self.ctx.int4))
+            WeightOnlyPass::new(int4_config(self.ctx.int4, &*opts.target))
         };
         if self.fp8 && self.ctx.calibration.is_given() {
             let graph = one_graph(m, self.name, "--quant fp8 calibrates")?;
@@ -488,15 +493,17 @@ fn plan_ranges(
 
 /// The scheme passes that quantize the nodes of `plan` (made for `m`; run them on `m` or on a
 /// copy of it), static INT8 with `ranges`.
-/// `symmetric_only`: the target takes symmetric activations only, so every INT8 node is
-/// quantized symmetric whatever the map says.
+/// When `target` takes symmetric activations only, every INT8 node is quantized symmetric
+/// whatever the map says; INT4 nodes get the `accuracy_level` of `int4` or `target`.
 fn plan_passes(
     m: &Module,
     plan: &Plan,
     ranges: &Ranges,
     placement: Placement,
-    symmetric_only: bool,
+    int4: Int4Options,
+    target: &dyn mmq_passes::target::Target,
 ) -> Vec<Box<dyn Pass>> {
+    let symmetric_only = target.qdq_rules().symmetric_activations;
     let mut passes: Vec<Box<dyn Pass>> = Vec::new();
     let choices: &[bool] = if symmetric_only {
         &[true]
@@ -551,10 +558,14 @@ fn plan_passes(
                     })
         });
         passes.push(Box::new(
-            WeightOnlyPass::new(int4_config(Int4Options {
-                block: block_size,
-                symmetric,
-            }))
+            WeightOnlyPass::new(int4_config(
+                Int4Options {
+                    block: block_size,
+                    symmetric,
+                    ..int4
+                },
+                target,
+            ))
             .with_filter(f),
         ));
     }
@@ -606,8 +617,7 @@ fn run_map(
         Vec::new()
     };
     let ranges = plan_ranges(m, graph, &plan, &samples, &mut report.notes).map_err(calib)?;
-    let symmetric_only = opts.target.qdq_rules().symmetric_activations;
-    let passes = plan_passes(m, &plan, &ranges, ctx.placement, symmetric_only);
+    let passes = plan_passes(m, &plan, &ranges, ctx.placement, ctx.int4, &*opts.target);
     run_nested(m, passes, opts, report)
 }
 
@@ -722,7 +732,8 @@ impl Pass for AutoStep {
                 &plan,
                 &ranges,
                 ctx.placement,
-                opts.target.qdq_rules().symmetric_activations,
+                ctx.int4,
+                &*opts.target,
             ));
             pm.verify = false;
             pm.run(&mut q, opts).map_err(EvalError)?;

@@ -120,6 +120,7 @@ def compile(
     awq: bool = False,
     block: int = 32,
     asym: bool = False,
+    int4_accuracy_level: int | None = None,
     modality: Mapping[str, str] | None = None,
     auto: float | None = None,
     progress: bool = True,
@@ -152,6 +153,8 @@ def compile(
         awq: AWQ scales before INT4.
         block: INT4 block size.
         asym: asymmetric INT4 blocks.
+        int4_accuracy_level: ``MatMulNBits``' ``accuracy_level`` (4: int8 compute, 0: left
+            out); ``None``: the target's choice (4 on ``"ort"``).
         modality: input name to ``vision``, ``text``, ``audio`` or ``shared``.
         auto: choose a scheme per node for this end-to-end cosine.
         progress: show calibration progress on stderr.
@@ -195,6 +198,7 @@ def compile(
         "awq": bool(awq),
         "block": int(block),
         "asym": bool(asym),
+        "int4_accuracy_level": None if int4_accuracy_level is None else int(int4_accuracy_level),
         "modality": dict(modality or {}),
         "auto": auto,
         "accuracy": "full" if report else "off",

@@ -55,6 +55,8 @@ struct Options {
     awq: bool,
     block: usize,
     asym: bool,
+    #[serde(default)]
+    int4_accuracy_level: Option<i64>,
     modality: HashMap<String, String>,
     auto: Option<f64>,
     accuracy: String,
@@ -161,6 +163,7 @@ fn options(o: Options, samples: Option<Vec<Arrays>>) -> PyResult<(CompileOptions
             int4: Int4Options {
                 block: o.block,
                 symmetric: !o.asym,
+                accuracy_level: o.int4_accuracy_level,
             },
             granularity: match o.granularity.as_deref() {
                 Some(g) => g.parse().map_err(err)?,

@@ -107,6 +107,31 @@ def test_the_library_writes_the_bytes_the_command_writes(tmp_path, mmq_bin):
     assert "QuantizeLinear" in ops or "DynamicQuantizeLinear" in ops, ops
 
 
+def test_int4_accuracy_level_is_the_targets_unless_given(tmp_path, mmq_bin):
+    fx = fixture("llama_gqa_kv")
+
+    def levels(model):
+        return {
+            next((onnx.helper.get_attribute_value(a) for a in n.attribute
+                  if a.name == "accuracy_level"), None)
+            for n in model.graph.node if n.op_type == "MatMulNBits"
+        }
+
+    assert levels(mmq.compile(fx / "model.onnx", quant="int4", progress=False)) == {4}
+    assert levels(mmq.compile(fx / "model.onnx", quant="int4", int4_accuracy_level=0,
+                              progress=False)) == {None}
+    subprocess.run(
+        [mmq_bin, "compile", fx / "model.onnx", "--target", "ort", "--quant", "int4",
+         "--int4-accuracy-level", "1",
+         "--no-accuracy", "-o", tmp_path / "cli.onnx"],
+        check=True, capture_output=True,
+    )
+    mmq.compile(fx / "model.onnx", quant="int4", int4_accuracy_level=1,
+                output=tmp_path / "lib.onnx", progress=False)
+    assert levels(onnx.load(tmp_path / "cli.onnx")) == {1}
+    assert (tmp_path / "lib.onnx").read_bytes() == (tmp_path / "cli.onnx").read_bytes()
+
+
 def test_trt_writes_the_package_the_command_writes(tmp_path, mmq_bin):
     fx = fixture("vit_dynamic")
     subprocess.run(
@@ -158,8 +183,11 @@ def test_trt_packages_with_plugins_match_the_command(tmp_path, mmq_bin):
 
 def test_report_lists_the_quantization_passes_and_the_accuracy(capfd):
     fx = fixture("clip")
+    # f32 compute (accuracy level 0): the interpreter and ONNX Runtime agree to rounding. With
+    # ONNX Runtime's int8 compute (the default) both round the activations to int8, and an
+    # upstream difference in the last bit (ONNX Runtime's own fusions) can flip a code.
     model, report = mmq.compile(fx / "model.onnx", quant="int4", calibration=samples(fx, 4),
-                                report=True)
+                                report=True, int4_accuracy_level=0)
     names = [p["name"] for p in report["passes"]]
     assert names.index("quant-int4") > names.index("rewrite(simplify)")
     q = next(p for p in report["passes"] if p["name"] == "quant-int4")

@@ -122,6 +122,13 @@ fn int4(block_size: usize, symmetric: bool) -> WeightOnlyConfig {
     }
 }
 
+fn int4_level4(block_size: usize, symmetric: bool) -> WeightOnlyConfig {
+    WeightOnlyConfig {
+        accuracy_level: Some(4),
+        ..int4(block_size, symmetric)
+    }
+}
+
 #[test]
 fn int4_and_fp8_hold_cosine_floors_in_the_interpreter_and_onnx_runtime() {
     let fp8 = WeightOnlyConfig {
@@ -135,6 +142,14 @@ fn int4_and_fp8_hold_cosine_floors_in_the_interpreter_and_onnx_runtime() {
         ("llama_gqa_kv", int4(32, true), "int4-b32", 0.99),
         ("llama_gqa_kv", int4(64, false), "int4-b64-asym", 0.99),
         ("gpt2_kv", int4(32, true), "int4-b32", 0.99),
+        // ONNX Runtime's int8 compute: the interpreter rounds A per block as its kernels do.
+        ("vit", int4_level4(32, true), "int4-b32-acc4", 0.998),
+        (
+            "llama_gqa_kv",
+            int4_level4(128, false),
+            "int4-b128-asym-acc4",
+            0.99,
+        ),
         ("vit", fp8.clone(), "fp8", 0.9999),
         ("llama_gqa_kv", fp8.clone(), "fp8", 0.999),
         ("gpt2_kv", fp8, "fp8", 0.999),

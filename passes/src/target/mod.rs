@@ -53,6 +53,12 @@ pub trait Target: Send + Sync + std::panic::RefUnwindSafe {
     /// How FP16 is realized.
     fn fp16_form(&self) -> Fp16Form;
 
+    /// The `accuracy_level` of the INT4 `MatMulNBits` it runs (the compute type of the
+    /// activations: 4 is int8), or `None` to leave the attribute out.
+    fn int4_accuracy_level(&self) -> Option<i64> {
+        None
+    }
+
     /// The pass that runs first, writing ops the target lacks (opset-23 `Attention`,
     /// `RMSNormalization`, `RotaryEmbedding`) in ops it runs; `None` when it runs them all.
     fn legalize(&self) -> Option<Box<dyn crate::pass::Pass>> {

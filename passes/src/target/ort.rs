@@ -115,4 +115,13 @@ impl Target for Ort {
     fn fp16_form(&self) -> Fp16Form {
         Fp16Form::WeightStorage
     }
+
+    /// 4: the CPU provider's int8 kernels for `MatMulNBits` (activations quantized per block
+    /// to int8, VNNI / AVX2 / NEON dot products); a CPU without them computes in f32. On a
+    /// 4-layer LLaMA-style decode step (`tools/decode_bench.py`, docs/benchmarks.md) it turns
+    /// INT4 from 0.55x to 0.47x of float32's latency at block 32 for a cosine change in the
+    /// fifth digit.
+    fn int4_accuracy_level(&self) -> Option<i64> {
+        Some(4)
+    }
 }

@@ -8,6 +8,11 @@
 //! `bias` (`[N]`). Attributes `K`, `N`, `bits` (default 4), `block_size`. Absent zero points
 //! are `2^(bits - 1)`. `B` dequantizes to `(code - zero_point) * scale` in f32 and
 //! `Y = A · Bᵀ (+ bias)` has shape `A.shape[..-1] + [N]`.
+//!
+//! `accuracy_level` 4 is ONNX Runtime's int8 compute on the CPU: each row of an f32 `A` is
+//! quantized per block of `block_size` along K to symmetric int8 (`scale = absmax / 127`,
+//! round half to even) before the product, so the interpreter sees the activations' rounding
+//! that ONNX Runtime's int8 kernels add (other levels compute in f32).
 
 use mmq_ir::CustomOp;
 
@@ -184,7 +189,10 @@ pub(crate) fn matmul_nbits(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtVal
     let zps = zero_points(cx, &p, opt_tensor(inputs, 3).map(|t| &**t), scales.dtype)?;
     let w = dequantize_b(cx, &p, b, &sv, &zps)?;
     let m: usize = lead.iter().product();
-    let av = a.to_f32()?;
+    let mut av = a.to_f32()?;
+    if int_attr(op, "accuracy_level", 0) == 4 && a.dtype == mmq_ir::DType::F32 {
+        quantize_a_blocks(&mut av, p.k, p.block);
+    }
     let mut y = vec![0f32; m * p.n];
     // y[m×n] = a[m×k] · wᵀ, w row-major [n×k].
     gemm(
@@ -225,6 +233,21 @@ pub(crate) fn matmul_nbits(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtVal
     Ok(vec![Some(out.into())])
 }
 
+/// `a` (rows of `k`) through symmetric int8 per block of `block` along each row, as ONNX
+/// Runtime's int8 compute quantizes `A` (`accuracy_level` 4).
+fn quantize_a_blocks(a: &mut [f32], k: usize, block: usize) {
+    for row in a.chunks_mut(k.max(1)) {
+        for blk in row.chunks_mut(block) {
+            let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let scale = amax / 127.0;
+            let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+            for v in blk.iter_mut() {
+                *v = (*v * inv).round_ties_even().clamp(-127.0, 127.0) * scale;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use mmq_ir::{Attr, CustomOp, DType, Op};
@@ -243,6 +266,52 @@ mod tests {
                 ("block_size".into(), Attr::Int(block)),
             ],
         })
+    }
+
+    /// `accuracy_level` 4 rounds A to int8 per block; other levels do not.
+    #[test]
+    fn accuracy_level_4_rounds_a_per_block() {
+        // K 32, N 1, block 16, every weight code 9 (value 1 · scale 1): y = Σ A'.
+        let (k, n) = (32usize, 1usize);
+        let b = vec![0x99u8; n * 2 * 8];
+        let scales = [1.0f32, 1.0];
+        // Block 0: absmax 127 → scale 1, 0.5 → 0 and 1.5 → 2 (ties to even), 3.25 → 3.
+        // Block 1: all 0.001 → scale 0.001/127, exact.
+        let mut a = vec![0f32; k];
+        a[..4].copy_from_slice(&[127.0, 0.5, 1.5, 3.25]);
+        a[16..].fill(0.001);
+        let run = |level: Option<i64>| {
+            let mut op = nbits(k as i64, n as i64, 16);
+            if let (Some(l), Op::Custom(c)) = (level, &mut op) {
+                c.attrs.push(("accuracy_level".into(), Attr::Int(l)));
+            }
+            two_blocks(op, &a, b.clone(), &scales).1[0]
+        };
+        let exact: f64 = a.iter().map(|&v| f64::from(v)).sum();
+        close(&[run(None)], &[exact], 1e-5);
+        close(&[run(Some(1))], &[exact], 1e-5);
+        close(
+            &[run(Some(4))],
+            &[127.0 + 0.0 + 2.0 + 3.0 + 16.0 * 0.001],
+            1e-5,
+        );
+    }
+
+    /// Runs `op` on one row `a`, `b` of blocks of 16 (two per row of N) and their scales.
+    fn two_blocks(op: Op, a: &[f32], b: Vec<u8>, scales: &[f32]) -> (Vec<usize>, Vec<f64>) {
+        let n = scales.len() / 2;
+        let r = run_op(
+            op,
+            vec![
+                f32t(&[1, a.len()], a),
+                u8t(&[n, 2, 8], b),
+                f32t(&[n, 2], scales),
+            ],
+            1,
+            21,
+        )
+        .expect("runs");
+        out(&r, 0)
     }
 
     fn u8t(shape: &[usize], v: Vec<u8>) -> Option<Tensor> {
@@ -271,18 +340,7 @@ mod tests {
         let scales = [0.5f32, 2.0, 1.0, 0.25];
         let a: Vec<f32> = (0..k).map(|i| if i < 16 { 1.0 } else { 10.0 }).collect();
         // Symmetric (zero point 8).
-        let r = run_op(
-            nbits(k as i64, n as i64, 16),
-            vec![
-                f32t(&[1, k], &a),
-                u8t(&[n, 2, 8], b.clone()),
-                f32t(&[n, 2], &scales),
-            ],
-            1,
-            21,
-        )
-        .expect("runs");
-        let (shape, y) = out(&r, 0);
+        let (shape, y) = two_blocks(nbits(k as i64, n as i64, 16), &a, b.clone(), &scales);
         assert_eq!(shape, [1, 2]);
         // Row 0: block 0 Σ(c-8)*0.5 for c in 0..16 = -4; block 1 k=16..20 codes 0..4: (0+1+2+3-32)*2*10.
         let y0 = -4.0 + (6.0 - 32.0) * 2.0 * 10.0;

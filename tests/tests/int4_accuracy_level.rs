@@ -1,0 +1,81 @@
+//! `MatMulNBits`' `accuracy_level` comes from the target unless the options name one: the ort
+//! target asks for ONNX Runtime's int8 compute (4), `Some(0)` leaves the attribute out, another
+//! level is written as given, and the trt target (whose plugin computes in f16) writes none.
+
+use mmq_compiler::{CompileOptions, Int4Options, Precision, QuantScheme, compile};
+use mmq_ir::{Attr, Module, Op};
+use mmq_passes::target::TargetRef;
+use mmq_tests::repo_root;
+
+/// The `accuracy_level` of every INT4 product (`MatMulNBits` or trt's `MmqMatMulNBits`).
+fn levels(target: &str, level: Option<i64>, symmetric: bool) -> Vec<Option<i64>> {
+    let path = repo_root().join("tests/fixtures/llama_gqa_kv/model.onnx");
+    let (mut m, _): (Module, _) = mmq_compiler::load::load(&[path])
+        .and_then(|l| l.verified())
+        .unwrap_or_else(|e| panic!("{}", e.rendered));
+    let options = CompileOptions {
+        target: TargetRef::by_name(target).expect("target"),
+        precision: Precision::Scheme(QuantScheme::Int4),
+        int4: Int4Options {
+            accuracy_level: level,
+            symmetric,
+            ..Int4Options::default()
+        },
+        accuracy: mmq_compiler::Accuracy::Off,
+        ..CompileOptions::default()
+    };
+    compile(&mut m, &options).unwrap_or_else(|e| panic!("{target} {level:?}: {e}"));
+    let g = m.entries[0].graph;
+    let found: Vec<Option<i64>> = m.graphs[g]
+        .nodes
+        .iter()
+        .filter_map(|&n| match &m.nodes[n].op {
+            Op::Custom(c) if c.op_type.ends_with("MatMulNBits") => Some(
+                c.attrs
+                    .iter()
+                    .find(|(k, _)| k == "accuracy_level")
+                    .map(|(_, a)| match a {
+                        Attr::Int(v) => *v,
+                        other => panic!("accuracy_level {other:?}"),
+                    }),
+            ),
+            _ => None,
+        })
+        .collect();
+    assert!(!found.is_empty(), "{target} {level:?}: no INT4 product");
+    found
+}
+
+#[test]
+fn the_target_chooses_and_the_options_override() {
+    assert!(levels("ort", None, true).iter().all(|&l| l == Some(4)));
+    assert!(levels("ort", None, false).iter().all(|&l| l == Some(4)));
+    assert!(levels("ort", Some(0), true).iter().all(Option::is_none));
+    assert!(levels("ort", Some(1), true).iter().all(|&l| l == Some(1)));
+    // Asymmetric blocks: trt's MmqMatMulNBits plugin (symmetric ones become DequantizeLinear).
+    assert!(levels("trt", None, false).iter().all(Option::is_none));
+}
+
+#[test]
+fn a_level_out_of_range_is_refused() {
+    let options = CompileOptions {
+        precision: Precision::Scheme(QuantScheme::Int4),
+        int4: Int4Options {
+            accuracy_level: Some(7),
+            ..Int4Options::default()
+        },
+        ..CompileOptions::default()
+    };
+    let e = options.check().expect_err("level 7");
+    assert!(e.contains("--int4-accuracy-level 7"), "{e}");
+    let trt = CompileOptions {
+        target: TargetRef::by_name("trt").expect("trt"),
+        int4: Int4Options {
+            accuracy_level: Some(4),
+            ..Int4Options::default()
+        },
+        ..options
+    };
+    let e = trt.check().expect_err("trt has no MatMulNBits");
+    assert!(e.contains("target trt has none"), "{e}");
+}
