@@ -11,7 +11,8 @@ input is the token's hidden state; RMS norms, attention over the past keys and v
 MLP, an LM head), batch 1, float32, its weights in external data. Each variant is one INT4
 output: `mmq:BLOCK[:LEVEL]` is `mmq compile --target ort --quant int4 --block BLOCK` (LEVEL:
 `--int4-accuracy-level LEVEL`; none: the target's choice), `ort:BLOCK[:LEVEL]` is ONNX Runtime's
-`MatMulNBitsQuantizer` (symmetric, `accuracy_level` LEVEL). Every session (the float32 model
+`MatMulNBitsQuantizer` (symmetric, `accuracy_level` LEVEL), `mmq-O2` is the float32 model through
+`mmq compile --target ort -O2` (no quantization). Every session (the float32 model
 too) is loaded once; then each round runs every session once, in order, and the median time
 per session is reported with its ratio to float32 and the cosine of its logits to float32's.
 """
@@ -124,13 +125,17 @@ def build(out: Path, layers: int, hidden: int, inter: int, heads: int, vocab: in
 
 
 def quantize(variant: str, src: Path, out: Path, mmq: str) -> Path:
-    tool, block, *level = variant.split(":")
+    tool, *rest = variant.split(":")
+    block, *level = rest or ["0"]
     dst = out / variant.replace(":", "_")
     dst.mkdir(parents=True, exist_ok=True)
     model = dst / "model.onnx"
     if model.exists():
         return model
-    if tool == "mmq":
+    if tool == "mmq-O2":
+        subprocess.run([mmq, "compile", str(src), "--target", "ort", "-O2", "-o", str(model)],
+                       check=True, stdout=subprocess.DEVNULL)
+    elif tool == "mmq":
         cmd = [mmq, "compile", str(src), "--target", "ort", "--quant", "int4", "--block", block,
                "--no-accuracy", "-o", str(model)]
         if level:
