@@ -5,36 +5,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{mmq, repo, run_in, scratch};
+use common::{mmq, repo, run_in, scratch, value_info};
 
 use mmq_onnx::proto::onnx as pb;
 use prost::Message;
-
-fn tensor_type(elem: i32, dims: &[i64]) -> pb::TypeProto {
-    pb::TypeProto {
-        value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
-            elem_type: Some(elem),
-            shape: Some(pb::TensorShapeProto {
-                dim: dims
-                    .iter()
-                    .map(|&d| pb::tensor_shape_proto::Dimension {
-                        value: Some(pb::tensor_shape_proto::dimension::Value::DimValue(d)),
-                        ..Default::default()
-                    })
-                    .collect(),
-            }),
-        })),
-        ..Default::default()
-    }
-}
-
-fn value_info(name: &str, elem: i32, dims: &[i64]) -> pb::ValueInfoProto {
-    pb::ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(tensor_type(elem, dims)),
-        ..Default::default()
-    }
-}
 
 fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> pb::NodeProto {
     pb::NodeProto {

@@ -221,6 +221,40 @@ impl ConstData {
         }
     }
 
+    /// The raw bytes as an owned or borrowed buffer: external data is read with positional reads
+    /// (the file's pages stay out of the process's resident memory, unlike [`Self::raw_bytes`]),
+    /// inline bytes are borrowed. `None` for string tensors and absent data.
+    pub fn read_bytes(&self) -> Option<std::io::Result<std::borrow::Cow<'_, [u8]>>> {
+        use std::os::unix::fs::FileExt;
+        match &self.storage {
+            Storage::Inline(b) => Some(Ok(std::borrow::Cow::Borrowed(b))),
+            Storage::Strings(_) | Storage::Absent => None,
+            Storage::External { file, offset, len } => {
+                let within = offset
+                    .checked_add(*len)
+                    .is_some_and(|end| end <= file.len());
+                if !within {
+                    return Some(Err(std::io::Error::other(format!(
+                        "external range {offset}+{len} lies outside {}",
+                        file.path.display()
+                    ))));
+                }
+                let mut buf = vec![0u8; *len as usize];
+                Some(
+                    file.file()
+                        .read_exact_at(&mut buf, *offset)
+                        .map(|()| std::borrow::Cow::Owned(buf))
+                        .map_err(|e| {
+                            std::io::Error::new(
+                                e.kind(),
+                                format!("cannot read {}: {e}", file.path.display()),
+                            )
+                        }),
+                )
+            }
+        }
+    }
+
     /// The raw bytes, when the constant is not a string tensor. External data is read through
     /// the memory map, lazily, page by page.
     pub fn raw_bytes(&self) -> Option<&[u8]> {

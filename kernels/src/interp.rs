@@ -45,10 +45,16 @@ impl Env<'_> {
     }
 }
 
+/// The most bytes of external weights an interpreter keeps decoded between uses.
+pub const EXTERNAL_CACHE_BYTES: u64 = 256 << 20;
+
 /// Runs graphs of one module.
 pub struct Interpreter<'m> {
     module: &'m Module,
+    /// Decoded constants: every inline one, and external ones while they fit the budget.
     consts: Mutex<HashMap<Const, Arc<Tensor>>>,
+    /// Bytes of decoded external constants kept in `consts`.
+    cached_external: Mutex<u64>,
     /// Per-graph facts computed once, not on every activation (a `Loop` body runs many times).
     plans: Mutex<HashMap<GraphId, Arc<Plan>>>,
     stats: Option<Mutex<RunStats>>,
@@ -73,6 +79,7 @@ impl<'m> Interpreter<'m> {
         Interpreter {
             module,
             consts: Mutex::default(),
+            cached_external: Mutex::new(0),
             plans: Mutex::default(),
             stats: None,
             live_bytes: Mutex::new(0),
@@ -97,7 +104,11 @@ impl<'m> Interpreter<'m> {
             .map(|s| s.lock().map(|s| s.clone()).unwrap_or_default())
     }
 
-    /// A constant as a tensor, decoded once.
+    /// A constant as a tensor. Inline constants are decoded once; external weights (read with
+    /// positional reads, so the file's pages do not stay resident) are kept decoded while they
+    /// total at most [`EXTERNAL_CACHE_BYTES`], the rest decoded at each use and dropped after
+    /// it: calibrating a multi-gigabyte model holds one layer's weights at a time, not a copy
+    /// of the model.
     pub fn constant(&self, c: Const) -> Result<Arc<Tensor>, KernelError> {
         if let Some(t) = self.consts.lock().ok().and_then(|m| m.get(&c).cloned()) {
             return Ok(t);
@@ -108,7 +119,17 @@ impl<'m> Interpreter<'m> {
             .get(c)
             .ok_or_else(|| KernelError::Module(format!("constant {c:?} does not exist")))?;
         let t = Arc::new(Tensor::from_const(data)?);
-        if let Ok(mut m) = self.consts.lock() {
+        let keep = match data.storage {
+            mmq_ir::Storage::External { len, .. } => match self.cached_external.lock() {
+                Ok(mut total) if *total + len <= EXTERNAL_CACHE_BYTES => {
+                    *total += len;
+                    true
+                }
+                _ => false,
+            },
+            _ => true,
+        };
+        if keep && let Ok(mut m) = self.consts.lock() {
             m.insert(c, t.clone());
         }
         Ok(t)

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
+use mmq_onnx::proto::onnx as pb;
 
 /// The repository root.
 pub fn repo() -> PathBuf {
@@ -55,4 +56,32 @@ pub fn python() -> PathBuf {
         py.display()
     );
     py
+}
+
+/// A tensor type of element type `elem` and static `dims`.
+pub fn tensor_type(elem: i32, dims: &[i64]) -> pb::TypeProto {
+    pb::TypeProto {
+        value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+            elem_type: Some(elem),
+            shape: Some(pb::TensorShapeProto {
+                dim: dims
+                    .iter()
+                    .map(|&d| pb::tensor_shape_proto::Dimension {
+                        value: Some(pb::tensor_shape_proto::dimension::Value::DimValue(d)),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }),
+        })),
+        ..Default::default()
+    }
+}
+
+/// A graph input or output of element type `elem` and static `dims`.
+pub fn value_info(name: &str, elem: i32, dims: &[i64]) -> pb::ValueInfoProto {
+    pb::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(tensor_type(elem, dims)),
+        ..Default::default()
+    }
 }

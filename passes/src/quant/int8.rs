@@ -729,7 +729,7 @@ fn gemm_to_matmul(m: &mut Module, b: &mut Builder, n: Node, s: &Site) -> Result<
         let data = &m.consts[c];
         let (rows, cols) = (data.shape[0] as usize, data.shape[1] as usize);
         let t = Tensor::from_const(data).map_err(|e| fail(format!("weight: {e}")))?;
-        let xs = t.to_f32().map_err(|e| fail(format!("weight: {e}")))?;
+        let xs = t.into_f32().map_err(|e| fail(format!("weight: {e}")))?;
         let mut tr = vec![0f32; xs.len()];
         for r in 0..rows {
             for k in 0..cols {
@@ -791,7 +791,7 @@ fn dq_weight(
     let shape: Vec<usize> = data.shape.iter().map(|&d| d as usize).collect();
     let ishape = data.shape.clone();
     let t = Tensor::from_const(data).map_err(|e| fail(format!("weight: {e}")))?;
-    let xs = t.to_f32().map_err(|e| fail(format!("weight: {e}")))?;
+    let xs = t.into_f32().map_err(|e| fail(format!("weight: {e}")))?;
     if let Some(i) = xs.iter().position(|v| !v.is_finite()) {
         return Err(fail(format!(
             "weight '{}': non-finite value {} at element {i}: it would become a finite code \
@@ -860,7 +860,7 @@ fn conv_static(
         && m.consts[c].num_elements() == w_scales.len()
     {
         let t = Tensor::from_const(&m.consts[c]).map_err(|e| fail(format!("bias: {e}")))?;
-        let xs = t.to_f32().map_err(|e| fail(format!("bias: {e}")))?;
+        let xs = t.into_f32().map_err(|e| fail(format!("bias: {e}")))?;
         let scales: Vec<f32> = w_scales.iter().map(|&ws| ws * x_scale).collect();
         let codes: Vec<i32> = xs
             .iter()
@@ -930,7 +930,7 @@ fn matmul_dynamic(
     let shape: Vec<usize> = data.shape.iter().map(|&d| d as usize).collect();
     let ishape = data.shape.clone();
     let t = Tensor::from_const(data).map_err(|e| fail(format!("weight: {e}")))?;
-    let xs = t.to_f32().map_err(|e| fail(format!("weight: {e}")))?;
+    let xs = t.into_f32().map_err(|e| fail(format!("weight: {e}")))?;
     let (codes, scales) = quantize_weight_per_channel(&xs, &shape, 1, b.qmax);
     let act = s.act;
     let wname = b.name(m, s.weight, "quantized");
