@@ -133,6 +133,24 @@ pub(crate) fn geometry(
     })
 }
 
+/// The outputs `j0..j1` (of `ow`) whose input position `j · stride + off` lies inside a row of
+/// `iw` (the others read padding).
+fn valid_span(off: isize, stride: usize, iw: usize, ow: usize) -> (usize, usize) {
+    let j0 = if off >= 0 {
+        0
+    } else {
+        off.unsigned_abs().div_ceil(stride).min(ow)
+    };
+    let j1 = if (iw as isize) > off {
+        ((iw as isize - off) as usize)
+            .div_ceil(stride)
+            .clamp(j0, ow)
+    } else {
+        j0
+    };
+    (j0, j1)
+}
+
 /// Fills `col[(c, k...), out...]` from one image `x[c, in...]` of `channels` channels.
 fn im2col<T: Real>(x: &[T], channels: usize, g: &Geometry, col: &mut [T]) {
     let nd = g.input.len();
@@ -184,17 +202,8 @@ fn im2col<T: Real>(x: &[T], channels: usize, g: &Geometry, col: &mut [T]) {
                     continue;
                 }
                 let xrow = &xc[base * iw..(base + 1) * iw];
-                // Outputs j0..j1 read inside the row (j·sw + kw_off in 0..iw); the rest is padding.
-                let j0 = if kw_off >= 0 {
-                    0
-                } else {
-                    kw_off.unsigned_abs().div_ceil(sw).min(ow)
-                };
-                let j1 = if (iw as isize) > kw_off {
-                    ((iw as isize - kw_off) as usize).div_ceil(sw).clamp(j0, ow)
-                } else {
-                    j0
-                };
+                // The rest of the row is padding.
+                let (j0, j1) = valid_span(kw_off, sw, iw, ow);
                 seg[..j0].fill(T::ZERO);
                 seg[j1..].fill(T::ZERO);
                 let start = (j0 * sw) as isize + kw_off;
@@ -396,17 +405,7 @@ fn depthwise_2d<T: Real>(x: &[T], w: &[T], g: &Geometry, y: &mut [T]) {
             for b in 0..kw {
                 let wv = w[a * kw + b];
                 let off = (b * dw) as isize - pw;
-                // Outputs j0..j1 read inside the row (j·sw + off in 0..iw).
-                let j0 = if off >= 0 {
-                    0
-                } else {
-                    off.unsigned_abs().div_ceil(sw).min(ow)
-                };
-                let j1 = if (iw as isize) > off {
-                    ((iw as isize - off) as usize).div_ceil(sw).clamp(j0, ow)
-                } else {
-                    j0
-                };
+                let (j0, j1) = valid_span(off, sw, iw, ow);
                 if j1 == j0 {
                     continue;
                 }
@@ -765,6 +764,102 @@ mod tests {
         let (s, v) = out(&r, 0);
         assert_eq!(s, vec![1, 1, 3, 3]);
         assert_eq!(&v[..3], &[12.0, 27.0, 24.0]);
+    }
+
+    /// The direct 2-D convolution by its definition (f64), for comparison.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the geometry of one test convolution"
+    )]
+    fn reference_2d(
+        x: &[f32],
+        (n, c, h, w): (usize, usize, usize, usize),
+        wt: &[f32],
+        (m, kh, kw): (usize, usize, usize),
+        group: usize,
+        (sh, sw): (usize, usize),
+        (dh, dw): (usize, usize),
+        (pt, pl, pb, pr): (usize, usize, usize, usize),
+    ) -> (Vec<usize>, Vec<f64>) {
+        let oh = (h + pt + pb - (dh * (kh - 1) + 1)) / sh + 1;
+        let ow = (w + pl + pr - (dw * (kw - 1) + 1)) / sw + 1;
+        let (cg, mg) = (c / group, m / group);
+        let mut y = vec![0f64; n * m * oh * ow];
+        for b in 0..n {
+            for o in 0..m {
+                let g = o / mg;
+                for i in 0..oh {
+                    for j in 0..ow {
+                        let mut acc = 0f64;
+                        for ci in 0..cg {
+                            let ch = g * cg + ci;
+                            for a in 0..kh {
+                                for bb in 0..kw {
+                                    let (p, q) = (
+                                        (i * sh + a * dh) as isize - pt as isize,
+                                        (j * sw + bb * dw) as isize - pl as isize,
+                                    );
+                                    if p < 0 || q < 0 || p >= h as isize || q >= w as isize {
+                                        continue;
+                                    }
+                                    let xv = x[((b * c + ch) * h + p as usize) * w + q as usize];
+                                    let wv = wt[((o * cg + ci) * kh + a) * kw + bb];
+                                    acc += f64::from(xv) * f64::from(wv);
+                                }
+                            }
+                        }
+                        y[((b * m + o) * oh + i) * ow + j] = acc;
+                    }
+                }
+            }
+        }
+        (vec![n, m, oh, ow], y)
+    }
+
+    /// Depthwise (with a channel multiplier), dilated, strided and asymmetrically padded
+    /// convolutions, a `[5, 1]` kernel over `[L, 1]`, and a dense strided one, against the
+    /// definition.
+    #[test]
+    fn direct_paths_match_the_definition() {
+        let vals = |len: usize, seed: u32| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 97)
+                .map(|v| v as f32 / 16.0 - 3.0)
+                .collect()
+        };
+        // (x dims, m, kernel, group, strides, dilations, pads)
+        let cases = [
+            ((2, 4, 9, 11), 8, (3, 3), 4, (1, 1), (1, 1), (1, 1, 1, 1)),
+            ((1, 3, 10, 7), 3, (3, 3), 3, (2, 2), (1, 1), (1, 0, 2, 1)),
+            ((1, 2, 12, 12), 4, (3, 3), 2, (1, 2), (2, 2), (2, 2, 2, 2)),
+            ((1, 4, 9, 9), 4, (7, 7), 4, (1, 1), (1, 1), (3, 3, 3, 3)),
+            ((1, 6, 17, 1), 4, (5, 1), 1, (1, 1), (1, 1), (0, 0, 0, 0)),
+            ((2, 3, 8, 9), 5, (3, 3), 1, (2, 2), (1, 1), (1, 1, 1, 1)),
+        ];
+        for (xd, m, (kh, kw), group, st, dl, pads) in cases {
+            let (n, c, h, w) = xd;
+            let x = vals(n * c * h * w, 7);
+            let wt = vals(m * (c / group) * kh * kw, 11);
+            let op = Op::Conv {
+                auto_pad: None,
+                dilations: Some(vec![dl.0 as i64, dl.1 as i64]),
+                group: Some(group as i64),
+                kernel_shape: None,
+                pads: Some([pads.0, pads.1, pads.2, pads.3].map(|p| p as i64).to_vec()),
+                strides: Some(vec![st.0 as i64, st.1 as i64]),
+            };
+            let r = run_op(
+                op,
+                vec![f32t(&[n, c, h, w], &x), f32t(&[m, c / group, kh, kw], &wt)],
+                1,
+                11,
+            )
+            .expect("run");
+            let (shape, got) = out(&r, 0);
+            let (want_shape, want) = reference_2d(&x, xd, &wt, (m, kh, kw), group, st, dl, pads);
+            assert_eq!(shape, want_shape, "{xd:?} m {m} k {kh}x{kw} group {group}");
+            close(&got, &want, 1e-5);
+        }
     }
 
     #[test]

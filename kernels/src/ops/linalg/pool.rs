@@ -366,6 +366,41 @@ mod tests {
         assert_eq!(out(&r, 1).1, vec![5.0, 13.0, 7.0, 15.0]);
     }
 
+    /// The 2-D walk (no indices asked) gives the general walk's values (indices asked), over
+    /// padding, dilation, strides and ceil mode, on values with NaN.
+    #[test]
+    fn the_2d_walk_is_the_general_walk() {
+        let mut x: Vec<f32> = (0..2 * 3 * 11 * 9)
+            .map(|i| ((i * 37) % 23) as f32 - 11.0)
+            .collect();
+        x[17] = f32::NAN;
+        for (pads, dil, st, ceil) in [
+            (vec![0, 0, 0, 0], vec![1, 1], vec![1, 1], 0),
+            (vec![1, 2, 1, 0], vec![1, 1], vec![2, 2], 1),
+            (vec![2, 2, 2, 2], vec![2, 2], vec![1, 3], 0),
+        ] {
+            let op = Op::MaxPool {
+                auto_pad: None,
+                ceil_mode: Some(ceil),
+                dilations: Some(dil),
+                kernel_shape: Some(vec![3, 3]),
+                pads: Some(pads),
+                storage_order: None,
+                strides: Some(st),
+            };
+            let fast = run_op(op.clone(), vec![f32t(&[2, 3, 11, 9], &x)], 1, 12).expect("run");
+            let general = run_op(op, vec![f32t(&[2, 3, 11, 9], &x)], 2, 12).expect("run");
+            let (a, b) = (out(&fast, 0), out(&general, 0));
+            assert_eq!(a.0, b.0);
+            for (p, q) in a.1.iter().zip(&b.1) {
+                assert!(
+                    p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()),
+                    "{p} {q}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn averagepool_pads_and_ceil() {
         let x = [1.0f32, 2.0, 3.0, 4.0];
