@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Compiles the real-weight models that PyPI packages ship at -O2 and checks ONNX Runtime on them.
 
-    .venv-compare/bin/python tools/check_real_o2.py --mmq target/release/mmq [NAME...]
+    .venv-compare/bin/python tools/check_real_o2.py --mmq target/release/mmq [--rounds N] [NAME...]
 
 For each model (installed by tools/requirements-compare-models.txt into .venv-compare) it runs
 `mmq compile MODEL --target ort -O2`, loads the original and the output in ONNX Runtime, feeds
 both the same seeded random inputs (sizes fitting each model) and prints the largest
 `|out - ref| / (1 + |ref|)`, the BatchNormalization and Conv→Relu counts before and after, and
-the node counts. A model whose package is missing is skipped with a note.
+the node counts, and ONNX Runtime's latency of the output against the original's (one intra-op
+thread, both sessions run in turn for --rounds rounds after warmup, ratio of the medians; below
+1 the output is faster). A model whose package is missing is skipped with a note.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import argparse
 import collections
 import subprocess
 import sys
+import statistics
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +84,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mmq", required=True)
+    p.add_argument("--rounds", type=int, default=50)
     p.add_argument("names", nargs="*")
     a = p.parse_args()
     bad = 0
@@ -100,6 +105,8 @@ def main() -> int:
                 continue
             so = ort.SessionOptions()
             so.log_severity_level = 3
+            so.intra_op_num_threads = 1
+            so.inter_op_num_threads = 1
             s0 = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
             try:
                 s1 = ort.InferenceSession(str(out), so, providers=["CPUExecutionProvider"])
@@ -114,9 +121,18 @@ def main() -> int:
                 continue
             g0, g1 = onnx.load(str(src)).graph, onnx.load(str(out)).graph
             c0, c1 = op_counts(g0, collections.Counter()), op_counts(g1, collections.Counter())
+            times = ([], [])
+            for r in range(a.rounds + 3):
+                for sess, t in zip((s0, s1), times):
+                    start = time.perf_counter()
+                    sess.run(None, f)
+                    if r >= 3:
+                        t.append(time.perf_counter() - start)
+            m0, m1 = statistics.median(times[0]), statistics.median(times[1])
             print(f"{name}: max err {err:.1e}; BatchNormalization {c0['BatchNormalization']} -> "
                   f"{c1['BatchNormalization']}; Conv->Relu {conv_relu(g0)} -> {conv_relu(g1)}; "
-                  f"nodes {sum(c0.values())} -> {sum(c1.values())}")
+                  f"nodes {sum(c0.values())} -> {sum(c1.values())}; latency "
+                  f"{m0 * 1e3:.2f} -> {m1 * 1e3:.2f} ms (x{m1 / m0:.2f})")
             bad += err > 1e-4
     return 1 if bad else 0
 
