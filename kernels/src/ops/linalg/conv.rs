@@ -133,6 +133,10 @@ pub(crate) fn geometry(
     })
 }
 
+/// Elements of the im2col buffer filled at a time (1 MiB of f32): one band of output rows, so
+/// the buffer is still in cache when the GEMM reads it.
+const BAND_ELEMS: usize = 1 << 18;
+
 /// The outputs `j0..j1` (of `ow`) whose input position `j · stride + off` lies inside a row of
 /// `iw` (the others read padding).
 fn valid_span(off: isize, stride: usize, iw: usize, ow: usize) -> (usize, usize) {
@@ -151,20 +155,27 @@ fn valid_span(off: isize, stride: usize, iw: usize, ow: usize) -> (usize, usize)
     (j0, j1)
 }
 
-/// Fills `col[(c, k...), out...]` from one image `x[c, in...]` of `channels` channels.
-fn im2col<T: Real>(x: &[T], channels: usize, g: &Geometry, col: &mut [T]) {
+/// Fills `col[(c, k...), out...]` from one image `x[c, in...]` of `channels` channels, for the
+/// output positions of the outer (all but the last) output index range `band` only: `col` holds
+/// `band.len() · ow` columns.
+fn im2col<T: Real>(
+    x: &[T],
+    channels: usize,
+    g: &Geometry,
+    band: std::ops::Range<usize>,
+    col: &mut [T],
+) {
     let nd = g.input.len();
     let in_size: usize = g.input.iter().product();
-    let out_size: usize = g.output.iter().product();
     let ksize: usize = g.kernel.iter().product();
     let last = nd - 1;
     let (ow, iw) = (g.output[last], g.input[last]);
+    let out_size = band.len() * ow;
     let (sw, dw, pw) = (
         g.strides[last],
         g.dilations[last],
         g.pad_begin[last] as isize,
     );
-    let outer_out: usize = g.output[..last].iter().product();
     let mut kidx = vec![0usize; nd];
     let mut oidx = vec![0usize; nd];
     for c in 0..channels {
@@ -178,13 +189,13 @@ fn im2col<T: Real>(x: &[T], channels: usize, g: &Geometry, col: &mut [T]) {
             }
             let row = &mut col[(c * ksize + kk) * out_size..(c * ksize + kk + 1) * out_size];
             let kw_off = (kidx[last] * dw) as isize - pw;
-            for o in 0..outer_out {
+            for (i, o) in band.clone().enumerate() {
                 let mut r = o;
                 for d in (0..last).rev() {
                     oidx[d] = r % g.output[d];
                     r /= g.output[d];
                 }
-                let seg = &mut row[o * ow..(o + 1) * ow];
+                let seg = &mut row[i * ow..(i + 1) * ow];
                 // Input offset of the outer dims, or None when in padding.
                 let mut base = 0usize;
                 let mut inside = true;
@@ -449,26 +460,48 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
                 depthwise_2d(xg, &wg[j * kdim..(j + 1) * kdim], g, yo);
             }
         } else {
-            let b: &[T] = if pointwise {
-                xg
+            if pointwise {
+                gemm(
+                    mg,
+                    kdim,
+                    out_size,
+                    T::ONE,
+                    wg,
+                    (kdim, 1),
+                    xg,
+                    (out_size, 1),
+                    T::ZERO,
+                    yg,
+                    (out_size, 1),
+                );
             } else {
-                col.resize(kdim * out_size, T::ZERO);
-                im2col(xg, cg, g, col);
-                col
-            };
-            gemm(
-                mg,
-                kdim,
-                out_size,
-                T::ONE,
-                wg,
-                (kdim, 1),
-                b,
-                (out_size, 1),
-                T::ZERO,
-                yg,
-                (out_size, 1),
-            );
+                // im2col a band of output rows at a time, sized to stay in cache, and multiply
+                // it into the band's columns of the output.
+                let ow = *g.output.last().unwrap_or(&1);
+                let outer = out_size / ow.max(1);
+                let rows = (BAND_ELEMS / (kdim * ow).max(1)).clamp(1, outer.max(1));
+                let mut r0 = 0;
+                while r0 < outer {
+                    let r1 = (r0 + rows).min(outer);
+                    let cols = (r1 - r0) * ow;
+                    col.resize(kdim * cols, T::ZERO);
+                    im2col(xg, cg, g, r0..r1, &mut col[..kdim * cols]);
+                    gemm(
+                        mg,
+                        kdim,
+                        cols,
+                        T::ONE,
+                        wg,
+                        (kdim, 1),
+                        &col[..kdim * cols],
+                        (cols, 1),
+                        T::ZERO,
+                        &mut yg[r0 * ow..],
+                        (out_size, 1),
+                    );
+                    r0 = r1;
+                }
+            }
         }
         if let Some(bias) = bias {
             for (j, row) in yg.chunks_mut(out_size).enumerate() {
