@@ -105,15 +105,7 @@ fn end_to_end(name: &str, model: &std::path::Path, inputs: &std::path::Path, run
         })
         .collect();
     let ours = median(times);
-    let out = Command::new(python())
-        .arg(repo_root().join("tools/ort_bench.py"))
-        .arg(model)
-        .arg(inputs)
-        .args(["--threads", "1", "--runs", &runs.to_string(), "--cold"])
-        .output()
-        .expect("run ort_bench");
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("ort_bench: {}", String::from_utf8_lossy(&out.stderr)));
+    let j = ort_bench(model, inputs, &["--threads", "1", "--cold"], runs);
     let o1 = j["1"].as_f64().unwrap_or(f64::NAN);
     println!(
         "{:<16} {:<20} {:>8.3}ms {:>8.3}ms {:>10} {:>7.2}x",
@@ -160,15 +152,7 @@ fn bench_model(name: &str, model: &std::path::Path, inputs: &std::path::Path, ru
         })
         .collect();
     let ours = median(times);
-    let out = Command::new(python())
-        .arg(repo_root().join("tools/ort_bench.py"))
-        .arg(model)
-        .arg(inputs)
-        .args(["--threads", "1,2", "--runs", &runs.to_string()])
-        .output()
-        .expect("run ort_bench");
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("ort_bench: {}", String::from_utf8_lossy(&out.stderr)));
+    let j = ort_bench(model, inputs, &["--threads", "1,2"], runs);
     let o1 = j["1"].as_f64().unwrap_or(f64::NAN);
     let o2 = j["2"].as_f64().unwrap_or(f64::NAN);
     let file = model
@@ -186,4 +170,23 @@ fn bench_model(name: &str, model: &std::path::Path, inputs: &std::path::Path, ru
         ours / o2
     );
     ours / o1
+}
+
+/// `tools/ort_bench.py MODEL INPUTS ARGS --runs RUNS`: median seconds by thread count.
+fn ort_bench(
+    model: &std::path::Path,
+    inputs: &std::path::Path,
+    args: &[&str],
+    runs: usize,
+) -> serde_json::Value {
+    let out = Command::new(python())
+        .arg(repo_root().join("tools/ort_bench.py"))
+        .arg(model)
+        .arg(inputs)
+        .args(args)
+        .args(["--runs", &runs.to_string()])
+        .output()
+        .expect("run ort_bench");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("ort_bench: {}", String::from_utf8_lossy(&out.stderr)))
 }
