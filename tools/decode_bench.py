@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,7 +35,8 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 
-def build(out: Path, layers: int, hidden: int, inter: int, heads: int, vocab: int, past: int):
+def build(out: Path, layers: int, hidden: int, inter: int, heads: int, vocab: int,
+          past: int):
     rng = np.random.default_rng(0)
     hd = hidden // heads
     inits, nodes = [], []
@@ -128,10 +130,10 @@ def quantize(variant: str, src: Path, out: Path, mmq: str) -> Path:
     tool, *rest = variant.split(":")
     block, *level = rest or ["0"]
     dst = out / variant.replace(":", "_")
-    dst.mkdir(parents=True, exist_ok=True)
+    # Made again on every run: an output left by an earlier mmq would measure that mmq.
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
     model = dst / "model.onnx"
-    if model.exists():
-        return model
     if tool == "mmq-O2":
         subprocess.run([mmq, "compile", str(src), "--target", "ort", "-O2", "-o", str(model)],
                        check=True, stdout=subprocess.DEVNULL)
@@ -168,8 +170,13 @@ def main(argv=None) -> int:
     import onnxruntime as ort
 
     src = a.out / "fp32" / "model.onnx"
-    if not src.exists():
-        build(src.parent, a.layers, a.hidden, a.inter, a.heads, a.vocab, a.past)
+    # The float32 model is kept between runs only while its shape arguments are the same.
+    shape = {k: getattr(a, k) for k in ("layers", "hidden", "inter", "heads", "vocab", "past")}
+    stamp = src.parent / "shape.json"
+    if not src.exists() or not stamp.exists() or json.loads(stamp.read_text()) != shape:
+        shutil.rmtree(src.parent, ignore_errors=True)
+        build(src.parent, **shape)
+        stamp.write_text(json.dumps(shape))
     feeds = dict(np.load(src.parent / "inputs.npz"))
     models = {"fp32": src}
     for v in a.variants.split(","):

@@ -255,6 +255,49 @@ impl ConstData {
         }
     }
 
+    /// Reads the little-endian f32 elements `start..start + out.len()` into `out` (the caller
+    /// knows the constant holds f32); external data by positional reads, like
+    /// [`Self::read_bytes`]. `scratch` holds the bytes in between.
+    pub fn read_f32(
+        &self,
+        start: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let (from, len) = (start as u64 * 4, out.len() as u64 * 4);
+        if from
+            .checked_add(len)
+            .is_none_or(|end| end > self.byte_len())
+        {
+            return Err(std::io::Error::other(format!(
+                "elements {start}..{} lie outside the constant's {} bytes",
+                start + out.len(),
+                self.byte_len()
+            )));
+        }
+        scratch.resize(len as usize, 0);
+        match &self.storage {
+            Storage::Inline(b) => scratch.copy_from_slice(&b[from as usize..(from + len) as usize]),
+            Storage::External { file, offset, .. } => file
+                .file()
+                .read_exact_at(scratch, offset + from)
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("cannot read {}: {e}", file.path.display()),
+                    )
+                })?,
+            Storage::Strings(_) | Storage::Absent => {
+                return Err(std::io::Error::other("the constant has no f32 data"));
+            }
+        }
+        for (o, b) in out.iter_mut().zip(scratch.chunks_exact(4)) {
+            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        Ok(())
+    }
+
     /// The raw bytes, when the constant is not a string tensor. External data is read through
     /// the memory map, lazily, page by page.
     pub fn raw_bytes(&self) -> Option<&[u8]> {

@@ -201,34 +201,6 @@ pub fn check_size(what: &str, dtype: DType, shape: &[usize]) -> Result<usize, Ke
     Ok(n)
 }
 
-/// `n` little-endian f32 values of `file` from byte `offset`, through positional reads of 4 MiB.
-fn read_f32_at(
-    file: &mmq_ir::ExternalFile,
-    offset: u64,
-    n: usize,
-) -> Result<Vec<f32>, KernelError> {
-    use std::os::unix::fs::FileExt;
-    const CHUNK: usize = 1 << 20;
-    let mut out = Vec::with_capacity(n);
-    let mut bytes = vec![0u8; 4 * CHUNK.min(n)];
-    let mut at = 0usize;
-    while at < n {
-        let take = CHUNK.min(n - at);
-        let buf = &mut bytes[..4 * take];
-        file.file()
-            .read_exact_at(buf, offset + 4 * at as u64)
-            .map_err(|e| {
-                KernelError::Module(format!("cannot read {}: {e}", file.path.display()))
-            })?;
-        out.extend(
-            buf.chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        );
-        at += take;
-    }
-    Ok(out)
-}
-
 impl Tensor {
     /// A tensor; fails when the element count does not match the shape.
     pub fn new(dtype: DType, shape: Vec<usize>, data: Data) -> Result<Tensor, KernelError> {
@@ -398,12 +370,20 @@ impl Tensor {
                 .collect();
             return Tensor::new(DType::String, shape, Data::Str(strings));
         }
-        // External f32 weights are read a few MiB at a time straight into the decoded vector.
+        // External f32 weights are read a MiB of elements at a time straight into the decoded
+        // vector (no whole-weight byte buffer beside it).
         if c.dtype == DType::F32
-            && let Storage::External { file, offset, len } = &c.storage
+            && let Storage::External { len, .. } = &c.storage
             && *len == 4 * n as u64
         {
-            return Tensor::new(DType::F32, shape, Data::F32(read_f32_at(file, *offset, n)?));
+            const CHUNK: usize = 1 << 20;
+            let mut v = vec![0f32; n];
+            let mut scratch = Vec::new();
+            for (i, out) in v.chunks_mut(CHUNK).enumerate() {
+                c.read_f32(i * CHUNK, out, &mut scratch)
+                    .map_err(|e| KernelError::Module(format!("constant '{name}': {e}")))?;
+            }
+            return Tensor::new(DType::F32, shape, Data::F32(v));
         }
         // Other external data through positional reads: decoding a weight does not leave the
         // file's pages in the process's resident memory beside the decoded copy.

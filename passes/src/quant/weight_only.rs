@@ -770,56 +770,33 @@ const E4M3_MAX: f32 = 448.0;
 /// Bytes read per chunk when streaming a weight.
 const CHUNK_BYTES: usize = 4 << 20;
 
-/// Where a weight's f32 elements are read from.
-enum Source<'a> {
-    Mem(&'a [u8]),
-    File(&'a mmq_ir::ExternalFile, u64),
-}
+/// A weight whose f32 elements are read in chunks (external data with positional reads, so the
+/// source pages never become resident memory).
+struct Source<'a>(&'a ConstData);
 
 impl<'a> Source<'a> {
     fn of(cd: &'a ConstData) -> Result<Source<'a>, String> {
-        let want = cd.num_elements() as u64 * 4;
-        let src = match &cd.storage {
-            Storage::Inline(b) => Source::Mem(b),
-            Storage::External { file, offset, len } => {
-                if offset.checked_add(*len).is_none_or(|end| end > file.len()) {
-                    return Err(format!(
-                        "external range {offset}+{len} lies outside {}",
-                        file.path.display()
-                    ));
-                }
-                Source::File(file, *offset)
-            }
-            _ => return Err("the weight has no data".to_owned()),
-        };
-        let have = match &src {
-            Source::Mem(b) => b.len() as u64,
-            Source::File(..) => match &cd.storage {
-                Storage::External { len, .. } => *len,
-                _ => 0,
-            },
-        };
+        if matches!(cd.storage, Storage::Strings(_) | Storage::Absent) {
+            return Err("the weight has no data".to_owned());
+        }
+        let (have, want) = (cd.byte_len(), cd.num_elements() as u64 * 4);
         if have != want {
             return Err(format!("holds {have} bytes, expected {want}"));
         }
-        Ok(src)
+        Ok(Source(cd))
     }
 
     /// Reads elements `start..start + out.len()` into `out`; non-finite values are an error.
     fn read(&self, start: usize, out: &mut [f32], bytes: &mut Vec<u8>) -> Result<(), String> {
-        bytes.resize(out.len() * 4, 0);
-        match self {
-            Source::Mem(b) => bytes.copy_from_slice(&b[start * 4..(start + out.len()) * 4]),
-            Source::File(f, off) => f
-                .file()
-                .read_exact_at(bytes, off + start as u64 * 4)
-                .map_err(|e| format!("cannot read {}: {e}", f.path.display()))?,
-        }
-        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            if !o.is_finite() {
-                return Err(format!("non-finite value {o} near element {start}"));
-            }
+        self.0
+            .read_f32(start, out, bytes)
+            .map_err(|e| e.to_string())?;
+        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+            return Err(format!(
+                "non-finite value {} near element {}",
+                out[i],
+                start + i
+            ));
         }
         Ok(())
     }
