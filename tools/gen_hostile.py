@@ -106,6 +106,34 @@ def data_sized():
     np.savez(OUT / "ab.npz", a=np.ones((1024, 1), np.float32), b=np.ones((1, 1024), np.float32))
 
 
+def unshaped():
+    """Results whose shapes the model does not state and inference cannot know (operands of
+    unstated shape, a reshape target read from an input): sized from the run's operands before
+    the kernel runs (run with --max-memory 1MiB; each result is 4 MiB)."""
+    def model(name, nodes, inputs):
+        g = h.make_graph(nodes, name, inputs, [h.make_tensor_value_info("y", T.FLOAT, None)])
+        onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)],
+                               producer_name="gen_hostile"), OUT / f"{name}.onnx")
+
+    model("outer_unshaped", [h.make_node("MatMul", ["a", "b"], ["y"], name="blind_matmul")],
+          [h.make_tensor_value_info("a", T.FLOAT, None),
+           h.make_tensor_value_info("b", T.FLOAT, None)])
+    model("gather_unshaped", [h.make_node("Gather", ["b", "i"], ["y"], name="blind_gather")],
+          [h.make_tensor_value_info("b", T.FLOAT, None),
+           h.make_tensor_value_info("i", T.INT64, None)])
+    model("outer_by_reshape",
+          [h.make_node("Reshape", ["a", "s"], ["r"], name="data_reshape"),
+           h.make_node("MatMul", ["r", "b"], ["y"], name="reshaped_matmul")],
+          [h.make_tensor_value_info("a", T.FLOAT, [1024]),
+           h.make_tensor_value_info("s", T.INT64, [2]),
+           h.make_tensor_value_info("b", T.FLOAT, [1, 1024])])
+    # outer_unshaped runs on ab.npz.
+    np.savez(OUT / "bi.npz", b=np.ones((1, 1024), np.float32), i=np.zeros((1024, 1), np.int64))
+    np.savez(OUT / "as.npz", a=np.ones(1024, np.float32), s=np.array([1024, 1], np.int64),
+             b=np.ones((1, 1024), np.float32))
+
+
 if __name__ == "__main__":
     main()
     data_sized()
+    unshaped()

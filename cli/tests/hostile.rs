@@ -105,6 +105,45 @@ fn results_sized_by_bound_symbols_are_checked_before_they_run() {
 }
 
 #[test]
+fn results_of_unknown_shape_are_sized_from_the_operands_before_they_run() {
+    // No shape in the model: operands of unstated shape, a reshape target read from an input.
+    // Each result is [1024, 1024] or [1024, 1, 1024] f32 (4 MiB) under a 1 MiB limit.
+    for (model, inputs, node, shape) in [
+        (
+            "outer_unshaped.onnx",
+            "ab.npz",
+            "blind_matmul",
+            "[1024, 1024]",
+        ),
+        (
+            "gather_unshaped.onnx",
+            "bi.npz",
+            "blind_gather",
+            "[1024, 1, 1024]",
+        ),
+        (
+            "outer_by_reshape.onnx",
+            "as.npz",
+            "reshaped_matmul",
+            "[1024, 1024]",
+        ),
+    ] {
+        refused(
+            model,
+            &[
+                "run",
+                &file(model),
+                "--inputs",
+                &file(inputs),
+                "--max-memory",
+                "1MiB",
+            ],
+            &[node, shape, "exceeds the memory limit"],
+        );
+    }
+}
+
+#[test]
 fn models_standard_readers_refuse_do_not_verify() {
     for (model, want) in [
         (

@@ -9,7 +9,7 @@ use mmq_ir::{Const, Dim, GraphId, Module, Node, Sym, Type, Value, ValueDef};
 
 use crate::error::KernelError;
 use crate::ops::{self, OpCtx};
-use crate::tensor::{RtValue, Tensor};
+use crate::tensor::{Data, RtValue, Tensor};
 
 /// Per-op timings and the peak of live activation bytes of the runs so far.
 #[derive(Clone, Debug, Default)]
@@ -374,7 +374,7 @@ impl<'m> Interpreter<'m> {
                 opset: plan.opset,
                 env: &env,
             };
-            check_results(&cx)?;
+            check_results(&cx, &args)?;
             let start = self.stats.as_ref().map(|_| Instant::now());
             let outs = ops::eval(&cx, &args)?;
             if let (Some(stats), Some(start)) = (&self.stats, start)
@@ -446,7 +446,7 @@ impl<'m> Interpreter<'m> {
             opset: m.onnx_opset(data.graph).unwrap_or(23),
             env: &env,
         };
-        check_results(&cx)?;
+        check_results(&cx, &inputs)?;
         let mut outs = ops::eval(&cx, &inputs)?;
         outs.resize(data.outputs.len(), None);
         Ok(outs)
@@ -528,32 +528,84 @@ fn uses_of(m: &Module, n: Node) -> Vec<Value> {
 }
 
 /// Refuses, before running it, a node whose results have shapes too large for the memory limit
-/// ([`crate::memory_limit`]): static shapes, and symbolic ones evaluated with the symbols the
-/// run's inputs bound (a `MatMul` of `[n, 1]` by `[1, m]` with n = m = 10^6). An `Expand`, `Pad`
-/// or `OneHot` to 10^12 elements is an error naming the node, not an aborted process; results
-/// sized by data check themselves in their kernels ([`OpCtx::check_result`]).
-fn check_results(cx: &OpCtx<'_>) -> Result<(), KernelError> {
+/// ([`crate::memory_limit`]): static shapes; symbolic ones evaluated with the symbols the run's
+/// inputs bound (a `MatMul` of `[n, 1]` by `[1, m]` with n = m = 10^6); and where the module
+/// does not know a result's shape (operands of unknown shape, a shape computed from data), the
+/// node's inference rule applied to the run's concrete operands. An `Expand`, `Pad` or `OneHot`
+/// to 10^12 elements is an error naming the node, not an aborted process; results that only
+/// the kernel can size (a `NonZero`, a `Loop`'s scan outputs) check themselves
+/// ([`OpCtx::check_result`]).
+fn check_results(cx: &OpCtx<'_>, args: &[Option<RtValue>]) -> Result<(), KernelError> {
     let m = cx.interp.module();
+    let what = || format!("{} result", cx.label());
+    let mut unknown = false;
     for v in cx.node.outputs.iter().flatten() {
-        let Some(tt) = m.value_type(*v).as_tensor() else {
-            continue;
-        };
-        let (Some(dtype), Some(shape)) = (tt.dtype, &tt.shape) else {
-            continue;
-        };
-        let dims: Option<Vec<usize>> = shape
-            .iter()
-            .map(|d| {
-                d.as_known()
-                    .or_else(|| d.expr()?.eval(&|s| cx.env.sym(s)))
-                    .and_then(|k| usize::try_from(k).ok())
-            })
-            .collect();
-        if let Some(dims) = dims {
-            crate::tensor::check_size(&format!("{} result", cx.label()), dtype, &dims)?;
+        let dims = m.value_type(*v).as_tensor().and_then(|tt| {
+            let dims = tt
+                .shape
+                .as_ref()?
+                .iter()
+                .map(|d| {
+                    d.as_known()
+                        .or_else(|| d.expr()?.eval(&|s| cx.env.sym(s)))
+                        .and_then(|k| usize::try_from(k).ok())
+                })
+                .collect::<Option<Vec<usize>>>()?;
+            Some((tt.dtype?, dims))
+        });
+        match dims {
+            Some((dtype, dims)) => {
+                crate::tensor::check_size(&what(), dtype, &dims)?;
+            }
+            None => unknown = true,
+        }
+    }
+    if !unknown {
+        return Ok(());
+    }
+    let (types, vals) = run_operands(args);
+    let operands = mmq_ir::infer::Operands {
+        types: &types,
+        vals: &vals,
+    };
+    for ty in mmq_ir::infer::infer_node_types(m, cx.node, cx.opset, &operands) {
+        if let Some(tt) = ty.as_tensor()
+            && let (Some(dtype), Some(shape)) = (tt.dtype, &tt.shape)
+            && let Some(dims) = shape
+                .iter()
+                .map(|d| d.as_known().and_then(|k| usize::try_from(k).ok()))
+                .collect::<Option<Vec<usize>>>()
+        {
+            crate::tensor::check_size(&what(), dtype, &dims)?;
         }
     }
     Ok(())
+}
+
+/// The types of a run's operands (concrete shapes) and the contents of its small integer
+/// operands, for [`mmq_ir::infer::infer_node_types`].
+fn run_operands(args: &[Option<RtValue>]) -> (Vec<Type>, Vec<Option<Vec<Dim>>>) {
+    args.iter()
+        .map(|a| match a {
+            Some(RtValue::Tensor(t)) => {
+                let shape = t
+                    .shape
+                    .iter()
+                    .map(|&d| i64::try_from(d).map_or(Dim::Unknown, Dim::known))
+                    .collect();
+                let small = t.rank() <= 1 && t.len() <= mmq_ir::infer::MAX_SHAPE_VALUE_LEN;
+                let vals = match &t.data {
+                    Data::I64(v) if small => Some(v.iter().map(|&x| Dim::known(x)).collect()),
+                    Data::I32(v) if small => {
+                        Some(v.iter().map(|&x| Dim::known(i64::from(x))).collect())
+                    }
+                    _ => None,
+                };
+                (Type::tensor(t.dtype, shape), vals)
+            }
+            _ => (Type::Unknown, None),
+        })
+        .unzip()
 }
 
 #[cfg(test)]

@@ -99,26 +99,40 @@ impl From<Tensor> for RtValue {
     }
 }
 
-/// The storage variant for a dtype, empty.
+/// `n` copies of `fill`, allocated fallibly: an allocation the system refuses is an error, not
+/// an aborted process.
+pub(crate) fn filled<T: Clone>(n: usize, fill: T) -> Result<Vec<T>, KernelError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| {
+        KernelError::Module(format!(
+            "cannot allocate {n} elements of {} bytes: {e}",
+            std::mem::size_of::<T>()
+        ))
+    })?;
+    v.resize(n, fill);
+    Ok(v)
+}
+
+/// The storage variant for a dtype, zero-filled (see [`filled`]).
 fn empty_data(dtype: DType, n: usize) -> Result<Data, KernelError> {
     use DType::*;
     Ok(match dtype {
-        Bool => Data::Bool(vec![false; n]),
-        U8 => Data::U8(vec![0; n]),
-        I8 => Data::I8(vec![0; n]),
-        U16 => Data::U16(vec![0; n]),
-        I16 => Data::I16(vec![0; n]),
-        U32 => Data::U32(vec![0; n]),
-        I32 => Data::I32(vec![0; n]),
-        U64 => Data::U64(vec![0; n]),
-        I64 => Data::I64(vec![0; n]),
-        F16 => Data::F16(vec![f16::ZERO; n]),
-        BF16 => Data::BF16(vec![bf16::ZERO; n]),
-        F32 => Data::F32(vec![0.0; n]),
-        F64 => Data::F64(vec![0.0; n]),
-        String => Data::Str(vec![std::string::String::new(); n]),
+        Bool => Data::Bool(filled(n, false)?),
+        U8 => Data::U8(filled(n, 0)?),
+        I8 => Data::I8(filled(n, 0)?),
+        U16 => Data::U16(filled(n, 0)?),
+        I16 => Data::I16(filled(n, 0)?),
+        U32 => Data::U32(filled(n, 0)?),
+        I32 => Data::I32(filled(n, 0)?),
+        U64 => Data::U64(filled(n, 0)?),
+        I64 => Data::I64(filled(n, 0)?),
+        F16 => Data::F16(filled(n, f16::ZERO)?),
+        BF16 => Data::BF16(filled(n, bf16::ZERO)?),
+        F32 => Data::F32(filled(n, 0.0)?),
+        F64 => Data::F64(filled(n, 0.0)?),
+        String => Data::Str(filled(n, std::string::String::new())?),
         F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ | F8E8M0 | F4E2M1 | U4 | I4 | U2 | I2 => {
-            Data::Codes(vec![numeric::encode(dtype, 0.0, true); n])
+            Data::Codes(filled(n, numeric::encode(dtype, 0.0, true))?)
         }
         C64 | C128 => {
             return Err(KernelError::Module(format!(

@@ -76,6 +76,7 @@ fn as_standard(
         sv: cx.sv,
         opset: cx.opset,
         node: &node,
+        given: cx.given,
     })
 }
 

@@ -253,6 +253,35 @@ pub(crate) struct Cx<'a> {
     pub sv: &'a ShapeValues,
     pub opset: i64,
     pub node: &'a NodeData,
+    /// Operand types and contents known from outside the module (a run's concrete operands),
+    /// read instead of the module's types and shape values.
+    pub given: Option<&'a Operands<'a>>,
+}
+
+/// The operands of one node as a run sees them: a type per operand slot and, for small integer
+/// tensors, their contents.
+pub struct Operands<'a> {
+    /// The type of each operand slot (`Type::Unknown` for an omitted one).
+    pub types: &'a [Type],
+    /// The contents of small rank-0 or rank-1 integer operands, per slot, as known dims.
+    pub vals: &'a [Option<Vec<Dim>>],
+}
+
+/// The result types of `node` (not a control-flow node) in `m` at `opset`, with its operands
+/// given by `operands` instead of the module's types: what a run of concrete shapes produces,
+/// for sizing results before a kernel allocates them. Control-flow nodes give no types.
+pub fn infer_node_types(m: &Module, node: &NodeData, opset: i64, operands: &Operands) -> Vec<Type> {
+    if !node.op.subgraphs().is_empty() {
+        return vec![Type::Unknown; node.outputs.len()];
+    }
+    let sv = ShapeValues::new();
+    ops::infer(&Cx {
+        m,
+        sv: &sv,
+        opset,
+        node,
+        given: Some(operands),
+    })
 }
 
 impl<'a> Cx<'a> {
@@ -268,6 +297,9 @@ impl<'a> Cx<'a> {
 
     /// Type of operand `i`.
     pub fn ty(&self, i: usize) -> Option<&'a Type> {
+        if let Some(given) = self.given {
+            return given.types.get(i).filter(|t| !matches!(t, Type::Unknown));
+        }
         let v = self.input(i)?;
         let ty = self.m.values.get(v)?.ty;
         (ty.index() < self.m.types.len()).then(|| &self.m.types[ty])
@@ -295,6 +327,9 @@ impl<'a> Cx<'a> {
 
     /// Shape value of operand `i`.
     pub fn vals(&self, i: usize) -> Option<&'a [Dim]> {
+        if let Some(given) = self.given {
+            return given.vals.get(i)?.as_deref();
+        }
         self.sv.get(self.input(i)?)
     }
 
@@ -439,6 +474,7 @@ impl Infer<'_> {
                     sv: &self.sv,
                     opset,
                     node: &node,
+                    given: None,
                 };
                 ops::infer(&cx)
             }
@@ -453,6 +489,7 @@ impl Infer<'_> {
             sv: &self.sv,
             opset,
             node: &node,
+            given: None,
         };
         let found = values::propagate(&cx);
         for (i, dims) in found.into_iter().enumerate() {

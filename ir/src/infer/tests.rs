@@ -838,3 +838,38 @@ fn symbol_equalities_stay_acyclic() {
     assert!(!m.assume_equal(c, &e(a)));
     assert_eq!(m.canon_dim(&Dim::sym(a)).render(&name), "3 * c");
 }
+
+/// A node's rule applied to operands given from outside the module (a run's concrete shapes
+/// and shape contents), where the module knows neither.
+#[test]
+fn node_types_from_given_operands() {
+    let src = "graph @g(%a: f32[*], %s: i64[*], %b: f32[*]) -> (f32[*]) {\n  %r = Reshape(%a, %s) : f32[*]\n  %y = MatMul(%r, %b) : f32[*]\n  return %y\n}\n";
+    let (m, _) = crate::text::parse(src).expect("parses");
+    let g = m.entries[0].graph;
+    let [reshape, matmul] = m.graphs[g].nodes[..] else {
+        panic!("two nodes");
+    };
+    let k = |d: &[i64]| d.iter().map(|&x| Dim::known(x)).collect::<Vec<_>>();
+    let f32_of = |d: &[i64]| Type::tensor(DType::F32, k(d));
+    let types = [f32_of(&[12]), Type::tensor(DType::I64, k(&[2]))];
+    let vals = [None, Some(k(&[-1, 3]))];
+    let given = super::Operands {
+        types: &types,
+        vals: &vals,
+    };
+    let out = super::infer_node_types(&m, &m.nodes[reshape], 17, &given);
+    assert_eq!(out, vec![f32_of(&[4, 3])]);
+    let types = [f32_of(&[4, 3]), f32_of(&[3, 5])];
+    let given = super::Operands {
+        types: &types,
+        vals: &[],
+    };
+    let out = super::infer_node_types(&m, &m.nodes[matmul], 17, &given);
+    assert_eq!(out, vec![f32_of(&[4, 5])]);
+    // Without given operands the module knows nothing of either result.
+    assert!(
+        m.value_type(m.nodes[matmul].outputs[0].expect("y"))
+            .as_tensor()
+            .is_none_or(|t| t.shape.is_none())
+    );
+}
