@@ -454,7 +454,8 @@ pub fn parse_symbol(s: &str) -> Result<(String, mmq_backend_trt::Profile), Strin
 }
 
 /// What a path names, for comparing paths that may not exist yet: the canonical path, else the
-/// canonical directory joined with the file name, else the path as given.
+/// identity of its directory joined with the file name (`out/a.onnx` under a directory `out`
+/// still to be made), else the path as given.
 fn identity(p: &Path) -> PathBuf {
     if let Ok(c) = std::fs::canonicalize(p) {
         return c;
@@ -463,16 +464,18 @@ fn identity(p: &Path) -> PathBuf {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    match (std::fs::canonicalize(dir), p.file_name()) {
-        (Ok(d), Some(name)) => d.join(name),
+    match p.file_name() {
+        Some(name) if dir != p => identity(dir).join(name),
         _ => p.to_path_buf(),
     }
 }
 
 /// Refuses a `--report` or `--auto-map` path that would overwrite an input model, a
-/// calibration sample, the compiled model (or its external data), or each other.
+/// calibration sample, the compiled model (or its external data), a file of the output
+/// directory (several models, or a TensorRT package), or each other.
 fn check_side_outputs(args: &CompileArgs) -> Result<(), Failure> {
     let output = identity(&args.output);
+    let output_dir = args.inputs.len() > 1 || args.target == CompileTarget::Trt;
     let mut taken: Vec<(PathBuf, String)> = args
         .inputs
         .iter()
@@ -482,7 +485,7 @@ fn check_side_outputs(args: &CompileArgs) -> Result<(), Failure> {
         output.clone(),
         format!("the output {}", args.output.display()),
     ));
-    let mut data = output.into_os_string();
+    let mut data = output.clone().into_os_string();
     data.push(".data");
     taken.push((PathBuf::from(data), "the output's external data".to_owned()));
     let calib = args.calib.as_deref().map(identity);
@@ -497,6 +500,14 @@ fn check_side_outputs(args: &CompileArgs) -> Result<(), Failure> {
     ] {
         let Some(path) = path else { continue };
         let id = identity(path);
+        if output_dir && id.starts_with(&output) {
+            return Err(Failure::usage(format!(
+                "{flag} {}: that is inside the output directory {}, which the compiled models \
+                 are written to; choose a path outside it",
+                path.display(),
+                args.output.display()
+            )));
+        }
         if let Some((_, what)) = taken.iter().find(|(t, _)| *t == id) {
             return Err(Failure::usage(format!(
                 "{flag} {}: that is {what}; choose another path",

@@ -530,4 +530,46 @@ fn unrelated_models_compile_together_and_never_over_their_inputs() {
     assert!(code == 1 || code == 2, "{stderr}");
     assert!(stderr.contains("would overwrite the input"), "{stderr}");
     assert_eq!(std::fs::read(dir.join("vit.onnx")).expect("read"), before);
+    // A report onto one of the directory's models (it was silently replaced by the model), or
+    // anywhere in a directory still to be made: refused before any work.
+    let compiled = std::fs::read(dir.join("out/vit.onnx")).expect("read");
+    for (out, report) in [("out", "out/vit.onnx"), ("fresh", "fresh/sub/report.json")] {
+        let (code, _, stderr) = run_in(
+            &dir,
+            &[
+                "compile",
+                "vit.onnx",
+                "clip.onnx",
+                "--target",
+                "ort",
+                "-o",
+                out,
+                "--report",
+                report,
+            ],
+        );
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains("inside the output directory"), "{stderr}");
+    }
+    assert_eq!(
+        std::fs::read(dir.join("out/vit.onnx")).expect("read"),
+        compiled
+    );
+    assert!(!dir.join("fresh").exists());
+    // A TensorRT package is a directory too.
+    let (code, _, stderr) = run_in(
+        &dir,
+        &[
+            "compile",
+            "vit.onnx",
+            "--target",
+            "trt",
+            "-o",
+            "pkg",
+            "--report",
+            "pkg/manifest.json",
+        ],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("inside the output directory"), "{stderr}");
 }
