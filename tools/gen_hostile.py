@@ -133,7 +133,42 @@ def unshaped():
              b=np.ones((1, 1024), np.float32))
 
 
+def wrong_in_text():
+    """Sizes that overflow in a model file, and .mmir text that once verified though wrong."""
+    big = onnx.TensorProto()
+    big.name, big.data_type = "huge_weight", T.FLOAT
+    big.dims.extend([2**62, 1])  # 2^64 bytes, no data
+    save("bytes_2e64", [h.make_node("Add", ["x", "huge_weight"], ["y"], name="add")],
+         [h.make_tensor_value_info("x", T.FLOAT, [1])], [big])
+    sparse = h.make_sparse_tensor(nh.from_array(np.array([1.0], np.float32), "sparse_weight"),
+                                  nh.from_array(np.array([0], np.int64), "sparse_weight_idx"),
+                                  [2**42])
+    g = h.make_graph([h.make_node("Add", ["x", "sparse_weight"], ["y"], name="add")],
+                     "sparse_2e42", [h.make_tensor_value_info("x", T.FLOAT, [1])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], sparse_initializer=[sparse])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)],
+                           producer_name="gen_hostile"), OUT / "sparse_2e42.onnx")
+    texts = {
+        "self_reference.mmir": "graph @g(%x: f32[2]) -> (f32[2]) {\n"
+                               "  %y = Add(%x, %y) : f32[2]\n  return %y\n}\n",
+        "wrong_result_type.mmir": "graph @g(%x: f32[2]) -> (i64[3]) {\n"
+                                  "  %y = Relu(%x) : i64[3]\n  return %y\n}\n",
+        "dim_wraps.mmir": "sym n\ngraph @g(%x: f32[n * 9223372036854775807 * 4]) -> (f32[2]) {\n"
+                          "  %y = Relu(%x) : f32[2]\n  return %y\n}\n",
+    }
+    for name, text in texts.items():
+        (OUT / name).write_text(text)
+    # An ONNX output declared with another rank than the graph computes (a real exporter did
+    # this: ONNX Runtime warns and returns the computed shape).
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"], name="act")], "wrong_output_rank",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [6])])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)],
+                           producer_name="gen_hostile"), OUT / "wrong_output_rank.onnx")
+
+
 if __name__ == "__main__":
     main()
     data_sized()
     unshaped()
+    wrong_in_text()

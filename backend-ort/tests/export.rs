@@ -59,7 +59,11 @@ fn names_types_and_symbolic_dims() {
     let batch = m.symbol("batch");
     let past = m.symbol("past");
     let seq = m.symbol("seq");
-    let total = Dim::Expr(DimExpr::sym(past).add(&DimExpr::sym(seq)));
+    let total = Dim::Expr(
+        DimExpr::sym(past)
+            .add(&DimExpr::sym(seq))
+            .expect("no overflow"),
+    );
     let x = m.add_input(
         g,
         Some("x".into()),

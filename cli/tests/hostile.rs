@@ -144,6 +144,81 @@ fn results_of_unknown_shape_are_sized_from_the_operands_before_they_run() {
 }
 
 #[test]
+fn sizes_that_overflow_and_text_that_lies_are_errors_at_the_source() {
+    for (model, want) in [
+        (
+            "bytes_2e64.onnx",
+            &["huge_weight", "more bytes than fit in 64 bits"][..],
+        ),
+        (
+            "sparse_2e42.onnx",
+            &["sparse_weight", "cannot be allocated"][..],
+        ),
+        (
+            "self_reference.mmir",
+            &[
+                "`%y` is used in its own definition",
+                "self_reference.mmir:2:16",
+            ][..],
+        ),
+        (
+            "wrong_result_type.mmir",
+            &["value 'y': declared element type i64 but inferred f32"][..],
+        ),
+        (
+            "dim_wraps.mmir",
+            &["this dim expression overflows 64 bits", "dim_wraps.mmir:2"][..],
+        ),
+    ] {
+        refused(
+            model,
+            &["compile", &file(model), "--target", "ort", "-o", "out.onnx"],
+            want,
+        );
+    }
+    // 2^64 - 1 random calibration samples: refused at once, not run until memory runs out.
+    refused(
+        "calib_random_2e64",
+        &[
+            "compile",
+            &repo()
+                .join("tests/fixtures/vit/model.onnx")
+                .display()
+                .to_string(),
+            "--target",
+            "ort",
+            "--quant",
+            "int8",
+            "--calib-random",
+            "18446744073709551615",
+            "-o",
+            "out.onnx",
+        ],
+        &["--calib-random 18446744073709551615: at most 65536"],
+    );
+}
+
+#[test]
+fn declared_types_an_onnx_file_gets_wrong_are_corrected_with_a_warning() {
+    // The same lie in .mmir text is an error (above); in an ONNX file it is the exporter's
+    // claim, which ONNX Runtime overrides with the computed shape: so does mmq, and says so.
+    let dir = scratch("hostile-wrong-output-rank");
+    let model = file("wrong_output_rank.onnx");
+    let (code, _, stderr) = run_in(
+        &dir,
+        &["compile", &model, "--target", "ort", "-o", "m.onnx"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("value 'y': declared rank 1 but inferred rank 2; the model's declaration is wrong; using the computed type"),
+        "{stderr}"
+    );
+    let (code, text, stderr) = run_in(&dir, &["inspect", "m.onnx"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(text.contains("-> (f32[2, 3])"), "{text}");
+}
+
+#[test]
 fn models_standard_readers_refuse_do_not_verify() {
     for (model, want) in [
         (

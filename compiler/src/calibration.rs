@@ -12,6 +12,9 @@ use mmq_passes::quant::calibrate::{self, CalibError, Sample};
 /// Samples drawn when no source is given.
 pub const DEFAULT_RANDOM_SAMPLES: usize = 16;
 
+/// The most random samples a calibration draws ([`CalibrationSource::check`]).
+pub const MAX_RANDOM_SAMPLES: usize = 65_536;
+
 /// The samples the passes calibrate on.
 #[derive(Clone, Default)]
 pub enum CalibrationSource {
@@ -120,12 +123,18 @@ impl CalibrationSource {
         !matches!(self, CalibrationSource::Default)
     }
 
-    /// Checks what can be checked before the work (a count of zero).
+    /// Checks what can be checked before the work: a count of zero, or more random samples
+    /// than [`MAX_RANDOM_SAMPLES`] (calibration keeps them, so 2^64 of them would run until
+    /// memory ran out).
     pub fn check(&self) -> Result<(), String> {
         match self {
             CalibrationSource::Random { count: 0, .. } => {
                 Err("--calib-random: need at least one sample".to_owned())
             }
+            CalibrationSource::Random { count, .. } if *count > MAX_RANDOM_SAMPLES => Err(format!(
+                "--calib-random {count}: at most {MAX_RANDOM_SAMPLES} random samples (ranges \
+                 settle within a few hundred; calibrate on more real data with --calib DIR)"
+            )),
             _ => Ok(()),
         }
     }
@@ -235,5 +244,9 @@ mod tests {
         let src = CalibrationSource::Random { count: 0, seed: 0 };
         assert!(src.check().is_err());
         assert!(CalibrationSource::Default.check().is_ok());
+        let most = |count| CalibrationSource::Random { count, seed: 0 }.check();
+        assert!(most(MAX_RANDOM_SAMPLES).is_ok());
+        let err = most(usize::MAX).expect_err("2^64 - 1 samples");
+        assert!(err.contains("at most 65536"), "{err}");
     }
 }

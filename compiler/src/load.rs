@@ -48,6 +48,9 @@ pub struct Loaded {
     pub module: Module,
     /// Where it came from.
     pub origin: Origin,
+    /// What loading corrected: declared types of an ONNX file that contradict what its nodes
+    /// compute, replaced by the computed ones (warnings, rendered by [`Loaded::verify`]).
+    pub corrections: Vec<mmq_ir::IrError>,
 }
 
 fn is_text(path: &Path) -> bool {
@@ -83,11 +86,15 @@ fn load_opts(paths: &[PathBuf], opts: &mmq_ir::text::ParseOptions) -> Result<Loa
         return load_text(&paths[0], opts);
     }
     let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
-    match mmq_onnx::load_files(&refs, &mmq_onnx::LoadOptions::default()) {
-        Ok(module) => Ok(Loaded {
-            module,
-            origin: Origin::Onnx(paths.to_vec()),
-        }),
+    match mmq_onnx::load_files(&refs, &mmq_onnx::LoadOptions { infer: false }) {
+        Ok(mut module) => {
+            let corrections = mmq_ir::infer::infer_module_correcting(&mut module);
+            Ok(Loaded {
+                module,
+                origin: Origin::Onnx(paths.to_vec()),
+                corrections,
+            })
+        }
         Err(e) => Err(LoadError::user(format!("error: {e}\n"))),
     }
 }
@@ -106,6 +113,7 @@ fn load_text(path: &Path, opts: &mmq_ir::text::ParseOptions) -> Result<Loaded, L
         Ok((module, spans)) => Ok(Loaded {
             module,
             origin: Origin::Text { files, file, spans },
+            corrections: Vec::new(),
         }),
         Err(errors) => {
             let rendered = errors
@@ -121,7 +129,8 @@ impl Loaded {
     /// Runs the verifier: every error rendered as a failure (warnings with them); without
     /// errors, the warnings rendered (empty when there are none).
     pub fn verify(&self) -> Result<String, LoadError> {
-        let all = mmq_ir::verify::verify_all(&self.module);
+        let mut all = self.corrections.clone();
+        all.extend(mmq_ir::verify::verify_all(&self.module));
         let failed = all.iter().any(|e| e.severity == mmq_ir::Severity::Error);
         let rendered = self.render(&all);
         if failed {

@@ -37,7 +37,7 @@ use crate::types::TypeConv;
 /// Options for [`load_files`] and [`load_bytes`].
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Run type and shape inference ([`mmq_ir::infer::infer_module`]) after import (default
+    /// Run type and shape inference ([`mmq_ir::infer::infer_module_correcting`]) after import (default
     /// `true`). Without it, values carry only the types the model declares (inputs, outputs,
     /// `value_info`).
     pub infer: bool,
@@ -134,12 +134,12 @@ pub fn load_tensor(path: &Path) -> Result<mmq_ir::ConstData> {
 
 /// Post-import steps selected by `opts`.
 ///
-/// Inference reports warnings (declared types that contradict inferred ones), not load errors;
-/// callers that want them set `infer: false` and call [`mmq_ir::infer::infer_module`]
-/// themselves.
+/// Inference ([`mmq_ir::infer::infer_module_correcting`]) replaces declared types that
+/// contradict what the nodes compute, as ONNX Runtime does, with warnings, not load errors;
+/// callers that want those set `infer: false` and call it themselves.
 fn finish(m: &mut mmq_ir::Module, opts: &LoadOptions) {
     if opts.infer {
-        let _diagnostics = mmq_ir::infer::infer_module(m);
+        let _corrections = mmq_ir::infer::infer_module_correcting(m);
     }
 }
 

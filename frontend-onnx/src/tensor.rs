@@ -104,6 +104,34 @@ fn shape_elems(dims: &[i64], name: &str) -> Result<usize> {
     Ok(n)
 }
 
+/// Refuses a tensor whose byte size does not fit in 64 bits (f32[2^62, 1]: 2^64 bytes).
+fn check_bytes(dtype: DType, n: usize, dims: &[i64], name: &str) -> Result<()> {
+    if dtype != DType::String && dtype.checked_storage_bytes(n).is_none() {
+        return Err(err!(
+            Invalid,
+            "tensor '{name}': {} takes more bytes than fit in 64 bits",
+            describe(dtype, dims)
+        ));
+    }
+    Ok(())
+}
+
+/// A zero-filled buffer of `len` items for densifying sparse tensor `name`, allocated fallibly:
+/// a size the system cannot provide is an error, not an aborted process.
+fn dense_buffer<T: Clone>(len: usize, fill: T, name: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        err!(
+            Invalid,
+            "sparse tensor '{name}': its dense form of {len} elements cannot be allocated: the \
+             system refused {} bytes",
+            len.saturating_mul(std::mem::size_of::<T>())
+        )
+    })?;
+    v.resize(len, fill);
+    Ok(v)
+}
+
 fn describe(dtype: DType, dims: &[i64]) -> String {
     let dims: Vec<String> = dims.iter().map(i64::to_string).collect();
     format!("{dtype}[{}]", dims.join(", "))
@@ -119,6 +147,7 @@ pub(crate) fn tensor_to_const(
     let label = name.unwrap_or(fallback_name);
     let dtype = dtype_of(t, label)?;
     let n = shape_elems(&t.dims, label)?;
+    check_bytes(dtype, n, &t.dims, label)?;
     if t.segment.is_some() {
         return Err(err!(
             Invalid,
@@ -395,7 +424,7 @@ pub(crate) fn sparse_to_const(
     let dtype = vals.dtype;
     let storage = match &vals.storage {
         Storage::Strings(src) => {
-            let mut out = vec![Bytes::new(); n];
+            let mut out = dense_buffer(n, Bytes::new(), label)?;
             for (k, &i) in linear.iter().enumerate() {
                 out[i] = src[k].clone();
             }
@@ -406,7 +435,8 @@ pub(crate) fn sparse_to_const(
                 .raw_bytes()
                 .ok_or_else(|| err!(Invalid, "sparse tensor '{label}': values are not readable"))?;
             let bits = dtype.bits();
-            let mut out = vec![0u8; dtype.storage_bytes(n).unwrap_or(0)];
+            check_bytes(dtype, n, &dims, label)?;
+            let mut out = dense_buffer(dtype.storage_bytes(n).unwrap_or(0), 0u8, label)?;
             if bits >= 8 {
                 let w = bits / 8;
                 for (k, &i) in linear.iter().enumerate() {

@@ -426,9 +426,19 @@ fn dim_param_expressions() {
         "stray symbol from a failed parse"
     );
     let kv = m.value_type(inputs[0]).shape().unwrap().to_vec();
-    assert_eq!(kv[1], Dim::Expr(DimExpr::sym(past).add(&DimExpr::sym(seq))));
+    assert_eq!(
+        kv[1],
+        Dim::Expr(
+            DimExpr::sym(past)
+                .add(&DimExpr::sym(seq))
+                .expect("no overflow")
+        )
+    );
     let img = m.value_type(inputs[1]).shape().unwrap().to_vec();
-    assert_eq!(img[0], Dim::Expr(DimExpr::sym(hp).scale(16)));
+    assert_eq!(
+        img[0],
+        Dim::Expr(DimExpr::sym(hp).scale(16).expect("no overflow"))
+    );
     assert_eq!(img[1], Dim::Unknown);
     let odd = m.value_type(inputs[2]).shape().unwrap().to_vec();
     assert_eq!(odd, vec![Dim::sym(unk), Dim::Unknown]);

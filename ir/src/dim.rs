@@ -116,62 +116,64 @@ impl DimExpr {
         }
     }
 
-    fn from_terms(mut terms: Vec<(Vec<Atom>, i64)>, constant: i64) -> Self {
+    /// The canonical form of a sum of terms; `None` when merging coefficients overflows.
+    fn from_terms(mut terms: Vec<(Vec<Atom>, i64)>, constant: i64) -> Option<Self> {
         terms.sort();
         let mut merged: Vec<(Vec<Atom>, i64)> = Vec::with_capacity(terms.len());
         for (m, c) in terms {
             match merged.last_mut() {
-                Some((last, lc)) if *last == m => *lc += c,
+                Some((last, lc)) if *last == m => *lc = lc.checked_add(c)?,
                 _ => merged.push((m, c)),
             }
         }
         merged.retain(|(_, c)| *c != 0);
-        DimExpr {
+        Some(DimExpr {
             terms: merged,
             constant,
-        }
+        })
     }
 
-    /// `self + other`.
-    pub fn add(&self, other: &DimExpr) -> DimExpr {
+    /// `self + other`; `None` when a coefficient overflows 64 bits. The arithmetic of dim
+    /// expressions is checked throughout: a size read from a file never wraps into another one.
+    pub fn add(&self, other: &DimExpr) -> Option<DimExpr> {
         let terms = self.terms.iter().chain(&other.terms).cloned().collect();
-        Self::from_terms(terms, self.constant.wrapping_add(other.constant))
+        Self::from_terms(terms, self.constant.checked_add(other.constant)?)
     }
 
-    /// `self - other`.
-    pub fn sub(&self, other: &DimExpr) -> DimExpr {
-        self.add(&other.scale(-1))
+    /// `self - other`; `None` on overflow.
+    pub fn sub(&self, other: &DimExpr) -> Option<DimExpr> {
+        self.add(&other.scale(-1)?)
     }
 
-    /// `k * self`.
-    pub fn scale(&self, k: i64) -> DimExpr {
+    /// `k * self`; `None` on overflow.
+    pub fn scale(&self, k: i64) -> Option<DimExpr> {
         let terms = self
             .terms
             .iter()
-            .map(|(m, c)| (m.clone(), c.wrapping_mul(k)))
-            .collect();
-        Self::from_terms(terms, self.constant.wrapping_mul(k))
+            .map(|(m, c)| Some((m.clone(), c.checked_mul(k)?)))
+            .collect::<Option<Vec<_>>>()?;
+        Self::from_terms(terms, self.constant.checked_mul(k)?)
     }
 
-    /// `self * other`.
-    pub fn mul(&self, other: &DimExpr) -> DimExpr {
+    /// `self * other`; `None` on overflow.
+    pub fn mul(&self, other: &DimExpr) -> Option<DimExpr> {
         let mut terms = Vec::new();
         for (ma, ca) in &self.terms {
             for (mb, cb) in &other.terms {
                 let mut m: Vec<Atom> = ma.iter().chain(mb).cloned().collect();
                 m.sort();
-                terms.push((m, ca.wrapping_mul(*cb)));
+                terms.push((m, ca.checked_mul(*cb)?));
             }
             if other.constant != 0 {
-                terms.push((ma.clone(), ca.wrapping_mul(other.constant)));
+                terms.push((ma.clone(), ca.checked_mul(other.constant)?));
             }
         }
         if self.constant != 0 {
             for (mb, cb) in &other.terms {
-                terms.push((mb.clone(), cb.wrapping_mul(self.constant)));
+                terms.push((mb.clone(), cb.checked_mul(self.constant)?));
             }
         }
-        Self::from_terms(terms, self.constant.wrapping_mul(other.constant))
+        Self::from_terms(terms, self.constant.checked_mul(other.constant)?)
     }
 
     /// `floor(self / d)`; `None` when `d <= 0`.
@@ -187,7 +189,7 @@ impl DimExpr {
         }
         if self.constant % d == 0 && self.terms.iter().all(|(_, c)| c % d == 0) {
             let terms = self.terms.iter().map(|(m, c)| (m.clone(), c / d)).collect();
-            return Some(Self::from_terms(terms, self.constant / d));
+            return Self::from_terms(terms, self.constant / d);
         }
         // (x / a) / b == x / (a * b) for positive a, b.
         if let ([(atoms, 1)], 0) = (self.terms.as_slice(), self.constant)
@@ -201,13 +203,15 @@ impl DimExpr {
         })
     }
 
-    /// `ceil(self / d)`; `None` when `d <= 0`.
+    /// `ceil(self / d)`; `None` when `d <= 0` or on overflow.
     pub fn ceil_div(&self, d: i64) -> Option<DimExpr> {
-        self.add(&DimExpr::constant(d - 1)).floor_div(d)
+        self.add(&DimExpr::constant(d.checked_sub(1)?))?
+            .floor_div(d)
     }
 
     /// The expression with every symbol `s` for which `f(s)` is `Some(e)` replaced by `e`, in
-    /// canonical form; `None` only if a floor division of the result is undefined.
+    /// canonical form; `None` if a floor division of the result is undefined or a coefficient
+    /// overflows.
     pub fn substitute(&self, f: &dyn Fn(Sym) -> Option<DimExpr>) -> Option<DimExpr> {
         let mut out = DimExpr::constant(self.constant);
         for (atoms, c) in &self.terms {
@@ -217,9 +221,9 @@ impl DimExpr {
                     Atom::Sym(s) => f(*s).unwrap_or_else(|| DimExpr::sym(*s)),
                     Atom::Div(inner, d) => inner.substitute(f)?.floor_div(*d)?,
                 };
-                term = term.mul(&x);
+                term = term.mul(&x)?;
             }
-            out = out.add(&term);
+            out = out.add(&term)?;
         }
         Some(out)
     }
@@ -344,14 +348,14 @@ impl Dim {
         matches!((self, other), (Dim::Expr(a), Dim::Expr(b)) if a == b)
     }
 
-    fn zip(&self, other: &Dim, f: impl FnOnce(&DimExpr, &DimExpr) -> DimExpr) -> Dim {
+    fn zip(&self, other: &Dim, f: impl FnOnce(&DimExpr, &DimExpr) -> Option<DimExpr>) -> Dim {
         match (self, other) {
-            (Dim::Expr(a), Dim::Expr(b)) => Dim::Expr(f(a, b)),
+            (Dim::Expr(a), Dim::Expr(b)) => f(a, b).map_or(Dim::Unknown, Dim::Expr),
             _ => Dim::Unknown,
         }
     }
 
-    /// `self + other` (unknown if either is).
+    /// `self + other` (unknown if either is, or where the sum overflows 64 bits).
     pub fn add(&self, other: &Dim) -> Dim {
         self.zip(other, DimExpr::add)
     }
@@ -487,9 +491,9 @@ impl ExprParser<'_> {
             self.pos += 1;
             let rhs = self.term()?;
             acc = if op == '+' {
-                acc.add(&rhs)
+                acc.add(&rhs)?
             } else {
-                acc.sub(&rhs)
+                acc.sub(&rhs)?
             };
         }
         Some(acc)
@@ -501,7 +505,7 @@ impl ExprParser<'_> {
             self.pos += 1;
             let rhs = self.factor()?;
             acc = if op == '*' {
-                acc.mul(&rhs)
+                acc.mul(&rhs)?
             } else {
                 acc.floor_div(rhs.as_constant()?)?
             };
@@ -520,7 +524,7 @@ impl ExprParser<'_> {
                 }
                 Some(DimExpr::sym((self.sym)(&name)))
             }
-            Tok::Op('-') => Some(self.factor()?.scale(-1)),
+            Tok::Op('-') => self.factor()?.scale(-1),
             Tok::Op('(') => {
                 let e = self.expr()?;
                 (self.tokens.get(self.pos) == Some(&Tok::Op(')'))).then_some(())?;

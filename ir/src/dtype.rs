@@ -131,10 +131,21 @@ impl DType {
     }
 
     /// Bytes needed to store `count` packed elements (sub-byte types round up); `None` for strings.
+    /// Saturates at `usize::MAX` bits: a count read from a file never overflows here (see
+    /// [`DType::checked_storage_bytes`] to tell).
     pub fn storage_bytes(self, count: usize) -> Option<usize> {
         match self.bits() {
             0 => None,
-            bits => Some((count * bits).div_ceil(8)),
+            bits => Some(count.saturating_mul(bits).div_ceil(8)),
+        }
+    }
+
+    /// Bytes needed to store `count` packed elements; `None` for strings and where the size does
+    /// not fit in 64 bits of bits.
+    pub fn checked_storage_bytes(self, count: usize) -> Option<usize> {
+        match self.bits() {
+            0 => None,
+            bits => Some(count.checked_mul(bits)?.div_ceil(8)),
         }
     }
 }

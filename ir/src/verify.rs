@@ -12,7 +12,9 @@
 //! 5. arity of modeled ops and attribute sanity (permutations, dtype codes, axes in range);
 //! 6. value names are unique within a top-level graph and its subgraphs;
 //! 7. sizes: no known dim is negative, and no static shape holds more than 2^63 − 1 elements;
-//! 8. when the module is otherwise valid, declared types that contradict inference (warnings).
+//! 8. when the module is otherwise valid, declared types that contradict inference (an element
+//!    type, a rank or a known dim other than the op computes): errors, since the kernels would
+//!    produce another type than the one every pass reads.
 
 use std::collections::{HashMap, HashSet};
 
@@ -51,9 +53,13 @@ pub fn verify_all(m: &Module) -> Vec<IrError> {
     if !v.errors.iter().any(|e| e.severity == Severity::Error) {
         let mut copy = m.clone();
         for w in infer_module(&mut copy) {
-            v.errors.push(IrError::warning(
+            let message = w
+                .message
+                .strip_suffix("; keeping the declared type")
+                .unwrap_or(&w.message);
+            v.errors.push(IrError::error(
                 w.entity,
-                format!("type inconsistent with inference: {}", w.message),
+                format!("{message}, which its definition does not compute"),
             ));
         }
     }
@@ -1287,7 +1293,7 @@ mod tests {
     }
 
     #[test]
-    fn declared_type_conflict_is_a_warning() {
+    fn declared_type_conflict_is_an_error() {
         let mut b = B::new(17);
         let x = b.input("x", DType::F32, vec![2.into(), 3.into()]);
         let n = b.m.add_node(
@@ -1302,10 +1308,9 @@ mod tests {
         );
         let y = b.m.nodes[n].outputs[0].unwrap();
         b.m.graphs[b.g].outputs.push(y);
-        assert_eq!(verify(&b.m), Ok(()));
-        let all = verify_all(&b.m);
+        let all = verify(&b.m).expect_err("Relu does not change [2, 3] into [2, 5]");
         assert_eq!(all.len(), 1, "{all:#?}");
-        assert_eq!(all[0].severity, Severity::Warning);
-        assert!(has(&all, Entity::Value(y), "'y'"));
+        assert_eq!(all[0].severity, Severity::Error);
+        assert!(has(&all, Entity::Value(y), "dim 1 as 5 but inferred 3"));
     }
 }

@@ -103,9 +103,9 @@ impl From<Tensor> for RtValue {
 /// an aborted process.
 pub(crate) fn filled<T: Clone>(n: usize, fill: T) -> Result<Vec<T>, KernelError> {
     let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|e| {
+    v.try_reserve_exact(n).map_err(|_| {
         KernelError::Module(format!(
-            "cannot allocate {n} elements of {} bytes: {e}",
+            "{n} elements of {} bytes cannot be allocated: the system refused them",
             std::mem::size_of::<T>()
         ))
     })?;

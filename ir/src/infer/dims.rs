@@ -46,20 +46,20 @@ pub(crate) fn unify_dim(a: &Dim, b: &Dim) -> Dim {
     }
 }
 
-/// Rebuilds an expression from a monomial of a canonical form.
-fn monomial(atoms: &[Atom], coef: i64) -> DimExpr {
+/// Rebuilds an expression from a monomial of a canonical form; `None` on overflow.
+fn monomial(atoms: &[Atom], coef: i64) -> Option<DimExpr> {
     let mut e = DimExpr::constant(coef);
     for a in atoms {
         let f = match a {
             Atom::Sym(s) => DimExpr::sym(*s),
             Atom::Div(inner, d) => match inner.floor_div(*d) {
                 Some(x) => x,
-                None => return DimExpr::constant(0),
+                None => return Some(DimExpr::constant(0)),
             },
         };
-        e = e.mul(&f);
+        e = e.mul(&f)?;
     }
-    e
+    Some(e)
 }
 
 /// `floor(e / d)` for `d > 0`, pulling out every term and the part of the constant that `d`
@@ -71,35 +71,35 @@ pub fn floor_div(e: &Dim, d: i64) -> Dim {
     if d <= 0 {
         return Dim::Unknown;
     }
-    let (terms, constant) = e.parts();
-    let mut whole = DimExpr::constant(constant.div_euclid(d));
-    let mut rest = DimExpr::constant(constant.rem_euclid(d));
-    for (atoms, c) in terms {
-        if c % d == 0 {
-            whole = whole.add(&monomial(atoms, c / d));
-        } else {
-            rest = rest.add(&monomial(atoms, *c));
+    let split = || {
+        let (terms, constant) = e.parts();
+        let mut whole = DimExpr::constant(constant.div_euclid(d));
+        let mut rest = DimExpr::constant(constant.rem_euclid(d));
+        for (atoms, c) in terms {
+            if c % d == 0 {
+                whole = whole.add(&monomial(atoms, c / d)?)?;
+            } else {
+                rest = rest.add(&monomial(atoms, *c)?)?;
+            }
         }
-    }
-    match rest.floor_div(d) {
-        Some(r) => Dim::Expr(whole.add(&r)),
-        None => Dim::Unknown,
-    }
+        whole.add(&rest.floor_div(d)?)
+    };
+    split().map_or(Dim::Unknown, Dim::Expr)
 }
 
 /// `ceil(e / d)` for `d > 0`.
 pub fn ceil_div(e: &Dim, d: i64) -> Dim {
-    floor_div(&e.add(&Dim::known(d - 1)), d)
+    floor_div(&e.add(&Dim::known(d.saturating_sub(1))), d)
 }
 
 /// Divides every coefficient and the constant by `k` (the caller checked each is a multiple).
-fn div_coefficients(e: &DimExpr, k: i64) -> DimExpr {
+fn div_coefficients(e: &DimExpr, k: i64) -> Option<DimExpr> {
     let (terms, constant) = e.parts();
     let mut out = DimExpr::constant(constant / k);
     for (atoms, c) in terms {
-        out = out.add(&monomial(atoms, c / k));
+        out = out.add(&monomial(atoms, c / k)?)?;
     }
-    out
+    Some(out)
 }
 
 /// `a / b` when the division is provably exact (`b` a non-zero constant dividing every
@@ -113,7 +113,7 @@ pub fn exact_div(a: &DimExpr, b: &DimExpr) -> Option<DimExpr> {
         if constant % k != 0 || terms.iter().any(|(_, c)| c % k != 0) {
             return None;
         }
-        return Some(div_coefficients(a, k));
+        return div_coefficients(a, k);
     }
     let (bt, bc) = b.parts();
     let [(batoms, bcoef)] = bt else {
@@ -136,7 +136,7 @@ pub fn exact_div(a: &DimExpr, b: &DimExpr) -> Option<DimExpr> {
             let pos = rest.iter().position(|y| y == x)?;
             rest.remove(pos);
         }
-        out = out.add(&monomial(&rest, c / bcoef));
+        out = out.add(&monomial(&rest, c / bcoef)?)?;
     }
     Some(out)
 }
@@ -181,13 +181,16 @@ pub(crate) fn product_div(num: &[Dim], den: &[Dim]) -> Dim {
     }
     let g = gcd(cn, cd);
     let (cn, cd) = if g == 0 { (cn, cd) } else { (cn / g, cd / g) };
-    let n = num_syms
-        .iter()
-        .fold(DimExpr::constant(cn), |acc, e| acc.mul(e));
-    let d = den_syms
-        .iter()
-        .fold(DimExpr::constant(cd), |acc, e| acc.mul(e));
-    exact_div(&n, &d).map_or(Dim::Unknown, Dim::Expr)
+    let quotient = || {
+        let n = num_syms
+            .iter()
+            .try_fold(DimExpr::constant(cn), |acc, e| acc.mul(e))?;
+        let d = den_syms
+            .iter()
+            .try_fold(DimExpr::constant(cd), |acc, e| acc.mul(e))?;
+        exact_div(&n, &d)
+    };
+    quotient().map_or(Dim::Unknown, Dim::Expr)
 }
 
 fn gcd(a: i64, b: i64) -> i64 {

@@ -87,17 +87,36 @@ pub fn infer_module(m: &mut Module) -> Vec<IrError> {
     infer_module_with_values(m).0
 }
 
+/// [`infer_module`] for a model read from another tool's file, whose declared types are the
+/// exporter's claims: where one contradicts what the op computes (an output declared `[1, seq]`
+/// that the graph computes as `[16, 1, 8210]`), the computed type replaces it, as ONNX Runtime
+/// trusts the computed shape, and the warning says so.
+pub fn infer_module_correcting(m: &mut Module) -> Vec<IrError> {
+    infer_with(m, true).0
+}
+
 /// [`infer_module`], also returning the shape values it tracked.
 pub fn infer_module_with_values(m: &mut Module) -> (Vec<IrError>, ShapeValues) {
-    let (errors, sv, learned) = infer_once(m);
+    infer_with(m, false)
+}
+
+fn infer_with(m: &mut Module, correct: bool) -> (Vec<IrError>, ShapeValues) {
+    let (errors, sv, learned) = infer_once(m, correct);
     if !learned {
         return (errors, sv);
     }
     // A declared symbol turned out to stand for an expression: write the expression everywhere
     // (values typed before it was learned included) and infer again with it known from the start.
     canon_value_types(m);
-    let (errors, sv, _) = infer_once(m);
-    (errors, sv)
+    let (mut again, sv, _) = infer_once(m, correct);
+    if correct {
+        // Corrections of the first pass are not conflicts in the second: keep their warnings.
+        let mut all = errors;
+        all.append(&mut again);
+        all.dedup_by(|a, b| a.entity == b.entity && a.message == b.message);
+        return (all, sv);
+    }
+    (again, sv)
 }
 
 /// Rewrites every value type with the module's symbol equalities, except the inputs of
@@ -122,7 +141,7 @@ fn canon_value_types(m: &mut Module) {
     }
 }
 
-fn infer_once(m: &mut Module) -> (Vec<IrError>, ShapeValues, bool) {
+fn infer_once(m: &mut Module, correct: bool) -> (Vec<IrError>, ShapeValues, bool) {
     let equalities = m.has_symbol_equalities();
     let mut cx = Infer {
         m,
@@ -131,6 +150,7 @@ fn infer_once(m: &mut Module) -> (Vec<IrError>, ShapeValues, bool) {
         done: HashSet::new(),
         learned: false,
         equalities,
+        correct,
     };
     cx.seed_consts();
     let entries: Vec<GraphId> = cx.m.entries.iter().map(|e| e.graph).collect();
@@ -381,6 +401,9 @@ struct Infer<'m> {
     /// Whether the module has any symbol equality (then every written type is rewritten with
     /// them).
     equalities: bool,
+    /// Whether a declared type that contradicts the inferred one is replaced by it
+    /// ([`infer_module_correcting`]) rather than kept.
+    correct: bool,
 }
 
 impl Infer<'_> {
@@ -649,19 +672,25 @@ impl Infer<'_> {
             self.learned = true;
             self.equalities = true;
         }
-        let (merged, conflicts) = merge(&old_c, &inferred, self.m);
+        let (mut merged, conflicts) = merge(&old_c, &inferred, self.m);
+        let fix = self.correct && !conflicts.is_empty();
+        if fix {
+            merged = merge(&inferred, &old_c, self.m).0;
+        }
         let merged = if self.equalities {
             self.m.canon_type(&merged)
         } else {
             merged
         };
+        let outcome = if fix {
+            "the model's declaration is wrong; using the computed type"
+        } else {
+            "keeping the declared type"
+        };
         for c in conflicts {
             self.errors.push(IrError::warning(
                 Entity::Value(v),
-                format!(
-                    "value {}: declared {c}; keeping the declared type",
-                    value_label(self.m, v)
-                ),
+                format!("value {}: declared {c}; {outcome}", value_label(self.m, v)),
             ));
         }
         if merged != old {

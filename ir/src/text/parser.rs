@@ -41,6 +41,7 @@ pub(crate) fn parse_module(
         consts: HashMap::new(),
         scopes: Vec::new(),
         poisoned: HashSet::new(),
+        defining: Vec::new(),
         entries: HashMap::new(),
         links: Vec::new(),
         files: HashMap::new(),
@@ -131,6 +132,9 @@ struct Parser<'a> {
     scopes: Vec<HashMap<RefName, (Value, Range<usize>)>>,
     /// Names whose definition failed to parse: uses are not reported again.
     poisoned: HashSet<RefName>,
+    /// Results of the statements being parsed (innermost last): a use of one is a value used
+    /// in its own definition.
+    defining: Vec<RefName>,
     entries: HashMap<RefName, (GraphId, Range<usize>)>,
     links: Vec<PendingLink>,
     files: HashMap<String, Arc<ExternalFile>>,
@@ -888,38 +892,56 @@ impl Parser<'_> {
     }
 
     fn dim_expr_inner(&mut self) -> PResult<DimExpr> {
+        let start = self.span().start;
         let mut acc = if self.at_punct('-') {
             if matches!(self.peek_tok(1), Tok::Int(_)) {
                 // A negative literal (keeps `-9223372036854775808` representable).
                 let (v, _) = self.int("an integer")?;
-                self.dim_term_rest(DimExpr::constant(v))?
+                self.dim_term_rest(DimExpr::constant(v), start)?
             } else {
                 self.bump();
-                self.dim_term()?.scale(-1)
+                let t = self.dim_term()?.scale(-1);
+                self.checked_dim(t, start)?
             }
         } else {
             self.dim_term()?
         };
         loop {
-            if self.eat_punct('+') {
-                acc = acc.add(&self.dim_term()?);
+            let sum = if self.eat_punct('+') {
+                acc.add(&self.dim_term()?)
             } else if self.eat_punct('-') {
-                acc = acc.sub(&self.dim_term()?);
+                acc.sub(&self.dim_term()?)
             } else {
                 return Ok(acc);
+            };
+            acc = self.checked_dim(sum, start)?;
+        }
+    }
+
+    /// The result of dim arithmetic from `start` to here; an error where a coefficient
+    /// overflowed 64 bits (`n * 9223372036854775807 * 4` would otherwise wrap to `-4 * n`).
+    fn checked_dim(&mut self, e: Option<DimExpr>, start: usize) -> PResult<DimExpr> {
+        match e {
+            Some(e) => Ok(e),
+            None => {
+                let span = start..self.prev_end();
+                Err(self.error(span, "this dim expression overflows 64 bits"))
             }
         }
     }
 
     fn dim_term(&mut self) -> PResult<DimExpr> {
+        let start = self.span().start;
         let f = self.dim_factor()?;
-        self.dim_term_rest(f)
+        self.dim_term_rest(f, start)
     }
 
-    fn dim_term_rest(&mut self, mut acc: DimExpr) -> PResult<DimExpr> {
+    /// The rest of a term whose first factor, `acc`, began at `start`.
+    fn dim_term_rest(&mut self, mut acc: DimExpr, start: usize) -> PResult<DimExpr> {
         loop {
             if self.eat_punct('*') {
-                acc = acc.mul(&self.dim_factor()?);
+                let product = acc.mul(&self.dim_factor()?);
+                acc = self.checked_dim(product, start)?;
             } else if self.at_punct('/') {
                 self.bump();
                 let start = self.span().start;
@@ -1258,6 +1280,12 @@ impl Parser<'_> {
                 if let Some(&(v, _)) = self.scopes.iter().rev().find_map(|s| s.get(&key)) {
                     return Ok(v);
                 }
+                if self.defining.contains(&key) {
+                    return Err(self.error(
+                        span,
+                        format!("`{}` is used in its own definition", ref_text('%', &key)),
+                    ));
+                }
                 if self.poisoned.contains(&key) {
                     return Err(Reported);
                 }
@@ -1278,6 +1306,13 @@ impl Parser<'_> {
     }
 
     fn statement(&mut self, g: GraphId) -> PResult<()> {
+        let depth = self.defining.len();
+        let result = self.statement_inner(g);
+        self.defining.truncate(depth);
+        result
+    }
+
+    fn statement_inner(&mut self, g: GraphId) -> PResult<()> {
         let start = self.span().start;
         // Results.
         let mut results: Vec<Option<(RefName, Range<usize>)>> = Vec::new();
@@ -1305,6 +1340,7 @@ impl Parser<'_> {
             }
             for (r, _) in results.iter().flatten() {
                 self.poisoned.insert(r.clone());
+                self.defining.push(r.clone());
             }
             self.expect_punct('=')?;
         }

@@ -96,14 +96,14 @@ fn everything() -> Module {
     let e = |s| DimExpr::sym(s);
     let patches = e(h)
         .floor_div(16)
-        .and_then(|a| Some(a.mul(&e(w).floor_div(16)?)))
-        .map(|a| a.add(&DimExpr::constant(1)))
+        .and_then(|a| a.mul(&e(w).floor_div(16)?))
+        .and_then(|a| a.add(&DimExpr::constant(1)))
         .expect("valid dim");
     let neg_half = e(seq)
         .floor_div(2)
-        .expect("valid dim")
-        .scale(-1)
-        .add(&e(seq));
+        .and_then(|h| h.scale(-1))
+        .and_then(|h| h.add(&e(seq)))
+        .expect("valid dim");
 
     // Constants: inline f32 / i64 / bool / f16 (bytes) / strings, a large one (hash), an
     // attribute-only tensor, one without a name, and a repeated name.
@@ -433,7 +433,7 @@ fn everything() -> Module {
             vec![
                 Dim::sym(batch),
                 k(8),
-                Dim::Expr(e(seq).add(&DimExpr::constant(-1))),
+                Dim::Expr(e(seq).add(&DimExpr::constant(-1)).expect("no overflow")),
                 k(64),
             ],
         ),
@@ -1029,4 +1029,59 @@ fn symbol_equalities_round_trip_and_are_checked() {
     assert!(bad("assume total = past\nassume total = seq").contains("assumed equal twice"));
     assert!(bad("assume total = past\nassume seq = total").contains("stands for an expression"));
     assert!(bad("assume total = past\nassume past = seq").contains("assume it first"));
+}
+
+/// Text a careless or hostile writer produces: each is an error at the offending span, never a
+/// module that silently lacks the statement (a value used in its own definition once dropped
+/// the statement and the graph's outputs) or holds a wrapped size.
+#[test]
+fn self_reference_and_overflowing_dims_are_errors() {
+    let cases = [
+        (
+            "graph @g(%x: f32[2]) -> (f32[2]) {\n  %y = Add(%x, %y) : f32[2]\n  return %y\n}\n",
+            "`%y` is used in its own definition",
+            "%y) :",
+        ),
+        (
+            "sym n\ngraph @g(%x: f32[n * 9223372036854775807 * 4]) -> (f32[2]) {\n  %y = Relu(%x) : f32[2]\n  return %y\n}\n",
+            "overflows 64 bits",
+            "n * 9223372036854775807 * 4",
+        ),
+        (
+            "graph @g(%x: f32[9223372036854775807 + 1]) -> (f32[2]) {\n  %y = Relu(%x) : f32[2]\n  return %y\n}\n",
+            "overflows 64 bits",
+            "9223372036854775807 + 1",
+        ),
+    ];
+    for (src, want, at) in cases {
+        let errors = super::parse(src).expect_err(want);
+        let e = errors
+            .iter()
+            .find(|e| e.message.contains(want))
+            .unwrap_or_else(|| panic!("no '{want}' in {errors:?}"));
+        assert!(
+            src[e.span.clone()].starts_with(at) || at.starts_with(&src[e.span.clone()]),
+            "{:?} at {:?}",
+            e.message,
+            &src[e.span.clone()]
+        );
+    }
+}
+
+/// A declared result type that the node does not compute is a verifier error.
+#[test]
+fn declared_types_the_node_does_not_compute_are_errors() {
+    let src = "graph @g(%x: f32[2]) -> (i64[3]) {\n  %y = Relu(%x) : i64[3]\n  return %y\n}\n";
+    let (m, _) = super::parse(src).expect("parses");
+    let errors = crate::verify::verify(&m).expect_err("wrong result type");
+    let text: Vec<&str> = errors.iter().map(|e| e.message.as_str()).collect();
+    assert!(
+        text.iter()
+            .any(|t| t.contains("element type i64 but inferred f32")),
+        "{text:?}"
+    );
+    assert!(
+        text.iter().any(|t| t.contains("dim 0 as 3 but inferred 2")),
+        "{text:?}"
+    );
 }
