@@ -555,7 +555,7 @@ fn check_results(cx: &OpCtx<'_>, args: &[Option<RtValue>]) -> Result<(), KernelE
         });
         match dims {
             Some((dtype, dims)) => {
-                crate::tensor::check_size(&what(), dtype, &dims)?;
+                crate::tensor::check_size_with(what, dtype, &dims)?;
             }
             None => unknown = true,
         }
@@ -576,7 +576,7 @@ fn check_results(cx: &OpCtx<'_>, args: &[Option<RtValue>]) -> Result<(), KernelE
                 .map(|d| d.as_known().and_then(|k| usize::try_from(k).ok()))
                 .collect::<Option<Vec<usize>>>()
         {
-            crate::tensor::check_size(&what(), dtype, &dims)?;
+            crate::tensor::check_size_with(what, dtype, &dims)?;
         }
     }
     Ok(())
@@ -591,8 +591,7 @@ fn never_grows(op: &mmq_ir::Op) -> bool {
         Op::Cast { .. } | Op::CastLike { .. } => false,
         Op::Slice { .. } | Op::Shape { .. } | Op::Size { .. } => true,
         op => {
-            op.is_layout()
-                || (op.is_elementwise() && op.arity().is_some_and(|a| a.max_inputs == 1))
+            op.is_layout() || (op.is_elementwise() && op.arity().is_some_and(|a| a.max_inputs == 1))
         }
     }
 }

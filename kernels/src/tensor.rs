@@ -194,14 +194,27 @@ pub fn set_memory_limit(bytes: u64) {
 /// Checks that `n` elements of `dtype` (shape `shape`, for the message) fit the memory limit;
 /// `what` names the tensor or node.
 pub fn check_size(what: &str, dtype: DType, shape: &[usize]) -> Result<usize, KernelError> {
+    check_size_with(|| what.to_owned(), dtype, shape)
+}
+
+/// [`check_size`] naming the tensor with `what()`, called only for the error (a node's label is
+/// formatted once per refusal, not once per node run).
+pub fn check_size_with(
+    what: impl FnOnce() -> String,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<usize, KernelError> {
     let too_big = |bytes: String| {
+        let what = what();
         KernelError::Module(format!(
             "{what}: a {dtype} tensor of shape {shape:?} ({bytes}) exceeds the memory limit of \
              {} bytes (--max-memory)",
             memory_limit()
         ))
     };
-    let n = numel(shape).ok_or_else(|| too_big("more elements than fit in 64 bits".into()))?;
+    let Some(n) = numel(shape) else {
+        return Err(too_big("more elements than fit in 64 bits".into()));
+    };
     let bits = match dtype.bits() {
         0 => 64,
         b => b,

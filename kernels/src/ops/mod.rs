@@ -42,7 +42,8 @@ impl OpCtx<'_> {
         dtype: mmq_ir::DType,
         shape: &[usize],
     ) -> Result<(), KernelError> {
-        crate::tensor::check_size(&format!("{} result", self.label()), dtype, shape).map(|_| ())
+        crate::tensor::check_size_with(|| format!("{} result", self.label()), dtype, shape)
+            .map(|_| ())
     }
 
     /// `dims` multiplied elementwise by `factors`; an error when a product does not fit.

@@ -105,7 +105,17 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
         )));
     }
     let xv = x.to_f64()?;
-    let wv = w.to_f64()?;
+    // Few steps (a streaming model runs one per call): X Wᵀ row by row over W's f32 rows, with
+    // no f64 copy of W (which cost more than the products); many steps: one f64 GEMM.
+    let w32 = match &w.data {
+        Data::F32(v) if seq * batch <= FEW_STEPS => Some(v.as_slice()),
+        _ => None,
+    };
+    let wv = if w32.is_some() {
+        Vec::new()
+    } else {
+        w.to_f64()?
+    };
     // R in f64 is only needed when it is not f32 (the products read its f32 rows) or for
     // GRU's reset product.
     let rv = if matches!(r.data, Data::F32(_)) && kind != Kind::Gru {
@@ -224,24 +234,30 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
     let mut xw = vec![0.0; gh];
     let mut hr = vec![0.0; gh];
     for (d, &reverse) in dirs_names.iter().enumerate() {
-        let wd = &wv[d * gh * isz..(d + 1) * gh * isz];
         let rd = rv.get(d * gh * hs..(d + 1) * gh * hs).unwrap_or(&[]);
-        // X Wᵀ for every step at once (one GEMM: W is read once, not once per step), rows in
-        // X's own (layout) order.
+        // X Wᵀ for every step at once, rows in X's own (layout) order.
         let mut xw_all = vec![0.0; seq * batch * gh];
-        gemm(
-            seq * batch,
-            isz,
-            gh,
-            1.0,
-            &xv,
-            (isz, 1),
-            wd,
-            (1, isz),
-            0.0,
-            &mut xw_all,
-            (gh, 1),
-        );
+        match w32 {
+            Some(w32) => {
+                let wd = &w32[d * gh * isz..(d + 1) * gh * isz];
+                for (xr, out) in xv.chunks_exact(isz).zip(xw_all.chunks_exact_mut(gh)) {
+                    mat_vec(wd, xr, &[], out);
+                }
+            }
+            None => gemm(
+                seq * batch,
+                isz,
+                gh,
+                1.0,
+                &xv,
+                (isz, 1),
+                &wv[d * gh * isz..(d + 1) * gh * isz],
+                (1, isz),
+                0.0,
+                &mut xw_all,
+                (gh, 1),
+            ),
+        }
         // R's rows in f32 when R is f32: the products are the same in f64 and the per-step read
         // of R, the bound on this loop, halves.
         let r32 = match &r.data {
@@ -374,6 +390,10 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
     }
     Ok(outs)
 }
+
+/// Steps × batch up to which an f32 W is multiplied row by row rather than copied to f64 for
+/// one GEMM.
+const FEW_STEPS: usize = 8;
 
 /// `out = m · v + bias` for `m` of `out.len()` rows of `v.len()` (`bias` empty for none); each
 /// dot product runs in f64 over eight partial sums (vectorized).
