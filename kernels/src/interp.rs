@@ -48,6 +48,14 @@ impl Env<'_> {
 /// The most bytes of external weights an interpreter keeps decoded between uses.
 pub const EXTERNAL_CACHE_BYTES: u64 = 256 << 20;
 
+/// The largest result of a constant subexpression an interpreter keeps between runs, and the
+/// most it keeps in all ([`Interpreter::run`]): weights a model assembles from slices of one
+/// blob at every call (silero-vad's LSTM) are assembled once, while a transposed or
+/// dequantized copy of every weight of a large model is not held.
+pub const FOLD_MAX_BYTES: usize = 1 << 20;
+/// See [`FOLD_MAX_BYTES`].
+pub const FOLD_CACHE_BYTES: usize = 64 << 20;
+
 /// Runs graphs of one module.
 pub struct Interpreter<'m> {
     module: &'m Module,
@@ -57,6 +65,8 @@ pub struct Interpreter<'m> {
     cached_external: Mutex<u64>,
     /// Per-graph facts computed once, not on every activation (a `Loop` body runs many times).
     plans: Mutex<HashMap<GraphId, Arc<Plan>>>,
+    /// Results of constant subexpressions kept between runs, and their total bytes.
+    folded: Mutex<(HashMap<Value, RtValue>, usize)>,
     stats: Option<Mutex<RunStats>>,
     live_bytes: Mutex<usize>,
 }
@@ -71,6 +81,9 @@ struct Plan {
     keep: HashSet<Value>,
     /// The default-domain opset of the model holding the graph.
     opset: i64,
+    /// Node position → whether the node computes a constant: a deterministic modeled op
+    /// without subgraphs whose operands are all constants or results of such nodes.
+    constant: Vec<bool>,
 }
 
 impl<'m> Interpreter<'m> {
@@ -81,6 +94,7 @@ impl<'m> Interpreter<'m> {
             consts: Mutex::default(),
             cached_external: Mutex::new(0),
             plans: Mutex::default(),
+            folded: Mutex::default(),
             stats: None,
             live_bytes: Mutex::new(0),
         }
@@ -374,16 +388,30 @@ impl<'m> Interpreter<'m> {
                 opset: plan.opset,
                 env: &env,
             };
-            check_results(&cx, &args)?;
-            let start = self.stats.as_ref().map(|_| Instant::now());
-            let outs = ops::eval(&cx, &args)?;
-            if let (Some(stats), Some(start)) = (&self.stats, start)
-                && let Ok(mut s) = stats.lock()
-            {
-                let e = s.per_op.entry(node.op.op_type().to_owned()).or_default();
-                e.0 += 1;
-                e.1 += start.elapsed();
-            }
+            let folded = if plan.constant[i] {
+                self.folded_results(node)
+            } else {
+                None
+            };
+            let outs = match folded {
+                Some(outs) => outs,
+                None => {
+                    check_results(&cx, &args)?;
+                    let start = self.stats.as_ref().map(|_| Instant::now());
+                    let outs = ops::eval(&cx, &args)?;
+                    if let (Some(stats), Some(start)) = (&self.stats, start)
+                        && let Ok(mut s) = stats.lock()
+                    {
+                        let e = s.per_op.entry(node.op.op_type().to_owned()).or_default();
+                        e.0 += 1;
+                        e.1 += start.elapsed();
+                    }
+                    if plan.constant[i] {
+                        self.keep_folded(node, &outs);
+                    }
+                    outs
+                }
+            };
             drop(args);
             for (slot, out) in node.outputs.iter().zip(outs) {
                 if let (Some(v), Some(val)) = (slot, out) {
@@ -463,6 +491,7 @@ impl<'m> Interpreter<'m> {
             used,
             keep: m.graphs[graph].outputs.iter().copied().collect(),
             opset: m.onnx_opset(graph).unwrap_or(23),
+            constant: constant_nodes(m, graph),
         });
         if let Ok(mut p) = self.plans.lock() {
             p.insert(graph, plan.clone());
@@ -477,6 +506,43 @@ impl<'m> Interpreter<'m> {
             *live = live.saturating_add_signed(delta);
             if let Ok(mut s) = stats.lock() {
                 s.peak_live_bytes = s.peak_live_bytes.max(*live);
+            }
+        }
+    }
+
+    /// The kept results of constant node `node`, when every one was kept.
+    fn folded_results(&self, node: &mmq_ir::NodeData) -> Option<Vec<Option<RtValue>>> {
+        let folded = self.folded.lock().ok()?;
+        node.outputs
+            .iter()
+            .map(|o| match o {
+                Some(v) => folded.0.get(v).cloned().map(Some),
+                None => Some(None),
+            })
+            .collect()
+    }
+
+    /// Keeps the results of constant node `node` for later runs, within [`FOLD_MAX_BYTES`]
+    /// each and [`FOLD_CACHE_BYTES`] in all.
+    fn keep_folded(&self, node: &mmq_ir::NodeData, outs: &[Option<RtValue>]) {
+        let bytes: Vec<usize> = outs
+            .iter()
+            .map(|o| o.as_ref().map_or(0, RtValue::byte_size))
+            .collect();
+        let total: usize = bytes.iter().sum();
+        if bytes.iter().any(|&b| b > FOLD_MAX_BYTES) {
+            return;
+        }
+        let Ok(mut folded) = self.folded.lock() else {
+            return;
+        };
+        if folded.1 + total > FOLD_CACHE_BYTES {
+            return;
+        }
+        folded.1 += total;
+        for (slot, out) in node.outputs.iter().zip(outs) {
+            if let (Some(v), Some(val)) = (slot, out) {
+                folded.0.insert(*v, val.clone());
             }
         }
     }
@@ -497,6 +563,28 @@ impl<'m> Interpreter<'m> {
 
 /// For each node position in `graph`, the values whose last use it is (a use inside a node's
 /// subgraphs counts as a use by that node), and the set of every value used at all.
+/// Per node of `graph`, whether it computes a constant ([`Plan::constant`]).
+fn constant_nodes(m: &Module, graph: GraphId) -> Vec<bool> {
+    let mut constant: HashSet<Value> = HashSet::new();
+    m.graphs[graph]
+        .nodes
+        .iter()
+        .map(|&n| {
+            let node = &m.nodes[n];
+            // The random ops are not modeled: opaque (custom) nodes never fold.
+            let yes = !node.op.is_custom()
+                && node.op.subgraphs().is_empty()
+                && node.inputs.iter().flatten().all(|v| {
+                    constant.contains(v) || matches!(m.values[*v].def, ValueDef::Const(_))
+                });
+            if yes {
+                constant.extend(node.outputs.iter().flatten().copied());
+            }
+            yes
+        })
+        .collect()
+}
+
 fn last_uses(m: &Module, graph: GraphId) -> (HashMap<usize, Vec<Value>>, HashSet<Value>) {
     let mut last: HashMap<Value, usize> = HashMap::new();
     for (i, &n) in m.graphs[graph].nodes.iter().enumerate() {
@@ -629,6 +717,39 @@ mod tests {
     use super::Interpreter;
     use crate::tensor::{Data, RtValue, Tensor};
     use mmq_ir::DType;
+
+    /// A subexpression of constants runs once per interpreter; what depends on the inputs runs
+    /// every time, and the results are those of a fresh interpreter.
+    #[test]
+    fn constant_subexpressions_run_once() {
+        let src = "const $a : f32[2] = dense<[1.0, 2.0]>\nconst $b : f32[2] = dense<[0.5, 0.25]>\n\ngraph @g(%x: f32[2]) -> (f32[2]) {\n  %c = Add($a, $b) : f32[2]\n  %d = Neg(%c) : f32[2]\n  %y = Mul(%x, %d) : f32[2]\n  return %y\n}\n";
+        let (m, _) = mmq_ir::text::parse(src).expect("parses");
+        let g = m.entries[0].graph;
+        let inputs = |x: [f32; 2]| -> HashMap<String, RtValue> {
+            let t = Tensor::new(DType::F32, vec![2], Data::F32(x.to_vec())).expect("tensor");
+            [("x".to_owned(), t.into())].into_iter().collect()
+        };
+        let y = |outs: Vec<(String, RtValue)>| match &outs[0].1.as_tensor().expect("tensor").data {
+            Data::F32(v) => v.clone(),
+            d => panic!("{d:?}"),
+        };
+        let it = Interpreter::new(&m).with_stats();
+        assert_eq!(
+            y(it.run(g, &inputs([1.0, 1.0])).expect("runs")),
+            [-1.5, -2.25]
+        );
+        assert_eq!(
+            y(it.run(g, &inputs([2.0, -1.0])).expect("runs")),
+            [-3.0, 2.25]
+        );
+        let fresh = Interpreter::new(&m)
+            .run(g, &inputs([2.0, -1.0]))
+            .expect("runs");
+        assert_eq!(y(fresh), [-3.0, 2.25]);
+        let stats = it.stats().expect("stats");
+        let calls = |op: &str| stats.per_op.get(op).map_or(0, |e| e.0);
+        assert_eq!((calls("Add"), calls("Neg"), calls("Mul")), (1, 1, 2));
+    }
 
     /// A symbol the model declares equal to an expression is checked once its inputs bind both.
     #[test]
