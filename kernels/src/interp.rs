@@ -561,8 +561,6 @@ impl<'m> Interpreter<'m> {
     }
 }
 
-/// For each node position in `graph`, the values whose last use it is (a use inside a node's
-/// subgraphs counts as a use by that node), and the set of every value used at all.
 /// Per node of `graph`, whether it computes a constant ([`Plan::constant`]).
 fn constant_nodes(m: &Module, graph: GraphId) -> Vec<bool> {
     let mut constant: HashSet<Value> = HashSet::new();
@@ -585,6 +583,8 @@ fn constant_nodes(m: &Module, graph: GraphId) -> Vec<bool> {
         .collect()
 }
 
+/// For each node position in `graph`, the values whose last use it is (a use inside a node's
+/// subgraphs counts as a use by that node), and the set of every value used at all.
 fn last_uses(m: &Module, graph: GraphId) -> (HashMap<usize, Vec<Value>>, HashSet<Value>) {
     let mut last: HashMap<Value, usize> = HashMap::new();
     for (i, &n) in m.graphs[graph].nodes.iter().enumerate() {

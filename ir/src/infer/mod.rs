@@ -112,8 +112,14 @@ fn infer_with(m: &mut Module, correct: bool) -> (Vec<IrError>, ShapeValues) {
     if correct {
         // Corrections of the first pass are not conflicts in the second: keep their warnings.
         let mut all = errors;
-        all.append(&mut again);
-        all.dedup_by(|a, b| a.entity == b.entity && a.message == b.message);
+        for e in again.drain(..) {
+            if !all
+                .iter()
+                .any(|a| a.entity == e.entity && a.message == e.message)
+            {
+                all.push(e);
+            }
+        }
         return (all, sv);
     }
     (again, sv)
