@@ -179,8 +179,8 @@ enum Command {
         /// The ONNX models (several load as one module and export into the directory OUT).
         #[arg(required = true)]
         inputs: Vec<PathBuf>,
-        /// The target.
-        #[arg(long, value_enum)]
+        /// The target (ONNX Runtime unless given).
+        #[arg(long, value_enum, default_value_t = compile::CompileTarget::Ort)]
         target: compile::CompileTarget,
         /// Optimization level: -O0 (none), -O1 (canonicalize, const-fold, dce), -O2 (also the
         /// rule sets).

@@ -373,3 +373,19 @@ fn a_modeled_op_with_an_unknown_attribute_is_warned_about() {
         .expect("Relu kept");
     assert_eq!(relu.attribute.len(), 1);
 }
+
+#[test]
+fn compile_targets_onnx_runtime_unless_told_otherwise() {
+    let dir = scratch("compile-default-target");
+    let model = repo().join("tests/fixtures/vit/model.onnx");
+    let model = model.to_str().expect("utf-8");
+    let (code, _, stderr) = run_in(&dir, &["compile", model, "-o", "default.onnx"]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = run_in(
+        &dir,
+        &["compile", model, "--target", "ort", "-o", "ort.onnx"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let read = |n: &str| std::fs::read(dir.join(n)).expect("read");
+    assert_eq!(read("default.onnx"), read("ort.onnx"));
+}
