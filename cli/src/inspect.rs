@@ -113,8 +113,21 @@ fn stats_text(m: &Module) -> String {
     out
 }
 
+/// `s` inside a DOT double-quoted string: quotes and backslashes escaped, a newline as DOT's
+/// `\n`, and every other control character (a name may hold any; a terminal would act on an
+/// ESC or BEL) written as `\u{..}` text.
 fn dot_escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c if c.is_control() => out.push_str(&format!("\\\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn dot(m: &Module) -> String {

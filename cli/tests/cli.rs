@@ -389,3 +389,33 @@ fn compile_targets_onnx_runtime_unless_told_otherwise() {
     let read = |n: &str| std::fs::read(dir.join(n)).expect("read");
     assert_eq!(read("default.onnx"), read("ort.onnx"));
 }
+
+/// Names may hold any character; DOT output escapes control characters (a terminal acts on ESC
+/// and BEL) and keeps quotes and newlines inside their string.
+#[test]
+fn dot_output_escapes_control_characters_of_names() {
+    let dir = scratch("dot-control");
+    let mut m = small_model();
+    let g = m.graph.as_mut().expect("graph");
+    g.name = Some("g\u{1b}[31m".into());
+    g.input[0].name = Some("x\u{7}".into());
+    g.node[0].input[0] = "x\u{7}".into();
+    g.output[0].name = Some("y\"\n}".into());
+    g.node[1].output[0] = "y\"\n}".into();
+    let path = write(&dir, "m.onnx", &m);
+    let out = mmq()
+        .args(["inspect", "--format", "dot"])
+        .arg(&path)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dot = String::from_utf8_lossy(&out.stdout);
+    assert!(!dot.chars().any(|c| c.is_control() && c != '\n'), "{dot:?}");
+    assert!(dot.contains(r#"digraph "g\\u{1b}[31m""#), "{dot}");
+    assert!(dot.contains(r#"label="x\\u{7}\nf32[2, 3]""#), "{dot}");
+    assert!(dot.contains(r#"label="y\"\n}""#), "{dot}");
+}
