@@ -582,26 +582,25 @@ fn unrelated_models_compile_together_and_never_over_their_inputs() {
         )
         .expect("copy");
     }
-    let compile_into = |out: &str| {
-        run_in(
-            &dir,
-            &[
-                "compile",
-                "vit.onnx",
-                "clip.onnx",
-                "--target",
-                "ort",
-                "-o",
-                out,
-            ],
-        )
+    let compile_into = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "compile",
+            "vit.onnx",
+            "clip.onnx",
+            "--target",
+            "ort",
+            "-o",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        run_in(&dir, &args)
     };
-    let (code, _, stderr) = compile_into("out");
+    let (code, _, stderr) = compile_into("out", &[]);
     assert_eq!(code, 0, "{stderr}");
     assert!(dir.join("out/vit.onnx").is_file() && dir.join("out/clip.onnx").is_file());
     // Into the inputs' own directory: refused before any work, inputs untouched.
     let before = std::fs::read(dir.join("vit.onnx")).expect("read");
-    let (code, _, stderr) = compile_into(".");
+    let (code, _, stderr) = compile_into(".", &[]);
     assert!(code == 1 || code == 2, "{stderr}");
     assert!(stderr.contains("would overwrite the input"), "{stderr}");
     assert_eq!(std::fs::read(dir.join("vit.onnx")).expect("read"), before);
@@ -609,20 +608,7 @@ fn unrelated_models_compile_together_and_never_over_their_inputs() {
     // anywhere in a directory still to be made: refused before any work.
     let compiled = std::fs::read(dir.join("out/vit.onnx")).expect("read");
     for (out, report) in [("out", "out/vit.onnx"), ("fresh", "fresh/sub/report.json")] {
-        let (code, _, stderr) = run_in(
-            &dir,
-            &[
-                "compile",
-                "vit.onnx",
-                "clip.onnx",
-                "--target",
-                "ort",
-                "-o",
-                out,
-                "--report",
-                report,
-            ],
-        );
+        let (code, _, stderr) = compile_into(out, &["--report", report]);
         assert_eq!(code, 2, "{stderr}");
         assert!(stderr.contains("inside the output directory"), "{stderr}");
     }
