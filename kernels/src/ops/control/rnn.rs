@@ -238,12 +238,14 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
         // X Wᵀ for every step at once, rows in X's own (layout) order.
         let mut xw_all = vec![0.0; seq * batch * gh];
         match w32 {
-            Some(w32) => {
+            // (An input or hidden size of 0 leaves no product to take.)
+            Some(w32) if isz > 0 && gh > 0 => {
                 let wd = &w32[d * gh * isz..(d + 1) * gh * isz];
                 for (xr, out) in xv.chunks_exact(isz).zip(xw_all.chunks_exact_mut(gh)) {
                     mat_vec(wd, xr, &[], out);
                 }
             }
+            Some(_) => {}
             None => gemm(
                 seq * batch,
                 isz,

@@ -266,3 +266,24 @@ fn split_and_concat_sequences() {
         (vec![3, 2], Data::I64(vec![0, 3, 1, 4, 2, 5]))
     );
 }
+
+/// An LSTM over an input of size 0 (a hostile but well-formed shape) runs: the input products
+/// are empty, the recurrence alone drives the state.
+#[test]
+fn lstm_over_an_empty_input_runs() {
+    let src = "graph @g(%x: f32[1, 1, 0], %w: f32[1, 4, 0], %r: f32[1, 4, 1]) -> (f32[1, 1, 1, 1]) {\n  %y = \"\".LSTM(%x, %w, %r) {hidden_size = 1} : f32[1, 1, 1, 1]\n  return %y\n}\n";
+    let (m, _) = mmq_ir::text::parse(src).expect("parses");
+    let g = m.entries[0].graph;
+    let t = |shape: Vec<usize>, v: Vec<f32>| Tensor::from_f32(shape, v).expect("tensor");
+    let y = run(
+        &m,
+        g,
+        vec![
+            ("x", t(vec![1, 1, 0], vec![])),
+            ("w", t(vec![1, 4, 0], vec![])),
+            ("r", t(vec![1, 4, 1], vec![1.0; 4])),
+        ],
+    );
+    // h0 = c0 = 0: every gate sees 0, so c = 0.5 * tanh(0) = 0 and h = 0.
+    assert_eq!(out(&m, &y[0]), (vec![1, 1, 1, 1], Data::F32(vec![0.0])));
+}
