@@ -119,17 +119,14 @@ fn check_bytes(dtype: DType, n: usize, dims: &[i64], name: &str) -> Result<()> {
 /// A zero-filled buffer of `len` items for densifying sparse tensor `name`, allocated fallibly:
 /// a size the system cannot provide is an error, not an aborted process.
 fn dense_buffer<T: Clone>(len: usize, fill: T, name: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| {
+    mmq_ir::alloc::try_filled(len, fill).map_err(|_| {
         err!(
             Invalid,
             "sparse tensor '{name}': its dense form of {len} elements cannot be allocated: the \
              system refused {} bytes",
             len.saturating_mul(std::mem::size_of::<T>())
         )
-    })?;
-    v.resize(len, fill);
-    Ok(v)
+    })
 }
 
 fn describe(dtype: DType, dims: &[i64]) -> String {

@@ -23,6 +23,7 @@
 //! [`Op`] is a closed enum named after ONNX operators with typed optional attributes; ONNX
 //! semantics at the module's default-domain opset apply. [`Op::Custom`] keeps everything else.
 
+pub mod alloc;
 pub mod arena;
 pub mod attr;
 pub mod constant;

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::diag::{Entity, IrError, Severity};
 use crate::dtype::DType;
-use crate::infer::{infer_module, node_label, value_label};
+use crate::infer::{conflicts, node_label, value_label};
 use crate::module::{GraphId, Module, Node, Value, ValueDef};
 use crate::op::Op;
 
@@ -52,14 +52,10 @@ pub fn verify_all(m: &Module) -> Vec<IrError> {
     v.sizes();
     if !v.errors.iter().any(|e| e.severity == Severity::Error) {
         let mut copy = m.clone();
-        for w in infer_module(&mut copy) {
-            let message = w
-                .message
-                .strip_suffix("; keeping the declared type")
-                .unwrap_or(&w.message);
+        for w in conflicts(&mut copy) {
             v.errors.push(IrError::error(
                 w.entity,
-                format!("{message}, which its definition does not compute"),
+                format!("{}, which its definition does not compute", w.message),
             ));
         }
     }

@@ -102,15 +102,12 @@ impl From<Tensor> for RtValue {
 /// `n` copies of `fill`, allocated fallibly: an allocation the system refuses is an error, not
 /// an aborted process.
 pub(crate) fn filled<T: Clone>(n: usize, fill: T) -> Result<Vec<T>, KernelError> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| {
+    mmq_ir::alloc::try_filled(n, fill).map_err(|_| {
         KernelError::Module(format!(
             "{n} elements of {} bytes cannot be allocated: the system refused them",
             std::mem::size_of::<T>()
         ))
-    })?;
-    v.resize(n, fill);
-    Ok(v)
+    })
 }
 
 /// The storage variant for a dtype, zero-filled (see [`filled`]).

@@ -92,24 +92,42 @@ pub fn infer_module(m: &mut Module) -> Vec<IrError> {
 /// that the graph computes as `[16, 1, 8210]`), the computed type replaces it, as ONNX Runtime
 /// trusts the computed shape, and the warning says so.
 pub fn infer_module_correcting(m: &mut Module) -> Vec<IrError> {
-    infer_with(m, true).0
+    infer_with(m, Conflicts::Correct).0
 }
 
 /// [`infer_module`], also returning the shape values it tracked.
 pub fn infer_module_with_values(m: &mut Module) -> (Vec<IrError>, ShapeValues) {
-    infer_with(m, false)
+    infer_with(m, Conflicts::Keep)
 }
 
-fn infer_with(m: &mut Module, correct: bool) -> (Vec<IrError>, ShapeValues) {
-    let (errors, sv, learned) = infer_once(m, correct);
+/// The declared types of `m` that contradict inference, one warning each saying what is
+/// declared and what is inferred (`m` is typed as [`infer_module`] types it): the verifier's
+/// check 8.
+pub(crate) fn conflicts(m: &mut Module) -> Vec<IrError> {
+    infer_with(m, Conflicts::Report).0
+}
+
+/// What inference does with a declared type that contradicts the inferred one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Conflicts {
+    /// Keep the declared type, and say so.
+    Keep,
+    /// Replace it by the inferred one, and say so ([`infer_module_correcting`]).
+    Correct,
+    /// Keep it; the message names the conflict alone, for a caller that words the outcome.
+    Report,
+}
+
+fn infer_with(m: &mut Module, mode: Conflicts) -> (Vec<IrError>, ShapeValues) {
+    let (errors, sv, learned) = infer_once(m, mode);
     if !learned {
         return (errors, sv);
     }
     // A declared symbol turned out to stand for an expression: write the expression everywhere
     // (values typed before it was learned included) and infer again with it known from the start.
     canon_value_types(m);
-    let (mut again, sv, _) = infer_once(m, correct);
-    if correct {
+    let (mut again, sv, _) = infer_once(m, mode);
+    if mode == Conflicts::Correct {
         // Corrections of the first pass are not conflicts in the second: keep their warnings.
         let mut all = errors;
         for e in again.drain(..) {
@@ -147,7 +165,7 @@ fn canon_value_types(m: &mut Module) {
     }
 }
 
-fn infer_once(m: &mut Module, correct: bool) -> (Vec<IrError>, ShapeValues, bool) {
+fn infer_once(m: &mut Module, mode: Conflicts) -> (Vec<IrError>, ShapeValues, bool) {
     let equalities = m.has_symbol_equalities();
     let mut cx = Infer {
         m,
@@ -156,7 +174,7 @@ fn infer_once(m: &mut Module, correct: bool) -> (Vec<IrError>, ShapeValues, bool
         done: HashSet::new(),
         learned: false,
         equalities,
-        correct,
+        mode,
     };
     cx.seed_consts();
     let entries: Vec<GraphId> = cx.m.entries.iter().map(|e| e.graph).collect();
@@ -407,9 +425,8 @@ struct Infer<'m> {
     /// Whether the module has any symbol equality (then every written type is rewritten with
     /// them).
     equalities: bool,
-    /// Whether a declared type that contradicts the inferred one is replaced by it
-    /// ([`infer_module_correcting`]) rather than kept.
-    correct: bool,
+    /// What a declared type that contradicts the inferred one becomes.
+    mode: Conflicts,
 }
 
 impl Infer<'_> {
@@ -679,7 +696,7 @@ impl Infer<'_> {
             self.equalities = true;
         }
         let (mut merged, conflicts) = merge(&old_c, &inferred, self.m);
-        let fix = self.correct && !conflicts.is_empty();
+        let fix = self.mode == Conflicts::Correct && !conflicts.is_empty();
         if fix {
             merged = merge(&inferred, &old_c, self.m).0;
         }
@@ -688,15 +705,15 @@ impl Infer<'_> {
         } else {
             merged
         };
-        let outcome = if fix {
-            "the model's declaration is wrong; using the computed type"
-        } else {
-            "keeping the declared type"
+        let outcome = match self.mode {
+            Conflicts::Correct => "; the model's declaration is wrong; using the computed type",
+            Conflicts::Keep => "; keeping the declared type",
+            Conflicts::Report => "",
         };
         for c in conflicts {
             self.errors.push(IrError::warning(
                 Entity::Value(v),
-                format!("value {}: declared {c}; {outcome}", value_label(self.m, v)),
+                format!("value {}: declared {c}{outcome}", value_label(self.m, v)),
             ));
         }
         if merged != old {
