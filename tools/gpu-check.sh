@@ -46,14 +46,29 @@ for line in sys.stdin:
     du -sh "$dir/plugins"
 }
 
+# cuBLAS (the benchmark's binary16 GEMV) and NVRTC come from the machine's CUDA, or from the
+# NVIDIA wheels of its python3 where it has no system CUDA.
+cuda_libs() {
+    local d lib
+    for d in /usr/local/cuda/lib64 \
+        $(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null | \
+            sed 's|$|/nvidia|' | xargs -I{} sh -c 'ls -d {}/*/lib 2>/dev/null'); do
+        [[ -d "$d" ]] && lib="${lib:+$lib:}$d"
+    done
+    echo "${lib:-}"
+}
+
 run() {
-    local out="${OUT:-$dir}" status=0
+    local out="${OUT:-$dir}" status=0 libs
     mkdir -p "$out"
+    libs="$(cuda_libs)"
+    export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     {
         echo "# GPU check ($(date -u +%Y-%m-%dT%H:%MZ))"
         echo
         echo '```'
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
+        echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
         echo '```'
         echo
         echo "## Tests (REQUIRE_GPU=1)"

@@ -15,21 +15,8 @@ unsigned grid_for(int64_t work, int64_t per_block) {
     return (unsigned)(g > 65535 ? 65535 : g);
 }
 
-MmqScaleMap scale_map(MmqScaleSpec s) {
-    MmqScaleMap m{};
-    m.mode = s.mode;
-    m.axis_len = s.axis_len;
-    m.inner = s.inner;
-    m.row_len = s.row_len;
-    m.group = s.group;
-    if (s.mode == 0) {
-        m.chunk_uniform = 1;
-    } else if (s.mode == 1) {
-        m.chunk_uniform = s.inner % 8 == 0;
-    } else {
-        m.chunk_uniform = s.group % 8 == 0 && s.row_len % 8 == 0;
-    }
-    return m;
+MmqScaleMap scale_map(MmqScaleSpec s, int64_t n) {
+    return mmq_scale_map(s.mode, s.axis_len, s.inner, s.row_len, s.group, n);
 }
 
 int last_error() { return (int)cudaGetLastError(); }
@@ -39,7 +26,7 @@ int last_error() { return (int)cudaGetLastError(); }
 extern "C" int mmq_launch_quantize(const void* x, int32_t x_type, int64_t n, const float* scales,
                                    const int8_t* zeros, MmqScaleSpec spec, int8_t* out,
                                    cudaStream_t stream) {
-    MmqScaleMap map = scale_map(spec);
+    MmqScaleMap map = scale_map(spec, n);
     unsigned grid = grid_for((n + 7) / 8, 256);
     const uint8_t* z = reinterpret_cast<const uint8_t*>(zeros);
     uint8_t* o = reinterpret_cast<uint8_t*>(out);
@@ -56,7 +43,7 @@ extern "C" int mmq_launch_quantize(const void* x, int32_t x_type, int64_t n, con
 extern "C" int mmq_launch_dequantize(const int8_t* q, int64_t n, const float* scales,
                                      const int8_t* zeros, MmqScaleSpec spec, float* out,
                                      cudaStream_t stream) {
-    MmqScaleMap map = scale_map(spec);
+    MmqScaleMap map = scale_map(spec, n);
     unsigned grid = grid_for((n + 7) / 8, 256);
     mmq_dequantize_i8_f32<<<grid, 256, 0, stream>>>(reinterpret_cast<const uint8_t*>(q), n,
                                                     scales,
@@ -68,9 +55,10 @@ extern "C" int mmq_launch_dequantize(const int8_t* q, int64_t n, const float* sc
 extern "C" int mmq_launch_dynamic_quantize(const void* x, int32_t x_type, int64_t rows,
                                            int64_t row_len, int64_t group, int8_t* out,
                                            float* scales, cudaStream_t stream) {
-    int64_t chunks = (group + 7) / 8;
+    // As mmq_kernels::cuda: enough threads to hold a group in registers (MMQ_HELD chunks each).
+    int64_t chunks = (group + 8 * MMQ_HELD - 1) / (8 * MMQ_HELD);
     int threads = 32;
-    while (threads < chunks && threads < 256) {
+    while (threads < chunks && threads < 512) {
         threads *= 2;
     }
     int32_t vec = row_len % 8 == 0 && group % 8 == 0;

@@ -86,6 +86,11 @@ float mmq_host_f16_to_f32(uint16_t h) { return mmq_f16_to_f32(h); }
 uint16_t mmq_host_f32_to_bf16(float x) { return mmq_f32_to_bf16(x); }
 float mmq_host_bf16_to_f32(uint16_t h) { return mmq_bf16_to_f32(h); }
 
+MmqScaleMap mmq_host_scale_map(int64_t mode, int64_t axis_len, int64_t inner, int64_t row_len,
+                               int64_t group, int64_t n) {
+    return mmq_scale_map(mode, axis_len, inner, row_len, group, n);
+}
+
 void mmq_host_quantize(int in, int fmt, const void* x, int64_t n, const float* scales,
                        const uint8_t* zeros, MmqScaleMap map, int saturate, uint8_t* out) {
     with_type(in, const_cast<void*>(x), [&](auto* xt) {
@@ -162,7 +167,9 @@ void mmq_host_nbits_gemv(const uint16_t* a, int64_t m_rows, const uint8_t* b,
                     for (int j = 0; j < 32; ++j) {
                         av[j] = mmq_f16_to_f32(a[m * k + k0 + j]);
                     }
-                    acc += mmq_nbits_dot32(wb, av, z, s);
+                    float d[32];
+                    mmq_nbits_codes32(wb, z, d);
+                    acc += mmq_nbits_dot32(d, av) * s;
                 }
                 lanes[lane] = acc;
             }

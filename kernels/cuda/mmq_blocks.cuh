@@ -38,8 +38,44 @@ struct mmq_fmt<MMQ_FMT_E4M3> {
     enum { bits = 8, lo = -448, hi = 448, is_signed = 1, is_float = 1 };  // the finite range
 };
 
+// Unrolls the fixed-length loops over a chunk's eight elements on the device (their arrays then
+// stay in registers); a tail chunk's shorter length is a predicate inside the loop, never its
+// bound.
+#if defined(__CUDA_ARCH__)
+#define MMQ_UNROLL _Pragma("unroll")
+#else
+#define MMQ_UNROLL
+#endif
+
+// Division of a 32-bit value by a constant d >= 1 as a multiply-high, an add and a shift
+// (Granlund and Montgomery): `mul` = floor(2^32 (2^shift - d) / d) + 1 with shift = ceil(log2 d).
+struct MmqDiv {
+    uint32_t mul;
+    uint32_t shift;
+};
+
+MMQ_HD MmqDiv mmq_div_by(uint64_t d) {
+    uint32_t shift = 0;
+    while (shift < 32 && ((uint64_t)1 << shift) < d) {
+        ++shift;
+    }
+    MmqDiv r;
+    r.mul = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << shift) - d)) / d + 1);
+    r.shift = shift;
+    return r;
+}
+
+MMQ_HD uint32_t mmq_div(uint32_t x, MmqDiv d) {
+#if defined(__CUDA_ARCH__)
+    uint32_t t = __umulhi(x, d.mul);
+#else
+    uint32_t t = (uint32_t)(((uint64_t)x * d.mul) >> 32);
+#endif
+    return (uint32_t)(((uint64_t)t + x) >> d.shift);
+}
+
 // Which scale (and zero point) element `i` of a row-major tensor uses. Mirrors
-// `mmq_kernels::cuda::ScaleMap` field for field.
+// `mmq_kernels::cuda::RawScaleMap` field for field; `mmq_scale_map` builds it.
 struct MmqScaleMap {
     int64_t mode;      // 0 per tensor, 1 per axis, 2 per group along the last axis
     int64_t axis_len;  // per axis: the axis' length
@@ -47,11 +83,53 @@ struct MmqScaleMap {
     int64_t row_len;   // per group: the last axis' length
     int64_t group;     // per group: elements per group
     int64_t chunk_uniform;  // nonzero: the 8 elements of every chunk (from a multiple of 8) share one
+    int64_t fast;      // nonzero: every element index fits in 32 bits, so the divisions below apply
+    int64_t groups;    // per group: groups per row
+    MmqDiv inner_div;  // by inner
+    MmqDiv axis_div;   // by axis_len
+    MmqDiv row_div;    // by row_len
+    MmqDiv group_div;  // by group
 };
+
+// The map of `n` elements: mode 0 per tensor, 1 per axis (axis_len, inner), 2 per group (row_len,
+// group); the other arguments of a mode are ignored. The launchers check the shapes first.
+MMQ_HD MmqScaleMap mmq_scale_map(int64_t mode, int64_t axis_len, int64_t inner, int64_t row_len,
+                                 int64_t group, int64_t n) {
+    MmqScaleMap m = {};
+    m.mode = mode;
+    m.fast = n <= (int64_t)0xffffffff;
+    if (mode == 0) {
+        m.chunk_uniform = 1;
+    } else if (mode == 1) {
+        m.axis_len = axis_len;
+        m.inner = inner;
+        m.chunk_uniform = inner % 8 == 0;
+        m.inner_div = mmq_div_by((uint64_t)inner);
+        m.axis_div = mmq_div_by((uint64_t)axis_len);
+    } else {
+        m.row_len = row_len;
+        m.group = group;
+        m.groups = (row_len + group - 1) / group;
+        m.chunk_uniform = group % 8 == 0 && row_len % 8 == 0;
+        m.row_div = mmq_div_by((uint64_t)row_len);
+        m.group_div = mmq_div_by((uint64_t)group);
+    }
+    return m;
+}
 
 MMQ_HD int64_t mmq_scale_index(const MmqScaleMap& m, int64_t i) {
     if (m.mode == 0) {
         return 0;
+    }
+    if (m.fast) {
+        uint32_t u = (uint32_t)i;
+        if (m.mode == 1) {
+            uint32_t q = mmq_div(u, m.inner_div);
+            return q - mmq_div(q, m.axis_div) * (uint32_t)m.axis_len;
+        }
+        uint32_t row = mmq_div(u, m.row_div);
+        uint32_t col = u - row * (uint32_t)m.row_len;
+        return (int64_t)row * m.groups + mmq_div(col, m.group_div);
     }
     if (m.mode == 1) {
         return (i / m.inner) % m.axis_len;
@@ -60,6 +138,42 @@ MMQ_HD int64_t mmq_scale_index(const MmqScaleMap& m, int64_t i) {
     int64_t col = i - row * m.row_len;
     int64_t groups = (m.row_len + m.group - 1) / m.group;
     return row * groups + col / m.group;
+}
+
+// The scale indices of the `cnt` elements from i0 of a chunk whose elements may use different
+// scales: a counter for a per-axis map, else one lookup each.
+MMQ_HD void mmq_chunk_scale_indices(const MmqScaleMap& m, int64_t i0, int cnt, int64_t j[8]) {
+    if (m.mode == 0) {
+        MMQ_UNROLL
+        for (int e = 0; e < 8; ++e) {
+            j[e] = 0;
+        }
+    } else if (m.mode == 1) {
+        // Element i0 + e: axis index (q0 + (r0 + e) / inner) mod axis_len.
+        int64_t r, a;
+        if (m.fast) {
+            uint32_t q = mmq_div((uint32_t)i0, m.inner_div);
+            r = (uint32_t)i0 - q * (uint32_t)m.inner;
+            a = q - mmq_div(q, m.axis_div) * (uint32_t)m.axis_len;
+        } else {
+            int64_t q0 = i0 / m.inner;
+            r = i0 - q0 * m.inner;
+            a = q0 % m.axis_len;
+        }
+        MMQ_UNROLL
+        for (int e = 0; e < 8; ++e) {
+            j[e] = a;
+            if (++r == m.inner) {
+                r = 0;
+                a = a + 1 == m.axis_len ? 0 : a + 1;
+            }
+        }
+    } else {
+        MMQ_UNROLL
+        for (int e = 0; e < 8; ++e) {
+            j[e] = e < cnt ? mmq_scale_index(m, i0 + e) : 0;
+        }
+    }
 }
 
 // A read-only load (through the texture path on the device).
@@ -137,8 +251,11 @@ MMQ_HD void mmq_load_span(const float* x, int64_t i0, int cnt, bool vec, float v
 #else
     (void)vec;
 #endif
-    for (int j = 0; j < cnt; ++j) {
-        v[j] = x[i0 + j];
+    MMQ_UNROLL
+    for (int j = 0; j < 8; ++j) {
+        if (j < cnt) {
+            v[j] = x[i0 + j];
+        }
     }
 }
 
@@ -154,8 +271,11 @@ MMQ_HD void mmq_load_span(const H* x, int64_t i0, int cnt, bool vec, float v[8])
 #else
     (void)vec;
 #endif
-    for (int j = 0; j < cnt; ++j) {
-        v[j] = mmq_to_f32(x[i0 + j]);
+    MMQ_UNROLL
+    for (int j = 0; j < 8; ++j) {
+        if (j < cnt) {
+            v[j] = mmq_to_f32(x[i0 + j]);
+        }
     }
 }
 
@@ -165,6 +285,7 @@ MMQ_HD void mmq_store_span(T* y, int64_t i0, int cnt, bool vec, const float v[8]
 #if defined(__CUDA_ARCH__)
     if (vec && cnt == 8) {
         uint32_t w[4];
+        MMQ_UNROLL
         for (int j = 0; j < 4; ++j) {
             w[j] = (uint32_t)mmq_from_f32<T>(v[2 * j]).bits |
                    ((uint32_t)mmq_from_f32<T>(v[2 * j + 1]).bits << 16);
@@ -175,8 +296,11 @@ MMQ_HD void mmq_store_span(T* y, int64_t i0, int cnt, bool vec, const float v[8]
 #else
     (void)vec;
 #endif
-    for (int j = 0; j < cnt; ++j) {
-        y[i0 + j] = mmq_from_f32<T>(v[j]);
+    MMQ_UNROLL
+    for (int j = 0; j < 8; ++j) {
+        if (j < cnt) {
+            y[i0 + j] = mmq_from_f32<T>(v[j]);
+        }
     }
 }
 
@@ -190,8 +314,11 @@ MMQ_HD void mmq_store_span(float* y, int64_t i0, int cnt, bool vec, const float 
 #else
     (void)vec;
 #endif
-    for (int j = 0; j < cnt; ++j) {
-        y[i0 + j] = v[j];
+    MMQ_UNROLL
+    for (int j = 0; j < 8; ++j) {
+        if (j < cnt) {
+            y[i0 + j] = v[j];
+        }
     }
 }
 
@@ -210,13 +337,17 @@ MMQ_HD void mmq_store_codes(uint8_t* out, int64_t i0, int cnt, bool vec, const u
             return;
         }
 #endif
-        for (int j = 0; j < cnt; ++j) {
-            out[i0 + j] = (uint8_t)c[j];
+        MMQ_UNROLL
+        for (int j = 0; j < 8; ++j) {
+            if (j < cnt) {
+                out[i0 + j] = (uint8_t)c[j];
+            }
         }
     } else {
 #if defined(__CUDA_ARCH__)
         if (vec && cnt == 8) {
             uint32_t w = 0;
+            MMQ_UNROLL
             for (int j = 0; j < 8; ++j) {
                 w |= c[j] << (4 * j);
             }
@@ -224,8 +355,12 @@ MMQ_HD void mmq_store_codes(uint8_t* out, int64_t i0, int cnt, bool vec, const u
             return;
         }
 #endif
-        for (int j = 0; j < cnt; j += 2) {
-            out[(i0 + j) / 2] = mmq_pack_int4((int32_t)c[j], j + 1 < cnt ? (int32_t)c[j + 1] : 0);
+        MMQ_UNROLL
+        for (int j = 0; j < 8; j += 2) {
+            if (j < cnt) {
+                out[(i0 + j) / 2] =
+                    mmq_pack_int4((int32_t)c[j], j + 1 < cnt ? (int32_t)c[j + 1] : 0);
+            }
         }
     }
     (void)vec;
@@ -238,6 +373,7 @@ MMQ_HD void mmq_load_codes(const uint8_t* codes, int64_t i0, int cnt, bool vec, 
 #if defined(__CUDA_ARCH__)
         if (vec && cnt == 8) {
             uint2 w = __ldg(reinterpret_cast<const uint2*>(codes + i0));
+            MMQ_UNROLL
             for (int j = 0; j < 4; ++j) {
                 c[j] = (w.x >> (8 * j)) & 0xffu;
                 c[4 + j] = (w.y >> (8 * j)) & 0xffu;
@@ -245,21 +381,24 @@ MMQ_HD void mmq_load_codes(const uint8_t* codes, int64_t i0, int cnt, bool vec, 
             return;
         }
 #endif
-        for (int j = 0; j < cnt; ++j) {
-            c[j] = codes[i0 + j];
+        MMQ_UNROLL
+        for (int j = 0; j < 8; ++j) {
+            c[j] = j < cnt ? codes[i0 + j] : 0u;
         }
     } else {
 #if defined(__CUDA_ARCH__)
         if (vec && cnt == 8) {
             uint32_t w = __ldg(reinterpret_cast<const unsigned int*>(codes + i0 / 2));
+            MMQ_UNROLL
             for (int j = 0; j < 8; ++j) {
                 c[j] = (w >> (4 * j)) & 0xfu;
             }
             return;
         }
 #endif
-        for (int j = 0; j < cnt; ++j) {
-            uint8_t b = codes[(i0 + j) / 2];
+        MMQ_UNROLL
+        for (int j = 0; j < 8; ++j) {
+            uint8_t b = j < cnt ? codes[(i0 + j) / 2] : (uint8_t)0;
             c[j] = (j & 1) ? (uint32_t)(b >> 4) : (uint32_t)(b & 0xfu);
         }
     }
@@ -276,18 +415,23 @@ MMQ_HD void mmq_quantize_chunk(const In* x, int64_t n, const float* scales, cons
     int cnt = n - i0 < 8 ? (int)(n - i0) : 8;
     float v[8];
     uint32_t c[8];
+    int64_t j[8];
     mmq_load_span(x, i0, cnt, vec, v);
     if (map.chunk_uniform) {
-        int64_t j = mmq_scale_index(map, i0);
-        float s = mmq_ldg(scales + j);
-        int32_t z = mmq_zero<F>(zeros, j);
-        for (int e = 0; e < cnt; ++e) {
-            c[e] = mmq_encode<F>(v[e], s, z, saturate);
+        int64_t j0 = mmq_scale_index(map, i0);
+        float s = mmq_ldg(scales + j0);
+        int32_t z = mmq_zero<F>(zeros, j0);
+        MMQ_UNROLL
+        for (int e = 0; e < 8; ++e) {
+            c[e] = e < cnt ? mmq_encode<F>(v[e], s, z, saturate) : 0u;
         }
     } else {
-        for (int e = 0; e < cnt; ++e) {
-            int64_t j = mmq_scale_index(map, i0 + e);
-            c[e] = mmq_encode<F>(v[e], mmq_ldg(scales + j), mmq_zero<F>(zeros, j), saturate);
+        mmq_chunk_scale_indices(map, i0, cnt, j);
+        MMQ_UNROLL
+        for (int e = 0; e < 8; ++e) {
+            c[e] = e < cnt ? mmq_encode<F>(v[e], mmq_ldg(scales + j[e]),
+                                           mmq_zero<F>(zeros, j[e]), saturate)
+                           : 0u;
         }
     }
     mmq_store_codes<F>(out, i0, cnt, vec, c);
@@ -302,10 +446,23 @@ MMQ_HD void mmq_dequantize_chunk(const uint8_t* codes, int64_t n, const float* s
     int cnt = n - i0 < 8 ? (int)(n - i0) : 8;
     uint32_t c[8];
     float v[8];
+    int64_t j[8];
     mmq_load_codes<F>(codes, i0, cnt, vec, c);
-    for (int e = 0; e < cnt; ++e) {
-        int64_t j = map.chunk_uniform ? mmq_scale_index(map, i0) : mmq_scale_index(map, i0 + e);
-        v[e] = mmq_decode<F>(c[e], mmq_ldg(scales + j), mmq_zero<F>(zeros, j));
+    if (map.chunk_uniform) {
+        int64_t j0 = mmq_scale_index(map, i0);
+        float s = mmq_ldg(scales + j0);
+        int32_t z = mmq_zero<F>(zeros, j0);
+        MMQ_UNROLL
+        for (int e = 0; e < 8; ++e) {
+            v[e] = mmq_decode<F>(c[e], s, z);
+        }
+    } else {
+        mmq_chunk_scale_indices(map, i0, cnt, j);
+        MMQ_UNROLL
+        for (int e = 0; e < 8; ++e) {
+            v[e] = e < cnt ? mmq_decode<F>(c[e], mmq_ldg(scales + j[e]), mmq_zero<F>(zeros, j[e]))
+                           : 0.0f;
+        }
     }
     mmq_store_span(y, i0, cnt, vec, v);
 }
@@ -351,17 +508,25 @@ MMQ_HD void mmq_group_qparams(float mn, float mx, bool symmetric, bool scale_f16
     *zero = z;
 }
 
+// Codes `cnt` values already loaded (elements a.., a even for 4-bit formats) with one scale.
+template <int F>
+MMQ_HD void mmq_code_span(const float v[8], int64_t a, int cnt, bool vec, float s, int32_t z,
+                          bool saturate, uint8_t* out) {
+    uint32_t c[8];
+    MMQ_UNROLL
+    for (int e = 0; e < 8; ++e) {
+        c[e] = e < cnt ? mmq_encode<F>(v[e], s, z, saturate) : 0u;
+    }
+    mmq_store_codes<F>(out, a, cnt, vec, c);
+}
+
 // Quantizes elements [a, a + cnt) (cnt at most 8, a even for 4-bit formats) with one scale.
 template <typename In, int F>
 MMQ_HD void mmq_quantize_span(const In* x, int64_t a, int cnt, bool vec, float s, int32_t z,
                               bool saturate, uint8_t* out) {
     float v[8];
-    uint32_t c[8];
     mmq_load_span(x, a, cnt, vec, v);
-    for (int e = 0; e < cnt; ++e) {
-        c[e] = mmq_encode<F>(v[e], s, z, saturate);
-    }
-    mmq_store_codes<F>(out, a, cnt, vec, c);
+    mmq_code_span<F>(v, a, cnt, vec, s, z, saturate, out);
 }
 
 // The group `g` of a [rows, row_len] tensor cut into groups of `group` along each row: its first
@@ -405,14 +570,25 @@ MMQ_HD float mmq_nbits_weight(uint32_t code, float zero, float scale) {
     return ((float)code - zero) * scale;
 }
 
-// Σ a[j] · w[j] over 32 consecutive K of one block, w decoded from 16 packed bytes.
-MMQ_HD float mmq_nbits_dot32(const uint32_t wb[4], const float a[32], float zero, float scale) {
-    float acc = 0.0f;
+// The 32 codes of 16 packed bytes (one block's run of 32 K) minus the block's zero point, as f32:
+// 2^23 + code has the code in its low mantissa bits, so one subtraction gives code - zero exactly.
+MMQ_HD void mmq_nbits_codes32(const uint32_t wb[4], float zero, float d[32]) {
+    float off = 8388608.0f + zero;
+    MMQ_UNROLL
     for (int q = 0; q < 4; ++q) {
+        MMQ_UNROLL
         for (int j = 0; j < 8; ++j) {
-            uint32_t code = (wb[q] >> (4 * j)) & 0xfu;
-            acc += a[8 * q + j] * mmq_nbits_weight(code, zero, scale);
+            d[8 * q + j] = mmq_bits_f32(0x4b000000u | ((wb[q] >> (4 * j)) & 0xfu)) - off;
         }
+    }
+}
+
+// Σ a[j] · d[j] over those 32 K (the block's scale is applied once, to the sum).
+MMQ_HD float mmq_nbits_dot32(const float d[32], const float a[32]) {
+    float acc = 0.0f;
+    MMQ_UNROLL
+    for (int j = 0; j < 32; ++j) {
+        acc += a[j] * d[j];
     }
     return acc;
 }

@@ -61,8 +61,14 @@ struct mmq_bf16 {
     uint16_t bits;
 };
 
-// binary16 → f32 (exact).
+// binary16 → f32 (exact). On the device this is the hardware conversion (the same value; a
+// NaN's payload may differ, and NaN is only ever tested as NaN).
 MMQ_HD float mmq_f16_to_f32(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t e = (h >> 10) & 0x1fu;
     uint32_t m = h & 0x3ffu;
@@ -74,10 +80,17 @@ MMQ_HD float mmq_f16_to_f32(uint16_t h) {
         return mmq_bits_f32(sign | 0x7f800000u | (m << 13));
     }
     return mmq_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+#endif
 }
 
-// f32 → binary16, round to nearest even; overflow becomes infinity; NaN stays NaN (quiet).
+// f32 → binary16, round to nearest even; overflow becomes infinity; NaN stays NaN (quiet). On
+// the device, the hardware conversion (`cvt.rn`, the same rounding).
 MMQ_HD uint16_t mmq_f32_to_f16(float x) {
+#if defined(__CUDA_ARCH__)
+    uint16_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
     uint32_t u = mmq_f32_bits(x);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
@@ -94,18 +107,25 @@ MMQ_HD uint16_t mmq_f32_to_f16(float x) {
     }
     uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
     return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+#endif
 }
 
 // bfloat16 → f32 (exact).
 MMQ_HD float mmq_bf16_to_f32(uint16_t h) { return mmq_bits_f32((uint32_t)h << 16); }
 
-// f32 → bfloat16, round to nearest even; NaN stays NaN (quiet).
+// f32 → bfloat16, round to nearest even; NaN stays NaN (quiet); on the device, `cvt.rn`.
 MMQ_HD uint16_t mmq_f32_to_bf16(float x) {
+#if defined(__CUDA_ARCH__)
+    uint16_t h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
     uint32_t u = mmq_f32_bits(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) {
         return (uint16_t)((u >> 16) | 0x40u);
     }
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
 }
 
 // Loads and stores of the three activation types as f32.
@@ -148,16 +168,37 @@ MMQ_HD int32_t mmq_quantize_int(float x, float scale, int32_t zero, int32_t lo, 
     return (int32_t)r + zero;
 }
 
+// An integer of magnitude below 2^22 as f32 (exact). On the device, two adds in place of a
+// conversion instruction: 1.5 · 2^23 + v has v in its low mantissa bits.
+MMQ_HD float mmq_small_int_to_f32(int32_t v) {
+#if defined(__CUDA_ARCH__)
+    return __int_as_float(0x4b400000 + v) - 12582912.0f;
+#else
+    return (float)v;
+#endif
+}
+
 // ONNX DequantizeLinear of one integer code: (q - zero) * scale, rounded once to f32 (the
 // difference is exact in f32, so the product is correctly rounded as in f64 then f32).
 MMQ_HD float mmq_dequantize_int(int32_t q, float scale, int32_t zero) {
-    return (float)(q - zero) * scale;
+    return mmq_small_int_to_f32(q - zero) * scale;
 }
 
 // The FP8 E4M3FN code of x (finite only: no infinities, largest finite 448), rounding to
 // nearest even; out-of-range values and infinities saturate to +-448 when `saturate`, else
 // become NaN. Every NaN is 0xff, as in the reference (and ONNX Runtime).
 MMQ_HD uint8_t mmq_encode_e4m3(float x, bool saturate) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    // The hardware conversion rounds the same way and saturates to ±448 (infinities too); NaN
+    // becomes 0x7f there, and a value past the largest code's rounding range (|x| > 464: 464
+    // itself ties to 448) is NaN without `saturate`.
+    if (x != x || (!saturate && fabsf(x) > 464.0f)) {
+        return 0xff;
+    }
+    uint16_t pair;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));
+    return (uint8_t)(pair & 0xffu);
+#else
     const int bias = 7;
     const int man_bits = 3;
     const int max_code = 0x7e;
@@ -187,10 +228,17 @@ MMQ_HD uint8_t mmq_encode_e4m3(float x, bool saturate) {
         return saturate ? (uint8_t)(max_code | sign) : nan;
     }
     return (uint8_t)((uint8_t)code | sign);
+#endif
 }
 
 // The value of an FP8 E4M3FN code.
 MMQ_HD float mmq_decode_e4m3(uint8_t code) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    // Exact through binary16 (every E4M3 value is a binary16 value; 0x7f and 0xff are NaN).
+    uint32_t pair;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(pair) : "h"((uint16_t)code));
+    return mmq_f16_to_f32((uint16_t)(pair & 0xffffu));
+#else
     const int bias = 7;
     uint8_t mag = code & 0x7f;
     if (mag == 0x7f) {
@@ -200,6 +248,7 @@ MMQ_HD float mmq_decode_e4m3(uint8_t code) {
     int m = mag & 0x7;
     float v = e == 0 ? ldexpf((float)m, 1 - bias - 3) : ldexpf((float)(8 + m), e - bias - 3);
     return (code & 0x80) ? -v : v;
+#endif
 }
 
 // Two 4-bit codes in one byte, the first in the low nibble (the layout of ONNX INT4 tensors and

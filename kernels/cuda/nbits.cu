@@ -4,9 +4,46 @@
 // at least 32.
 //
 // GEMV (decode, M = 1..8): one warp per output column; each lane reads 16 bytes of B (32 codes of
-// one block) per step with a 128-bit load and the matching 32 values of every row of A.
+// one block) per step with a 128-bit streaming load, two steps in flight, and the matching 32
+// values of every row of A (through L1); codes minus zero point are exact f32, and each block's
+// scale multiplies its partial sum once.
 // GEMM (prefill): 64×64 output tiles, K steps of 32 staged in shared memory as f32.
 #include "mmq_blocks.cuh"
+
+// 16 bytes of B, streamed: read once, so kept out of L1 (which holds A for the whole block).
+__device__ __forceinline__ uint4 mmq_ld_stream(const uint8_t* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// One lane's step: 32 K from k0 of column n, for every row of A.
+template <int M>
+__device__ __forceinline__ void mmq_nbits_gemv_step(const mmq_f16* a, uint4 wq, int64_t k0,
+                                                    int64_t n, const mmq_f16* scales,
+                                                    const uint8_t* zeros, int64_t k,
+                                                    int64_t k_blocks, int block_log2,
+                                                    float acc[M]) {
+    uint32_t wb[4] = {wq.x, wq.y, wq.z, wq.w};
+    int64_t kb = k0 >> block_log2;
+    float s = mmq_f16_to_f32(mmq_ldg(&scales[n * k_blocks + kb].bits));
+    float d[32];
+    mmq_nbits_codes32(wb, mmq_nbits_zero(zeros, n, kb, k_blocks), d);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        float av[32];
+        const uint4* ap = reinterpret_cast<const uint4*>(a + m * k + k0);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            uint4 aq = __ldg(ap + q);
+            uint32_t w[4] = {aq.x, aq.y, aq.z, aq.w};
+            mmq_unpack8(w, mmq_f16(), av + 8 * q);
+        }
+        acc[m] += mmq_nbits_dot32(d, av) * s;
+    }
+}
 
 template <int M>
 __device__ void mmq_nbits_gemv_impl(const mmq_f16* a, const uint8_t* b, const mmq_f16* scales,
@@ -15,31 +52,30 @@ __device__ void mmq_nbits_gemv_impl(const mmq_f16* a, const uint8_t* b, const mm
     int lane = threadIdx.x & 31;
     int warps = blockDim.x >> 5;
     int64_t k_blocks = k / block;
+    int block_log2 = __ffsll(block) - 1;  // the block is a power of two
     for (int64_t n = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); n < n_total;
          n += (int64_t)gridDim.x * warps) {
         float acc[M];
+#pragma unroll
         for (int m = 0; m < M; ++m) {
             acc[m] = 0.0f;
         }
         const uint8_t* brow = b + n * (k / 2);
-        for (int64_t k0 = (int64_t)lane * 32; k0 < k; k0 += 32 * 32) {
-            uint4 wq = __ldg(reinterpret_cast<const uint4*>(brow + k0 / 2));
-            uint32_t wb[4] = {wq.x, wq.y, wq.z, wq.w};
-            int64_t kb = k0 / block;
-            float s = mmq_f16_to_f32(mmq_ldg(&scales[n * k_blocks + kb].bits));
-            float z = mmq_nbits_zero(zeros, n, kb, k_blocks);
-            for (int m = 0; m < M; ++m) {
-                float av[32];
-                const uint4* ap = reinterpret_cast<const uint4*>(a + m * k + k0);
-                for (int q = 0; q < 4; ++q) {
-                    uint4 aq = __ldg(ap + q);
-                    uint32_t w[4] = {aq.x, aq.y, aq.z, aq.w};
-                    mmq_unpack8(w, mmq_f16(), av + 8 * q);
-                }
-                acc[m] += mmq_nbits_dot32(wb, av, z, s);
-            }
+        // Two steps per iteration, both loads issued before either is used.
+        int64_t k0 = (int64_t)lane * 32;
+        for (; k0 + 1024 < k; k0 += 2048) {
+            uint4 w0 = mmq_ld_stream(brow + k0 / 2);
+            uint4 w1 = mmq_ld_stream(brow + (k0 + 1024) / 2);
+            mmq_nbits_gemv_step<M>(a, w0, k0, n, scales, zeros, k, k_blocks, block_log2, acc);
+            mmq_nbits_gemv_step<M>(a, w1, k0 + 1024, n, scales, zeros, k, k_blocks, block_log2,
+                                   acc);
+        }
+        if (k0 < k) {
+            uint4 w0 = mmq_ld_stream(brow + k0 / 2);
+            mmq_nbits_gemv_step<M>(a, w0, k0, n, scales, zeros, k, k_blocks, block_log2, acc);
         }
         float bn = bias ? mmq_f16_to_f32(mmq_ldg(&bias[n].bits)) : 0.0f;
+#pragma unroll
         for (int m = 0; m < M; ++m) {
             float v = acc[m];
             for (int off = 16; off > 0; off >>= 1) {

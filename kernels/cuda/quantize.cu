@@ -47,7 +47,10 @@ __device__ void mmq_block_minmax(float* mn, float* mx, float* red) {
     __syncthreads();
 }
 
-// One block per group (grid-stride over groups); blockDim.x a multiple of 32.
+// One block per group (grid-stride over groups); blockDim.x a multiple of 32. A group of at most
+// MMQ_HELD chunks per thread is read once: its values stay in registers between the reduction
+// and the coding; a longer group is read twice.
+#define MMQ_HELD 2
 template <typename In, int F, bool ScaleF16>
 __device__ void mmq_quantize_dynamic_impl(const In* x, int64_t rows, int64_t row_len,
                                           int64_t group, int32_t symmetric, int32_t vec,
@@ -59,13 +62,36 @@ __device__ void mmq_quantize_dynamic_impl(const In* x, int64_t rows, int64_t row
         mmq_group_span(g, row_len, group, &first, &len);
         float mn = mmq_bits_f32(0x7f800000u);  // +inf
         float mx = -mn;
-        for (int64_t c = threadIdx.x; c * 8 < len; c += blockDim.x) {
-            int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
-            float v[8];
-            mmq_load_span(x, first + c * 8, cnt, vec != 0, v);
-            for (int e = 0; e < cnt; ++e) {
-                mn = fminf(mn, v[e]);
-                mx = fmaxf(mx, v[e]);
+        bool held = len <= (int64_t)blockDim.x * 8 * MMQ_HELD;
+        float h[MMQ_HELD][8];
+        if (held) {
+#pragma unroll
+            for (int r = 0; r < MMQ_HELD; ++r) {
+                int64_t c = threadIdx.x + (int64_t)r * blockDim.x;
+                int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
+                if (cnt > 0) {
+                    mmq_load_span(x, first + c * 8, cnt, vec != 0, h[r]);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        if (e < cnt) {
+                            mn = fminf(mn, h[r][e]);
+                            mx = fmaxf(mx, h[r][e]);
+                        }
+                    }
+                }
+            }
+        } else {
+            for (int64_t c = threadIdx.x; c * 8 < len; c += blockDim.x) {
+                int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
+                float v[8];
+                mmq_load_span(x, first + c * 8, cnt, vec != 0, v);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    if (e < cnt) {
+                        mn = fminf(mn, v[e]);
+                        mx = fmaxf(mx, v[e]);
+                    }
+                }
             }
         }
         mmq_block_minmax(&mn, &mx, red);
@@ -75,9 +101,20 @@ __device__ void mmq_quantize_dynamic_impl(const In* x, int64_t rows, int64_t row
         if (threadIdx.x == 0) {
             mmq_store_group_params(g, s, z, ScaleF16, scales, zeros);
         }
-        for (int64_t c = threadIdx.x; c * 8 < len; c += blockDim.x) {
-            int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
-            mmq_quantize_span<In, F>(x, first + c * 8, cnt, vec != 0, s, z, true, out);
+        if (held) {
+#pragma unroll
+            for (int r = 0; r < MMQ_HELD; ++r) {
+                int64_t c = threadIdx.x + (int64_t)r * blockDim.x;
+                int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
+                if (cnt > 0) {
+                    mmq_code_span<F>(h[r], first + c * 8, cnt, vec != 0, s, z, true, out);
+                }
+            }
+        } else {
+            for (int64_t c = threadIdx.x; c * 8 < len; c += blockDim.x) {
+                int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
+                mmq_quantize_span<In, F>(x, first + c * 8, cnt, vec != 0, s, z, true, out);
+            }
         }
     }
 }
@@ -93,13 +130,13 @@ __device__ void mmq_quantize_dynamic_impl(const In* x, int64_t rows, int64_t row
         MmqScaleMap map, int32_t vec, In* y) {                                                  \
         mmq_dequantize_impl<In, F>(codes, n, scales, zeros, map, vec, y);                       \
     }                                                                                           \
-    extern "C" __global__ void mmq_quantize_dynamic_##in_name##_##fmt_name##_f32s(              \
+    extern "C" __global__ void __launch_bounds__(512) mmq_quantize_dynamic_##in_name##_##fmt_name##_f32s(              \
         const In* x, int64_t rows, int64_t row_len, int64_t group, int32_t symmetric,          \
         int32_t vec, uint8_t* out, float* scales, uint8_t* zeros) {                             \
         mmq_quantize_dynamic_impl<In, F, false>(x, rows, row_len, group, symmetric, vec, out,   \
                                                 scales, zeros);                                 \
     }                                                                                           \
-    extern "C" __global__ void mmq_quantize_dynamic_##in_name##_##fmt_name##_f16s(              \
+    extern "C" __global__ void __launch_bounds__(512) mmq_quantize_dynamic_##in_name##_##fmt_name##_f16s(              \
         const In* x, int64_t rows, int64_t row_len, int64_t group, int32_t symmetric,          \
         int32_t vec, uint8_t* out, uint16_t* scales, uint8_t* zeros) {                          \
         mmq_quantize_dynamic_impl<In, F, true>(x, rows, row_len, group, symmetric, vec, out,    \

@@ -207,7 +207,34 @@ fn kv_geometry(head_dim: usize) -> Result<usize, CudaError> {
     Ok(KV_BLOCK_BYTES / head_dim)
 }
 
-/// The kernels' `MmqScaleMap`.
+/// The kernels' `MmqDiv`: division of a 32-bit value by a constant as a multiply-high, an add and
+/// a shift.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawDiv {
+    mul: u32,
+    shift: u32,
+}
+
+impl RawDiv {
+    /// The multiplier and shift of `d >= 1` (`mmq_div_by`): shift = ceil(log2 d),
+    /// mul = floor(2^32 (2^shift - d) / d) + 1.
+    pub fn by(d: u64) -> RawDiv {
+        let d = d.clamp(1, 1 << 32);
+        let shift = 64 - (d - 1).leading_zeros();
+        let shift = if d == 1 { 0 } else { shift };
+        let mul = (((1u128 << 32) * ((1u128 << shift) - u128::from(d))) / u128::from(d) + 1) as u32;
+        RawDiv { mul, shift }
+    }
+
+    /// `x / d` as the kernels compute it.
+    pub fn quotient(self, x: u32) -> u32 {
+        let t = ((u64::from(x) * u64::from(self.mul)) >> 32) as u32;
+        ((u64::from(t) + u64::from(x)) >> self.shift) as u32
+    }
+}
+
+/// The kernels' `MmqScaleMap` (`mmq_scale_map` in mmq_blocks.cuh builds the same).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RawScaleMap {
@@ -217,9 +244,25 @@ pub struct RawScaleMap {
     row_len: i64,
     group: i64,
     chunk_uniform: i64,
+    fast: i64,
+    groups: i64,
+    inner_div: RawDiv,
+    axis_div: RawDiv,
+    row_div: RawDiv,
+    group_div: RawDiv,
 }
 
-// SAFETY: a plain `#[repr(C)]` struct of i64, laid out as `MmqScaleMap` in mmq_blocks.cuh.
+impl RawScaleMap {
+    /// The same map with the 64-bit index arithmetic the kernels use past 2^32 elements.
+    #[cfg(test)]
+    pub(crate) fn with_64_bit_indices(mut self) -> Self {
+        self.fast = 0;
+        self
+    }
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of i64 and u32 pairs, laid out as `MmqScaleMap` in
+// mmq_blocks.cuh.
 unsafe impl DeviceRepr for RawScaleMap {}
 
 /// Checks a static quantization of `n` elements against its parameters and output length, and
@@ -232,9 +275,11 @@ pub fn quant_plan(
     zeros: Option<usize>,
     codes: usize,
 ) -> Result<RawScaleMap, CudaError> {
+    let fast = i64::from(n <= u32::MAX as usize);
     let raw = match *map {
         ScaleMap::Tensor => RawScaleMap {
             chunk_uniform: 1,
+            fast,
             ..Default::default()
         },
         ScaleMap::Axis { axis_len, inner } => {
@@ -248,6 +293,9 @@ pub fn quant_plan(
                 axis_len: axis_len as i64,
                 inner: inner as i64,
                 chunk_uniform: i64::from(inner % 8 == 0),
+                fast,
+                inner_div: RawDiv::by(inner as u64),
+                axis_div: RawDiv::by(axis_len as u64),
                 ..Default::default()
             }
         }
@@ -263,6 +311,10 @@ pub fn quant_plan(
                 row_len: row_len as i64,
                 group: group as i64,
                 chunk_uniform: i64::from(group % 8 == 0 && row_len % 8 == 0),
+                fast,
+                groups: row_len.div_ceil(group) as i64,
+                row_div: RawDiv::by(row_len as u64),
+                group_div: RawDiv::by(group as u64),
                 ..Default::default()
             }
         }
@@ -680,7 +732,8 @@ impl Device {
             }
             None => (0, None),
         };
-        let threads = group.div_ceil(8).next_power_of_two().clamp(32, 256) as u32;
+        // Enough threads to hold a group in registers (two chunks of 8 each, `MMQ_HELD`).
+        let threads = group.div_ceil(16).next_power_of_two().clamp(32, 512) as u32;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&x.slice)
             .arg(&rows)

@@ -15,6 +15,14 @@ unsafe extern "C" {
     fn mmq_host_f16_to_f32(h: u16) -> f32;
     fn mmq_host_f32_to_bf16(x: f32) -> u16;
     fn mmq_host_bf16_to_f32(h: u16) -> f32;
+    fn mmq_host_scale_map(
+        mode: i64,
+        axis_len: i64,
+        inner: i64,
+        row_len: i64,
+        group: i64,
+        n: i64,
+    ) -> RawScaleMap;
     fn mmq_host_quantize(
         in_type: i32,
         fmt: i32,
@@ -262,7 +270,57 @@ fn maps() -> Vec<(usize, ScaleMap)> {
                 group: 10,
             },
         ),
+        // Several axis steps inside one chunk.
+        (
+            105,
+            ScaleMap::Axis {
+                axis_len: 5,
+                inner: 1,
+            },
+        ),
+        (
+            84,
+            ScaleMap::Axis {
+                axis_len: 7,
+                inner: 3,
+            },
+        ),
     ]
+}
+
+#[test]
+fn the_scale_map_of_the_launchers_is_the_map_of_quant_plan() {
+    let big = (1usize << 32) + 4096;
+    let mut cases = maps();
+    cases.extend([
+        (
+            big,
+            ScaleMap::Axis {
+                axis_len: 4096,
+                inner: 1,
+            },
+        ),
+        (
+            big,
+            ScaleMap::Group {
+                row_len: 4096,
+                group: 128,
+            },
+        ),
+        (big, ScaleMap::Tensor),
+    ]);
+    for (n, map) in cases {
+        let raw = quant_plan(n, Format::I8, &map, map.count(n), None, n).unwrap();
+        let (mode, a, i, r, g) = match map {
+            ScaleMap::Tensor => (0, 0, 0, 0, 0),
+            ScaleMap::Axis { axis_len, inner } => (1, axis_len, inner, 0, 0),
+            ScaleMap::Group { row_len, group } => (2, 0, 0, row_len, group),
+        };
+        // SAFETY: plain values in, a plain struct out.
+        let c =
+            unsafe { mmq_host_scale_map(mode, a as i64, i as i64, r as i64, g as i64, n as i64) };
+        assert_eq!(raw, c, "{n} elements, {map:?}");
+    }
 }
 
 fn zeros_for(rng: &mut Rng, format: Format, count: usize) -> Option<Vec<u8>> {
@@ -292,7 +350,7 @@ fn quantize_and_dequantize_bodies_match_the_reference() {
                 }
                 let zp = zeros.as_ref().map_or(std::ptr::null(), |z| z.as_ptr());
                 // The map the launcher passes: the bodies run with what `quant_plan` builds.
-                let raw = quant_plan(
+                let plan = quant_plan(
                     n,
                     format,
                     &map,
@@ -302,7 +360,11 @@ fn quantize_and_dequantize_bodies_match_the_reference() {
                 )
                 .expect("a valid plan");
                 let values = test_values(&mut rng, n, 0.02);
-                for input in In::ALL {
+                // With the 32-bit divisions (every index here fits) and with 64-bit ones.
+                for (input, raw) in In::ALL
+                    .into_iter()
+                    .flat_map(|i| [(i, plan), (i, plan.with_64_bit_indices())])
+                {
                     let (bytes, exact) = input.encode(&values);
                     for saturate in [true, false] {
                         let want = packed::quantize(

@@ -277,3 +277,47 @@ fn element_math_is_checked_on_the_host() {
          build warning): its element math is unchecked. Install g++ or clang++."
     );
 }
+
+/// The kernels' constant division (`MmqDiv`) is exact for every 32-bit dividend: each divisor
+/// over its edges (0, d - 1, d, d + 1, multiples, 2^32 - 1) and a pseudo-random sweep.
+#[test]
+fn the_kernels_constant_division_is_exact() {
+    use crate::cuda::RawDiv;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut divisors: Vec<u64> = vec![
+        1,
+        2,
+        3,
+        5,
+        7,
+        8,
+        10,
+        37,
+        40,
+        128,
+        641,
+        4096,
+        11008,
+        65_537,
+        1 << 31,
+        (1 << 31) - 1,
+        (1 << 32) - 1,
+    ];
+    divisors.extend((0..200).map(|_| 1 + next() % u64::from(u32::MAX)));
+    divisors.extend((0..200).map(|_| 1 + next() % 5000));
+    for d in divisors {
+        let div = RawDiv::by(d);
+        let mut xs: Vec<u64> = vec![0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, u64::from(u32::MAX)];
+        xs.extend((1..64).map(|k| d * k + k % 3));
+        xs.extend((0..500).map(|_| next() & u64::from(u32::MAX)));
+        for x in xs.into_iter().filter(|&x| x <= u64::from(u32::MAX)) {
+            assert_eq!(u64::from(div.quotient(x as u32)), x / d, "{x} / {d}");
+        }
+    }
+}
