@@ -21,6 +21,16 @@ MmqScaleMap scale_map(MmqScaleSpec s, int64_t n) {
 
 int last_error() { return (int)cudaGetLastError(); }
 
+// The compute capability's major number of the current device (tensor-core kernels need 8).
+int sm_major() {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        return 0;
+    }
+    return major;
+}
+
 }  // namespace
 
 extern "C" int mmq_launch_quantize(const void* x, int32_t x_type, int64_t n, const float* scales,
@@ -82,7 +92,27 @@ extern "C" int mmq_launch_nbits(const void* a, const uint8_t* b, const void* sca
     const mmq_f16* sv = static_cast<const mmq_f16*>(scales);
     const mmq_f16* bv = static_cast<const mmq_f16*>(bias);
     mmq_f16* yv = static_cast<mmq_f16*>(y);
-    if (m >= 1 && m <= 8) {
+    if (m >= 1 && m <= 8 && sm_major() >= 8) {
+        unsigned grid = grid_for(n, 16);
+#define MMQ_GEMV_TC_CASE(M)                                                                     \
+    case M:                                                                                     \
+        mmq_nbits_gemv_tc_m##M<<<grid, 32 * MMQ_TC_WARPS, 0, stream>>>(av, b, sv, zeros, bv,   \
+                                                                       yv, n, k, block);       \
+        break;
+        switch (m) {
+            MMQ_GEMV_TC_CASE(1)
+            MMQ_GEMV_TC_CASE(2)
+            MMQ_GEMV_TC_CASE(3)
+            MMQ_GEMV_TC_CASE(4)
+            MMQ_GEMV_TC_CASE(5)
+            MMQ_GEMV_TC_CASE(6)
+            MMQ_GEMV_TC_CASE(7)
+            MMQ_GEMV_TC_CASE(8)
+            default:
+                break;
+        }
+#undef MMQ_GEMV_TC_CASE
+    } else if (m >= 1 && m <= 8) {
         const int warps = 4;
         unsigned grid = grid_for(n, warps);
 #define MMQ_GEMV_CASE(M)                                                                        \

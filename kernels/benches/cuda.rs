@@ -1,7 +1,8 @@
 //! GPU benchmark of the CUDA kernels (`cargo bench -p mmq-kernels --bench cuda`): each
 //! quantize / dequantize kernel's bandwidth against a device-to-device copy of the same bytes, and
 //! the INT4 GEMV against binary16 GEMVs (mmq's dense kernel, and cuBLAS where libcublas loads) on
-//! LLaMA-7B shapes at batch 1, 4 and 8. Medians of timed runs (CUDA events) after warm-up; prints
+//! LLaMA-7B shapes at batch 1, 4 and 8, each run on weights outside the L2 cache. Medians of timed
+//! runs (CUDA events) after warm-up; prints
 //! Markdown. Without a GPU it says why and exits 0.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
@@ -38,7 +39,7 @@ fn gbps(bytes: usize, ms: f64) -> f64 {
 }
 
 fn main() {
-    let dev = match Device::new(0) {
+    let mut dev = match Device::new(0) {
         Ok(d) => d,
         Err(e) => {
             println!("GPU benchmark not run: {e}");
@@ -52,7 +53,7 @@ fn main() {
         dev.code_source()
     );
     bandwidth(&dev);
-    gemv(&dev);
+    gemv(&mut dev);
 }
 
 /// Quantize / dequantize at 64 and 256 MiB of binary16 input, against a copy of the bytes each
@@ -139,8 +140,16 @@ fn report(dev: &Device, name: &str, mib: usize, moved: usize, ms: f64) {
     );
 }
 
-/// INT4 GEMV (block 128, no zero points) against binary16 GEMVs on LLaMA-7B shapes.
-fn gemv(dev: &Device) {
+/// Copies of a buffer of `bytes` that together pass 256 MiB, so that the timed runs, which take
+/// them in turn, read their weights from device memory and not from the L2 cache (60 MB on an
+/// H200), as the layers of a decoded model do.
+fn copies(bytes: usize) -> usize {
+    (256usize << 20).div_ceil(bytes).max(2)
+}
+
+/// INT4 GEMV (block 128, no zero points) against binary16 GEMVs on LLaMA-7B shapes, every run on
+/// weights outside the L2 cache ([`copies`]).
+fn gemv(dev: &mut Device) {
     let s = dev.stream().clone();
     // SAFETY: only tries to load the library.
     let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
@@ -149,35 +158,62 @@ fn gemv(dev: &Device) {
         None
     };
     println!(
-        "| N×K | batch | INT4 GEMV µs | f16 GEMV (mmq) µs | speed-up | cuBLAS f16 µs | speed-up |"
+        "| N×K | batch | INT4 GEMV µs | INT4, CUDA cores µs | f16 GEMV (mmq) µs | speed-up | \
+         cuBLAS f16 µs | speed-up |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for (n, k) in [(4096usize, 4096usize), (11008, 4096), (4096, 11008)] {
         let block = 128;
-        let b = dev
-            .upload(&(0..n * k / 2).map(|i| (i * 31) as u8).collect::<Vec<_>>())
-            .expect("upload");
-        let scales = dev
-            .upload(&vec![f16::from_f32(0.01); n * k / block])
-            .expect("upload");
-        let w16 = dev
-            .upload(&vec![f16::from_f32(0.01); n * k])
-            .expect("upload");
-        let w = NBits {
-            b: &b,
-            scales: &scales,
-            zeros: None,
-            n,
-            k,
-            block,
-        };
+        let packed: Vec<u8> = (0..n * k / 2).map(|i| (i * 31) as u8).collect();
+        let count = copies(packed.len());
+        let bs: Vec<Buffer<u8>> = (0..count)
+            .map(|_| dev.upload(&packed).expect("upload"))
+            .collect();
+        let scales = vec![f16::from_f32(0.01); n * k / block];
+        let scales: Vec<Buffer<f16>> = (0..count)
+            .map(|_| dev.upload(&scales).expect("upload"))
+            .collect();
+        let dense = vec![f16::from_f32(0.01); n * k];
+        let w16s: Vec<Buffer<f16>> = (0..copies(2 * n * k))
+            .map(|_| dev.upload(&dense).expect("upload"))
+            .collect();
+        let ws: Vec<NBits<'_>> = bs
+            .iter()
+            .zip(&scales)
+            .map(|(b, scales)| NBits {
+                b,
+                scales,
+                zeros: None,
+                n,
+                k,
+                block,
+            })
+            .collect();
         for m in [1usize, 4, 8] {
             let a: Buffer<f16> = dev
                 .upload(&vec![f16::from_f32(0.5); m * k])
                 .expect("upload");
             let mut y = dev.zeros::<f16>(m * n).expect("alloc");
-            let t4 = time(&s, || dev.nbits_matmul(&a, &w, None, &mut y).expect("gemv"));
-            let t16 = time(&s, || dev.dense_gemv(&a, &w16, n, &mut y).expect("gemv"));
+            let mut turn = 0usize;
+            let mut next = |len: usize| {
+                turn += 1;
+                turn % len
+            };
+            let t4 = time(&s, || {
+                let w = &ws[next(ws.len())];
+                dev.nbits_matmul(&a, w, None, &mut y).expect("gemv")
+            });
+            let tensor_cores = dev.tensor_cores();
+            dev.set_tensor_cores(false);
+            let t4c = time(&s, || {
+                let w = &ws[next(ws.len())];
+                dev.nbits_matmul(&a, w, None, &mut y).expect("gemv")
+            });
+            dev.set_tensor_cores(tensor_cores);
+            let t16 = time(&s, || {
+                let w16 = &w16s[next(w16s.len())];
+                dev.dense_gemv(&a, w16, n, &mut y).expect("gemv")
+            });
             let blas_cell = match &blas {
                 Some(blas) => {
                     let cfg = GemmConfig {
@@ -193,6 +229,7 @@ fn gemv(dev: &Device) {
                         ldc: n as i32,
                     };
                     let tb = time(&s, || {
+                        let w16 = &w16s[next(w16s.len())];
                         // SAFETY: W is [N, K], A [M, K] and Y [M, N], as the config says.
                         unsafe { blas.gemm(cfg, w16.slice(), a.slice(), y.slice_mut()) }
                             .expect("cuBLAS")
@@ -202,8 +239,9 @@ fn gemv(dev: &Device) {
                 None => "not run (no libcublas.so.13) | –".into(),
             };
             println!(
-                "| {n}×{k} | {m} | {:.1} | {:.1} | {:.2}x | {blas_cell} |",
+                "| {n}×{k} | {m} | {:.1} | {:.1} | {:.1} | {:.2}x | {blas_cell} |",
                 t4 * 1e3,
+                t4c * 1e3,
                 t16 * 1e3,
                 t16 / t4
             );

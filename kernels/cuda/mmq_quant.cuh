@@ -160,12 +160,15 @@ MMQ_HD int32_t mmq_quantize_int(float x, float scale, int32_t zero, int32_t lo, 
     if (q != q) {
         q = 0.0f;
     }
-    float r = mmq_round_half_even(q);
-    // lo - zero and hi - zero are exact in f32 for every 8- and 4-bit range.
+    // lo - zero and hi - zero are exact in f32 for every 8- and 4-bit range. Clamping to these
+    // integers before rounding gives what rounding first gives.
     float lo_f = (float)(lo - zero);
     float hi_f = (float)(hi - zero);
-    r = r < lo_f ? lo_f : (r > hi_f ? hi_f : r);
-    return (int32_t)r + zero;
+    q = q < lo_f ? lo_f : (q > hi_f ? hi_f : q);
+    // Round half to even by one add: |q| <= 255, so 1.5 · 2^23 + q lies in [2^23, 2^24), where
+    // the spacing of f32 values is 1, and the integer is its low mantissa bits (no conversion
+    // instruction on the device).
+    return (int32_t)(mmq_f32_bits(q + 12582912.0f) - 0x4b400000u) + zero;
 }
 
 // An integer of magnitude below 2^22 as f32 (exact). On the device, two adds in place of a

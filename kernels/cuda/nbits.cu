@@ -4,7 +4,7 @@
 // at least 32.
 //
 // GEMV (decode, M = 1..8): one warp per output column; each lane reads 16 bytes of B (32 codes of
-// one block) per step with a 128-bit streaming load, two steps in flight, and the matching 32
+// one block) per step with a 128-bit streaming load, four steps in flight, and the matching 32
 // values of every row of A (through L1); codes minus zero point are exact f32, and each block's
 // scale multiplies its partial sum once.
 // GEMM (prefill): 64×64 output tiles, K steps of 32 staged in shared memory as f32.
@@ -45,6 +45,7 @@ __device__ __forceinline__ void mmq_nbits_gemv_step(const mmq_f16* a, uint4 wq, 
     }
 }
 
+#define MMQ_GEMV_DEPTH 4
 template <int M>
 __device__ void mmq_nbits_gemv_impl(const mmq_f16* a, const uint8_t* b, const mmq_f16* scales,
                                     const uint8_t* zeros, const mmq_f16* bias, mmq_f16* y,
@@ -61,18 +62,30 @@ __device__ void mmq_nbits_gemv_impl(const mmq_f16* a, const uint8_t* b, const mm
             acc[m] = 0.0f;
         }
         const uint8_t* brow = b + n * (k / 2);
-        // Two steps per iteration, both loads issued before either is used.
-        int64_t k0 = (int64_t)lane * 32;
-        for (; k0 + 1024 < k; k0 += 2048) {
-            uint4 w0 = mmq_ld_stream(brow + k0 / 2);
-            uint4 w1 = mmq_ld_stream(brow + (k0 + 1024) / 2);
-            mmq_nbits_gemv_step<M>(a, w0, k0, n, scales, zeros, k, k_blocks, block_log2, acc);
-            mmq_nbits_gemv_step<M>(a, w1, k0 + 1024, n, scales, zeros, k, k_blocks, block_log2,
-                                   acc);
+        // Lane steps k0 = 32 lane + 1024 i; MMQ_GEMV_DEPTH loads stay in flight: a step's bytes
+        // are consumed as the load DEPTH steps ahead is issued.
+        uint4 w[MMQ_GEMV_DEPTH];
+#pragma unroll
+        for (int p = 0; p < MMQ_GEMV_DEPTH; ++p) {
+            int64_t kp = (int64_t)lane * 32 + (int64_t)p * 1024;
+            if (kp < k) {
+                w[p] = mmq_ld_stream(brow + kp / 2);
+            }
         }
-        if (k0 < k) {
-            uint4 w0 = mmq_ld_stream(brow + k0 / 2);
-            mmq_nbits_gemv_step<M>(a, w0, k0, n, scales, zeros, k, k_blocks, block_log2, acc);
+        for (int64_t k0 = (int64_t)lane * 32; k0 < k; k0 += MMQ_GEMV_DEPTH * 1024) {
+#pragma unroll
+            for (int p = 0; p < MMQ_GEMV_DEPTH; ++p) {
+                int64_t kp = k0 + (int64_t)p * 1024;
+                if (kp < k) {
+                    uint4 cur = w[p];
+                    int64_t next = kp + MMQ_GEMV_DEPTH * 1024;
+                    if (next < k) {
+                        w[p] = mmq_ld_stream(brow + next / 2);
+                    }
+                    mmq_nbits_gemv_step<M>(a, cur, kp, n, scales, zeros, k, k_blocks, block_log2,
+                                           acc);
+                }
+            }
         }
         float bn = bias ? mmq_f16_to_f32(mmq_ldg(&bias[n].bits)) : 0.0f;
 #pragma unroll
@@ -88,12 +101,168 @@ __device__ void mmq_nbits_gemv_impl(const mmq_f16* a, const uint8_t* b, const mm
     }
 }
 
+// ---- The tensor-core GEMV (sm_80 and later): a block of MMQ_TC_WARPS warps computes 16 output
+// columns for every row of A (M <= 8, the n8 side of mma.m16n8k16); its warps split K in steps of
+// 128. In each 32-K group of a step, lane (g = lane / 4, t = lane % 4) takes the 8 codes at
+// K = k0 .. k0 + 7, k0 = 32 j + 8 t, of columns n0 + g and n0 + g + 8. mma sums over its 16 K
+// slots in any order, so the slots are assigned to suit the unpacking: the 4-bit codes become
+// binary16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) with two logic operations per pair
+// (1024 + c in binary16 has c in its low mantissa bits), code minus zero point exactly; A's
+// values are paired the same way with byte permutes. Products are exact and sums f32; each
+// 32-K group (inside one quantization block) is scaled once, in f32.
+#define MMQ_TC_WARPS 8
+
+// Binary16 pairs of 8 codes minus zero point z: (c0 - z, c4 - z), (c1 - z, c5 - z), ...
+__device__ __forceinline__ void mmq_tc_codes(uint32_t w, uint32_t z1024, uint32_t z64,
+                                             uint32_t d[4]) {
+    const uint32_t lo = 0x000f000fu, hi = 0x00f000f0u, magic = 0x64006400u;
+    const uint32_t sixteenth = 0x2c002c00u;  // (1/16, 1/16)
+    uint32_t p0 = (w & lo) | magic;          // (1024 + c0, 1024 + c4)
+    uint32_t p1 = (w & hi) | magic;          // (1024 + 16 c1, 1024 + 16 c5)
+    uint32_t w2 = w >> 8;
+    uint32_t p2 = (w2 & lo) | magic;
+    uint32_t p3 = (w2 & hi) | magic;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d[0]) : "r"(p0), "r"(z1024));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d[1]) : "r"(p1), "r"(sixteenth), "r"(z64));
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d[2]) : "r"(p2), "r"(z1024));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d[3]) : "r"(p3), "r"(sixteenth), "r"(z64));
+}
+
+// (1024 + z, 1024 + z) and (-64 - z, -64 - z) in binary16 for zero point z (0..15).
+__device__ __forceinline__ void mmq_tc_zero(float z, uint32_t* z1024, uint32_t* z64) {
+    uint32_t a = mmq_f32_to_f16(1024.0f + z);
+    uint32_t b = mmq_f32_to_f16(-64.0f - z);
+    *z1024 = a | (a << 16);
+    *z64 = b | (b << 16);
+}
+
+__device__ __forceinline__ void mmq_mma(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    __trap();  // the launchers use the tensor-core GEMV on sm_80 and later only
+#endif
+}
+
+template <int M>
+__device__ void mmq_nbits_gemv_tc_impl(const mmq_f16* a, const uint8_t* b,
+                                       const mmq_f16* scales, const uint8_t* zeros,
+                                       const mmq_f16* bias, mmq_f16* y, int64_t n_total,
+                                       int64_t k, int64_t block) {
+    __shared__ float part[MMQ_TC_WARPS][32][4];
+    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
+    int g = lane >> 2;
+    int t = lane & 3;
+    int64_t k_blocks = k / block;
+    int block_log2 = __ffsll(block) - 1;
+    // Blocks stride over groups of 16 columns.
+    for (int64_t n0 = (int64_t)blockIdx.x * 16; n0 < n_total; n0 += (int64_t)gridDim.x * 16) {
+        int64_t rg = n0 + g < n_total ? n0 + g : n_total - 1;  // rows past N read row N - 1
+        int64_t rh = n0 + g + 8 < n_total ? n0 + g + 8 : n_total - 1;
+        const uint8_t* bg = b + rg * (k / 2);
+        const uint8_t* bh = b + rh * (k / 2);
+        bool has_row = g < M;
+        const mmq_f16* arow = a + (has_row ? g : 0) * k;
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t base = (int64_t)warp * 128; base < k; base += MMQ_TC_WARPS * 128) {
+            // The step's weights first (eight 4-byte loads in flight), then its math.
+            uint32_t wg[4], wh[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                int64_t k0 = base + 32 * j + 8 * t;
+                bool in = k0 < k;
+                wg[j] = in ? mmq_ldg(reinterpret_cast<const uint32_t*>(bg + k0 / 2)) : 0u;
+                wh[j] = in ? mmq_ldg(reinterpret_cast<const uint32_t*>(bh + k0 / 2)) : 0u;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                int64_t k0 = base + 32 * j + 8 * t;
+                if (base + 32 * j >= k) {
+                    break;  // K is a multiple of 32: a group is wholly in or out
+                }
+                int64_t kb = k0 >> block_log2;
+                float sg = mmq_f16_to_f32(mmq_ldg(&scales[rg * k_blocks + kb].bits));
+                float sh = mmq_f16_to_f32(mmq_ldg(&scales[rh * k_blocks + kb].bits));
+                uint32_t zg1024, zg64, zh1024, zh64;
+                mmq_tc_zero(mmq_nbits_zero(zeros, rg, kb, k_blocks), &zg1024, &zg64);
+                mmq_tc_zero(mmq_nbits_zero(zeros, rh, kb, k_blocks), &zh1024, &zh64);
+                uint32_t dg[4], dh[4];
+                mmq_tc_codes(wg[j], zg1024, zg64, dg);
+                mmq_tc_codes(wh[j], zh1024, zh64, dh);
+                uint32_t x0 = 0, x1 = 0, x2 = 0, x3 = 0;
+                if (has_row) {
+                    uint4 av = __ldg(reinterpret_cast<const uint4*>(arow + k0));
+                    x0 = __byte_perm(av.x, av.z, 0x5410);  // (a0, a4)
+                    x1 = __byte_perm(av.x, av.z, 0x7632);  // (a1, a5)
+                    x2 = __byte_perm(av.y, av.w, 0x5410);  // (a2, a6)
+                    x3 = __byte_perm(av.y, av.w, 0x7632);  // (a3, a7)
+                }
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                // Slots 2t, 2t + 1 hold (c0, c4) and slots 2t + 8, 2t + 9 hold (c1, c5); then the
+                // same for (c2, c6) and (c3, c7).
+                mmq_mma(d, dg[0], dh[0], dg[1], dh[1], x0, x1);
+                mmq_mma(d, dg[2], dh[2], dg[3], dh[3], x2, x3);
+                c[0] += sg * d[0];
+                c[1] += sg * d[1];
+                c[2] += sh * d[2];
+                c[3] += sh * d[3];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            part[warp][lane][i] = c[i];
+        }
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int w = 1; w < MMQ_TC_WARPS; ++w) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    c[i] += part[w][lane][i];
+                }
+            }
+            // c[0], c[1]: column n0 + g, rows m = 2t, 2t + 1 of A; c[2], c[3]: column n0 + g + 8.
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                int64_t n = n0 + g + (i >= 2 ? 8 : 0);
+                int m = 2 * t + (i & 1);
+                if (m < M && n < n_total) {
+                    float bn = bias ? mmq_f16_to_f32(mmq_ldg(&bias[n].bits)) : 0.0f;
+                    y[m * n_total + n].bits = mmq_f32_to_f16(c[i] + bn);
+                }
+            }
+        }
+        __syncthreads();  // `part` is free for the next group
+    }
+}
+
 #define MMQ_GEMV_KERNEL(M)                                                                    \
     extern "C" __global__ void mmq_nbits_gemv_m##M(                                           \
         const mmq_f16* a, const uint8_t* b, const mmq_f16* scales, const uint8_t* zeros,      \
         const mmq_f16* bias, mmq_f16* y, int64_t n, int64_t k, int64_t block) {               \
         mmq_nbits_gemv_impl<M>(a, b, scales, zeros, bias, y, n, k, block);                    \
     }
+#define MMQ_GEMV_TC_KERNEL(M)                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_TC_WARPS) mmq_nbits_gemv_tc_m##M(    \
+        const mmq_f16* a, const uint8_t* b, const mmq_f16* scales, const uint8_t* zeros,      \
+        const mmq_f16* bias, mmq_f16* y, int64_t n, int64_t k, int64_t block) {               \
+        mmq_nbits_gemv_tc_impl<M>(a, b, scales, zeros, bias, y, n, k, block);                 \
+    }
+MMQ_GEMV_TC_KERNEL(1)
+MMQ_GEMV_TC_KERNEL(2)
+MMQ_GEMV_TC_KERNEL(3)
+MMQ_GEMV_TC_KERNEL(4)
+MMQ_GEMV_TC_KERNEL(5)
+MMQ_GEMV_TC_KERNEL(6)
+MMQ_GEMV_TC_KERNEL(7)
+MMQ_GEMV_TC_KERNEL(8)
+
 MMQ_GEMV_KERNEL(1)
 MMQ_GEMV_KERNEL(2)
 MMQ_GEMV_KERNEL(3)

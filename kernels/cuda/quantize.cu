@@ -4,24 +4,184 @@
 // group's scale and zero point, then the codes, in one pass over the data).
 #include "mmq_blocks.cuh"
 
-#define MMQ_GRID_STRIDE(i, count)                                                             \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count);              \
-         i += (int64_t)gridDim.x * blockDim.x)
+// How a launch finds its scales: one for the tensor, one per chunk (every chunk inside one scale),
+// eight consecutive ones per chunk (per channel along the last axis, channels a multiple of 8),
+// or one lookup per element.
+enum MmqChunkScales { MMQ_ONE, MMQ_PER_CHUNK, MMQ_RUN, MMQ_PER_ELEMENT };
 
+__device__ __forceinline__ MmqChunkScales mmq_chunk_scales(const MmqScaleMap& map, bool vec) {
+    if (map.mode == 0) {
+        return MMQ_ONE;
+    }
+    if (map.chunk_uniform) {
+        return MMQ_PER_CHUNK;
+    }
+    // Vector loads of the scales too: the launchers' `vec` also vouches for their alignment.
+    if (vec && map.mode == 1 && map.inner == 1 && map.axis_len % 8 == 0) {
+        return MMQ_RUN;
+    }
+    return MMQ_PER_ELEMENT;
+}
+
+// The scales and zero points j0 .. j0 + 7 (j0 a multiple of 8) with vector loads.
+template <int F>
+__device__ __forceinline__ void mmq_load_run(const float* scales, const uint8_t* zeros,
+                                             int64_t j0, float s[8], int32_t z[8]) {
+    float4 a = __ldg(reinterpret_cast<const float4*>(scales + j0));
+    float4 b = __ldg(reinterpret_cast<const float4*>(scales + j0) + 1);
+    s[0] = a.x, s[1] = a.y, s[2] = a.z, s[3] = a.w;
+    s[4] = b.x, s[5] = b.y, s[6] = b.z, s[7] = b.w;
+    uint32_t c[8];
+    if (zeros == 0 || mmq_fmt<F>::is_float) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            z[e] = 0;
+        }
+        return;
+    }
+    mmq_load_codes<F>(zeros, j0, 8, true, c);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        uint32_t u = c[e];
+        z[e] = !mmq_fmt<F>::is_signed ? (int32_t)u
+               : mmq_fmt<F>::bits == 8 ? (int32_t)(int8_t)u
+                                       : (u >= 8 ? (int32_t)u - 16 : (int32_t)u);
+    }
+}
+
+// Codes the `cnt` loaded values of the chunk at element a.
+template <int F>
+__device__ __forceinline__ void mmq_quantize_loaded(const float v[8], int64_t a, int cnt,
+                                                    MmqChunkScales how, float s0, int32_t z0,
+                                                    const float* scales, const uint8_t* zeros,
+                                                    const MmqScaleMap& map, bool saturate,
+                                                    bool vec, uint8_t* out) {
+    if (how == MMQ_ONE) {
+        mmq_code_span<F>(v, a, cnt, vec, s0, z0, saturate, out);
+        return;
+    }
+    int64_t j0 = mmq_scale_index(map, a);
+    if (how == MMQ_PER_CHUNK) {
+        mmq_code_span<F>(v, a, cnt, vec, mmq_ldg(scales + j0), mmq_zero<F>(zeros, j0), saturate,
+                         out);
+        return;
+    }
+    float s[8];
+    int32_t z[8];
+    mmq_load_run<F>(scales, zeros, j0, s, z);
+    uint32_t c[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        c[e] = mmq_encode<F>(v[e], s[e], z[e], saturate);
+    }
+    mmq_store_codes<F>(out, a, cnt, vec, c);
+}
+
+// Grid-stride over chunks of eight elements, two full chunks per step (both read before either
+// is coded, so each thread keeps two loads in flight), then the rest one by one; per-element
+// maps go chunk by chunk.
 template <typename In, int F>
 __device__ void mmq_quantize_impl(const In* x, int64_t n, const float* scales,
                                   const uint8_t* zeros, MmqScaleMap map, int32_t saturate,
                                   int32_t vec, uint8_t* out) {
-    MMQ_GRID_STRIDE(chunk, (n + 7) / 8) {
-        mmq_quantize_chunk<In, F>(x, n, scales, zeros, map, saturate != 0, vec != 0, out, chunk);
+    int64_t chunks = (n + 7) / 8;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    MmqChunkScales how = mmq_chunk_scales(map, vec != 0);
+    if (how == MMQ_PER_ELEMENT) {
+        for (; c < chunks; c += stride) {
+            mmq_quantize_chunk<In, F>(x, n, scales, zeros, map, saturate != 0, vec != 0, out, c);
+        }
+        return;
     }
+    float s0 = mmq_ldg(scales);
+    int32_t z0 = mmq_zero<F>(zeros, 0);
+    if (vec) {
+        // Two full chunks per step: both 128-bit loads issued before either is coded.
+        for (; (c + stride) * 8 + 8 <= n; c += 2 * stride) {
+            int64_t a0 = c * 8;
+            int64_t a1 = (c + stride) * 8;
+            float v0[8], v1[8];
+            mmq_load_span(x, a0, 8, true, v0);
+            mmq_load_span(x, a1, 8, true, v1);
+            mmq_quantize_loaded<F>(v0, a0, 8, how, s0, z0, scales, zeros, map, saturate != 0,
+                                   true, out);
+            mmq_quantize_loaded<F>(v1, a1, 8, how, s0, z0, scales, zeros, map, saturate != 0,
+                                   true, out);
+        }
+    }
+    for (; c < chunks; c += stride) {
+        int64_t a0 = c * 8;
+        int n0 = n - a0 < 8 ? (int)(n - a0) : 8;
+        float v0[8];
+        mmq_load_span(x, a0, n0, vec != 0, v0);
+        mmq_quantize_loaded<F>(v0, a0, n0, how, s0, z0, scales, zeros, map, saturate != 0,
+                               vec != 0, out);
+    }
+}
+
+// Decodes the codes of the chunk at element a and stores them.
+template <typename Out, int F>
+__device__ __forceinline__ void mmq_dequantize_loaded(const uint32_t c[8], int64_t a, int cnt,
+                                                      MmqChunkScales how, float s0, int32_t z0,
+                                                      const float* scales, const uint8_t* zeros,
+                                                      const MmqScaleMap& map, bool vec, Out* y) {
+    float v[8];
+    if (how == MMQ_RUN) {
+        float s[8];
+        int32_t z[8];
+        mmq_load_run<F>(scales, zeros, mmq_scale_index(map, a), s, z);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            v[e] = mmq_decode<F>(c[e], s[e], z[e]);
+        }
+    } else {
+        if (how == MMQ_PER_CHUNK) {
+            int64_t j0 = mmq_scale_index(map, a);
+            s0 = mmq_ldg(scales + j0);
+            z0 = mmq_zero<F>(zeros, j0);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            v[e] = mmq_decode<F>(c[e], s0, z0);
+        }
+    }
+    mmq_store_span(y, a, cnt, vec, v);
 }
 
 template <typename Out, int F>
 __device__ void mmq_dequantize_impl(const uint8_t* codes, int64_t n, const float* scales,
                                     const uint8_t* zeros, MmqScaleMap map, int32_t vec, Out* y) {
-    MMQ_GRID_STRIDE(chunk, (n + 7) / 8) {
-        mmq_dequantize_chunk<Out, F>(codes, n, scales, zeros, map, vec != 0, y, chunk);
+    int64_t chunks = (n + 7) / 8;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    MmqChunkScales how = mmq_chunk_scales(map, vec != 0);
+    if (how == MMQ_PER_ELEMENT) {
+        for (; c < chunks; c += stride) {
+            mmq_dequantize_chunk<Out, F>(codes, n, scales, zeros, map, vec != 0, y, c);
+        }
+        return;
+    }
+    float s0 = mmq_ldg(scales);
+    int32_t z0 = mmq_zero<F>(zeros, 0);
+    if (vec) {
+        // Two full chunks per step, both loaded before either is decoded.
+        for (; (c + stride) * 8 + 8 <= n; c += 2 * stride) {
+            int64_t a0 = c * 8;
+            int64_t a1 = (c + stride) * 8;
+            uint32_t c0[8], c1[8];
+            mmq_load_codes<F>(codes, a0, 8, true, c0);
+            mmq_load_codes<F>(codes, a1, 8, true, c1);
+            mmq_dequantize_loaded<Out, F>(c0, a0, 8, how, s0, z0, scales, zeros, map, true, y);
+            mmq_dequantize_loaded<Out, F>(c1, a1, 8, how, s0, z0, scales, zeros, map, true, y);
+        }
+    }
+    for (; c < chunks; c += stride) {
+        int64_t a0 = c * 8;
+        int n0 = n - a0 < 8 ? (int)(n - a0) : 8;
+        uint32_t c0[8];
+        mmq_load_codes<F>(codes, a0, n0, vec != 0, c0);
+        mmq_dequantize_loaded<Out, F>(c0, a0, n0, how, s0, z0, scales, zeros, map, vec != 0, y);
     }
 }
 

@@ -100,6 +100,7 @@ pub struct Device {
     capability: (i32, i32),
     sm_count: u32,
     code: CodeSource,
+    tensor_cores: bool,
 }
 
 /// A typed device buffer.
@@ -476,6 +477,7 @@ pub fn kernel_names() -> Vec<String> {
         names.push(format!("mmq_kv_append_{input}"));
     }
     names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_m{m}")));
+    names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_tc_m{m}")));
     names.push("mmq_nbits_gemm".into());
     names.extend([1, 4, 8].map(|m| format!("mmq_dense_gemv_m{m}")));
     names
@@ -533,6 +535,7 @@ impl Device {
             capability,
             sm_count,
             code,
+            tensor_cores: capability.0 >= 8,
         })
     }
 
@@ -544,6 +547,17 @@ impl Device {
     /// The compute capability (major, minor).
     pub fn capability(&self) -> (i32, i32) {
         self.capability
+    }
+
+    /// Whether the INT4 GEMV uses tensor cores (`mma`, sm_80 and later; on by default there).
+    pub fn tensor_cores(&self) -> bool {
+        self.tensor_cores
+    }
+
+    /// Turns the tensor-core INT4 GEMV on or off (it stays off below sm_80): off, the GEMV runs
+    /// on CUDA cores, one warp per column.
+    pub fn set_tensor_cores(&mut self, on: bool) {
+        self.tensor_cores = on && self.capability.0 >= 8;
     }
 
     /// Where the kernel code came from.
@@ -800,7 +814,23 @@ impl Device {
         let (zp, _zg) = self.ptr(w.zeros);
         let (bp, _bg) = self.ptr(bias);
         let (n64, k64, blk64, m64) = (w.n as i64, w.k as i64, w.block as i64, m as i64);
-        if m <= 8 {
+        if m <= 8 && self.tensor_cores {
+            // Tensor cores: a block of 8 warps per 16 columns (`mmq_nbits_gemv_tc_*`).
+            let f = self.function(&format!("mmq_nbits_gemv_tc_m{m}"))?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&a.slice)
+                .arg(&w.b.slice)
+                .arg(&w.scales.slice)
+                .arg(&zp)
+                .arg(&bp)
+                .arg(&mut y.slice)
+                .arg(&n64)
+                .arg(&k64)
+                .arg(&blk64);
+            // SAFETY: matches `mmq_nbits_gemv_tc_m*`; `nbits_plan` checked every length.
+            unsafe { b.launch(cfg(grid(w.n, 16, 1 << 31), 256)) }
+                .map_err(driver("INT4 GEMV launch"))?;
+        } else if m <= 8 {
             let f = self.function(&format!("mmq_nbits_gemv_m{m}"))?;
             let warps = 4usize;
             let mut b = self.stream.launch_builder(&f);

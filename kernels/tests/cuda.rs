@@ -186,6 +186,15 @@ fn gpu_quantize_and_dequantize_match_the_reference() {
             axis_len: 3,
             inner: 5,
         },
+        // Channels along the last axis: eight consecutive scales per chunk, and not.
+        ScaleMap::Axis {
+            axis_len: 40,
+            inner: 1,
+        },
+        ScaleMap::Axis {
+            axis_len: 15,
+            inner: 1,
+        },
         ScaleMap::Group {
             row_len: 40,
             group: 16,
@@ -314,11 +323,12 @@ fn gpu_dynamic_per_token_and_image_features_match_the_reference() {
 
 #[test]
 fn gpu_int4_gemv_and_gemm_match_the_reference() {
-    let Some(dev) = gpu("gpu_int4_gemv_and_gemm_match_the_reference") else {
+    let Some(mut dev) = gpu("gpu_int4_gemv_and_gemm_match_the_reference") else {
         return;
     };
     let mut rng = Rng(13);
-    for (n, k, block) in [(96usize, 4096usize, 128usize), (40, 1024, 32)] {
+    // K of 96: a step of 128 that K cuts short.
+    for (n, k, block) in [(96usize, 4096usize, 128usize), (40, 1024, 32), (24, 96, 32)] {
         let b: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
         let scales: Vec<f16> = (0..n * k / block)
             .map(|_| f16::from_f32(0.005 + 0.01 * rng.unit().abs()))
@@ -350,17 +360,22 @@ fn gpu_int4_gemv_and_gemm_match_the_reference() {
                 let a: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.unit())).collect();
                 let a_f: Vec<f32> = a.iter().map(|v| v.to_f32()).collect();
                 let want = packed::nbits_matmul(&a_f, m, &weights, n, Some(&bias_f));
-                let mut y = dev.zeros::<f16>(m * n).unwrap();
-                dev.nbits_matmul(&dev.upload(&a).unwrap(), &w, Some(&d_bias), &mut y)
-                    .unwrap();
                 let norm = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
-                for (i, (g, w)) in dev.download(&y).unwrap().iter().zip(&want).enumerate() {
-                    let g = f64::from(g.to_f32());
-                    let tol = w.abs() * 2f64.powi(-10) + norm * 1e-4;
-                    assert!(
-                        (g - w).abs() <= tol,
-                        "m {m} n {n} k {k} zeros {with_zeros} output {i}: {g} vs {w}"
-                    );
+                // The tensor-core GEMV (where the device has them), then the CUDA-core one.
+                for tensor_cores in [true, false] {
+                    dev.set_tensor_cores(tensor_cores);
+                    let mut y = dev.zeros::<f16>(m * n).unwrap();
+                    dev.nbits_matmul(&dev.upload(&a).unwrap(), &w, Some(&d_bias), &mut y)
+                        .unwrap();
+                    for (i, (g, w)) in dev.download(&y).unwrap().iter().zip(&want).enumerate() {
+                        let g = f64::from(g.to_f32());
+                        let tol = w.abs() * 2f64.powi(-10) + norm * 1e-4;
+                        assert!(
+                            (g - w).abs() <= tol,
+                            "m {m} n {n} k {k} zeros {with_zeros} tensor cores {tensor_cores} \
+                             output {i}: {g} vs {w}"
+                        );
+                    }
                 }
             }
         }
