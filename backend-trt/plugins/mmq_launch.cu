@@ -92,7 +92,7 @@ extern "C" int mmq_launch_nbits(const void* a, const uint8_t* b, const void* sca
     const mmq_f16* sv = static_cast<const mmq_f16*>(scales);
     const mmq_f16* bv = static_cast<const mmq_f16*>(bias);
     mmq_f16* yv = static_cast<mmq_f16*>(y);
-    if (m >= 1 && m <= 8 && sm_major() >= 8) {
+    if (m >= 1 && m <= 8 && block >= 128 && sm_major() >= 8) {
         unsigned grid = grid_for(n, 16);
 #define MMQ_GEMV_TC_CASE(M)                                                                     \
     case M:                                                                                     \

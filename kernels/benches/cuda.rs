@@ -1,8 +1,8 @@
 //! GPU benchmark of the CUDA kernels (`cargo bench -p mmq-kernels --bench cuda`): each
 //! quantize / dequantize kernel's bandwidth against a device-to-device copy of the same bytes, and
 //! the INT4 GEMV against binary16 GEMVs (mmq's dense kernel, and cuBLAS where libcublas loads) on
-//! LLaMA-7B shapes at batch 1, 4 and 8, each run on weights outside the L2 cache. Medians of timed
-//! runs (CUDA events) after warm-up; prints
+//! LLaMA-7B shapes at batch 1, 4 and 8, each call on weights outside the L2 cache. Per-call
+//! medians of timed runs of calls queued back to back (CUDA events) after warm-up; prints
 //! Markdown. Without a GPU it says why and exits 0.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
@@ -15,8 +15,12 @@ use half::f16;
 use mmq_kernels::cuda::{Buffer, Device, Format, GroupScales, NBits, QuantParams, ScaleMap};
 
 const RUNS: usize = 30;
+/// Calls queued back to back in one timed run: the per-call time excludes the host's launch
+/// latency, as in a decode loop that keeps the stream busy.
+const BATCH: usize = 20;
 
-/// Median milliseconds of `f` over [`RUNS`] runs, after three warm-up runs.
+/// Median milliseconds per call of `f` over [`RUNS`] timed runs of [`BATCH`] calls each, after
+/// three warm-up calls.
 fn time(stream: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
     for _ in 0..3 {
         f();
@@ -25,9 +29,11 @@ fn time(stream: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
     let mut t: Vec<f64> = (0..RUNS)
         .map(|_| {
             let a = stream.record_event(flags).expect("event");
-            f();
+            for _ in 0..BATCH {
+                f();
+            }
             let b = stream.record_event(flags).expect("event");
-            f64::from(a.elapsed_ms(&b).expect("elapsed"))
+            f64::from(a.elapsed_ms(&b).expect("elapsed")) / BATCH as f64
         })
         .collect();
     t.sort_by(f64::total_cmp);
@@ -48,7 +54,8 @@ fn main() {
     };
     let (major, minor) = dev.capability();
     println!(
-        "Device: {} (sm_{major}{minor}); kernels from {:?}; medians of {RUNS} runs.\n",
+        "Device: {} (sm_{major}{minor}); kernels from {:?}; medians of {RUNS} runs of {BATCH} \
+         calls queued back to back.\n",
         dev.name(),
         dev.code_source()
     );

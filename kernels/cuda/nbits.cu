@@ -101,15 +101,16 @@ __device__ void mmq_nbits_gemv_impl(const mmq_f16* a, const uint8_t* b, const mm
     }
 }
 
-// ---- The tensor-core GEMV (sm_80 and later): a block of MMQ_TC_WARPS warps computes 16 output
-// columns for every row of A (M <= 8, the n8 side of mma.m16n8k16); its warps split K in steps of
-// 128. In each 32-K group of a step, lane (g = lane / 4, t = lane % 4) takes the 8 codes at
-// K = k0 .. k0 + 7, k0 = 32 j + 8 t, of columns n0 + g and n0 + g + 8. mma sums over its 16 K
-// slots in any order, so the slots are assigned to suit the unpacking: the 4-bit codes become
-// binary16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) with two logic operations per pair
-// (1024 + c in binary16 has c in its low mantissa bits), code minus zero point exactly; A's
-// values are paired the same way with byte permutes. Products are exact and sums f32; each
-// 32-K group (inside one quantization block) is scaled once, in f32.
+// ---- The tensor-core GEMV (sm_80 and later, quantization blocks of 128 or more): a block of
+// MMQ_TC_WARPS warps computes 16 output columns for every row of A (M <= 8, the n8 side of
+// mma.m16n8k16); its warps split K in steps of 128. In a step, lane (g = lane / 4, t = lane % 4)
+// reads the 32 codes at K = base + 32 t .. + 31 of columns n0 + g and n0 + g + 8 (16 bytes each,
+// later steps' already in flight) and the 32 matching values of row g of A. mma sums over its 16
+// K slots in any order, so the slots are assigned to suit the unpacking: 8 codes become binary16
+// pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) with two logic operations per pair (1024 + c in
+// binary16 has c in its low mantissa bits), code minus zero point exactly; A's values are paired
+// the same way with byte permutes. Products are exact and sums f32; a step lies in one block, so
+// its sum is scaled once, in f32.
 #define MMQ_TC_WARPS 8
 
 // Binary16 pairs of 8 codes minus zero point z: (c0 - z, c4 - z), (c1 - z, c5 - z), ...
@@ -149,6 +150,55 @@ __device__ __forceinline__ void mmq_mma(float c[4], uint32_t a0, uint32_t a1, ui
 #endif
 }
 
+// One step of a lane: the 32 codes at K = kt .. kt + 31 of columns rg and rh (wg, wh), against
+// row g of A, into c; a step lies in one quantization block (blocks of at least 128).
+template <int M>
+__device__ __forceinline__ void mmq_tc_step(const mmq_f16* arow, bool has_row, uint4 wg,
+                                            uint4 wh, int64_t kt, int64_t rg, int64_t rh,
+                                            const mmq_f16* scales, const uint8_t* zeros,
+                                            int64_t k, int64_t k_blocks, int block_log2,
+                                            float c[4]) {
+    // K is a multiple of 32: a lane's 32 K are wholly in or out; out, it adds zeros.
+    bool in = kt < k;
+    int64_t kb = (in ? kt : k - 1) >> block_log2;
+    float sg = mmq_f16_to_f32(mmq_ldg(&scales[rg * k_blocks + kb].bits));
+    float sh = mmq_f16_to_f32(mmq_ldg(&scales[rh * k_blocks + kb].bits));
+    uint32_t zg1024, zg64, zh1024, zh64;
+    mmq_tc_zero(mmq_nbits_zero(zeros, rg, kb, k_blocks), &zg1024, &zg64);
+    mmq_tc_zero(mmq_nbits_zero(zeros, rh, kb, k_blocks), &zh1024, &zh64);
+    uint32_t ag[4] = {wg.x, wg.y, wg.z, wg.w};
+    uint32_t ah[4] = {wh.x, wh.y, wh.z, wh.w};
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        uint32_t dg[4] = {0u, 0u, 0u, 0u}, dh[4] = {0u, 0u, 0u, 0u};
+        uint32_t x0 = 0, x1 = 0, x2 = 0, x3 = 0;
+        if (in) {
+            mmq_tc_codes(ag[j], zg1024, zg64, dg);
+            mmq_tc_codes(ah[j], zh1024, zh64, dh);
+            if (has_row) {
+                uint4 av = __ldg(reinterpret_cast<const uint4*>(arow + kt + 8 * j));
+                x0 = __byte_perm(av.x, av.z, 0x5410);  // (a0, a4)
+                x1 = __byte_perm(av.x, av.z, 0x7632);  // (a1, a5)
+                x2 = __byte_perm(av.y, av.w, 0x5410);  // (a2, a6)
+                x3 = __byte_perm(av.y, av.w, 0x7632);  // (a3, a7)
+            }
+        }
+        // Slots 2t, 2t + 1 hold (c0, c4) and slots 2t + 8, 2t + 9 hold (c1, c5); then the same
+        // for (c2, c6) and (c3, c7).
+        mmq_mma(d, dg[0], dh[0], dg[1], dh[1], x0, x1);
+        mmq_mma(d, dg[2], dh[2], dg[3], dh[3], x2, x3);
+    }
+    // The quad's 128 K lie in one block: one scale per column, in f32.
+    c[0] += sg * d[0];
+    c[1] += sg * d[1];
+    c[2] += sh * d[2];
+    c[3] += sh * d[3];
+}
+
+// Steps each lane keeps in flight (16 bytes of each of its two columns per step).
+#define MMQ_TC_DEPTH 3
+
 template <int M>
 __device__ void mmq_nbits_gemv_tc_impl(const mmq_f16* a, const uint8_t* b,
                                        const mmq_f16* scales, const uint8_t* zeros,
@@ -161,57 +211,40 @@ __device__ void mmq_nbits_gemv_tc_impl(const mmq_f16* a, const uint8_t* b,
     int t = lane & 3;
     int64_t k_blocks = k / block;
     int block_log2 = __ffsll(block) - 1;
+    bool has_row = g < M;
+    const mmq_f16* arow = a + (has_row ? g : 0) * k;
+    const int64_t step = MMQ_TC_WARPS * 128;
     // Blocks stride over groups of 16 columns.
     for (int64_t n0 = (int64_t)blockIdx.x * 16; n0 < n_total; n0 += (int64_t)gridDim.x * 16) {
         int64_t rg = n0 + g < n_total ? n0 + g : n_total - 1;  // rows past N read row N - 1
         int64_t rh = n0 + g + 8 < n_total ? n0 + g + 8 : n_total - 1;
         const uint8_t* bg = b + rg * (k / 2);
         const uint8_t* bh = b + rh * (k / 2);
-        bool has_row = g < M;
-        const mmq_f16* arow = a + (has_row ? g : 0) * k;
         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int64_t base = (int64_t)warp * 128; base < k; base += MMQ_TC_WARPS * 128) {
-            // The step's weights first (eight 4-byte loads in flight), then its math.
-            uint32_t wg[4], wh[4];
+        // The lane's 32 K of its warp's steps: kt0, kt0 + step, ...; MMQ_TC_DEPTH in flight.
+        int64_t kt0 = (int64_t)warp * 128 + 32 * t;
+        uint4 wg[MMQ_TC_DEPTH], wh[MMQ_TC_DEPTH];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                int64_t k0 = base + 32 * j + 8 * t;
-                bool in = k0 < k;
-                wg[j] = in ? mmq_ldg(reinterpret_cast<const uint32_t*>(bg + k0 / 2)) : 0u;
-                wh[j] = in ? mmq_ldg(reinterpret_cast<const uint32_t*>(bh + k0 / 2)) : 0u;
-            }
+        for (int p = 0; p < MMQ_TC_DEPTH; ++p) {
+            int64_t kp = kt0 + p * step;
+            wg[p] = kp < k ? mmq_ld_stream(bg + kp / 2) : make_uint4(0, 0, 0, 0);
+            wh[p] = kp < k ? mmq_ld_stream(bh + kp / 2) : make_uint4(0, 0, 0, 0);
+        }
+        for (int64_t base = (int64_t)warp * 128; base < k; base += MMQ_TC_DEPTH * step) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                int64_t k0 = base + 32 * j + 8 * t;
-                if (base + 32 * j >= k) {
-                    break;  // K is a multiple of 32: a group is wholly in or out
+            for (int p = 0; p < MMQ_TC_DEPTH; ++p) {
+                int64_t bp = base + p * step;
+                if (bp < k) {
+                    int64_t kp = bp + 32 * t;
+                    uint4 cg = wg[p], ch = wh[p];
+                    int64_t next = kp + MMQ_TC_DEPTH * step;
+                    if (next < k) {
+                        wg[p] = mmq_ld_stream(bg + next / 2);
+                        wh[p] = mmq_ld_stream(bh + next / 2);
+                    }
+                    mmq_tc_step<M>(arow, has_row, cg, ch, kp, rg, rh, scales, zeros, k,
+                                   k_blocks, block_log2, c);
                 }
-                int64_t kb = k0 >> block_log2;
-                float sg = mmq_f16_to_f32(mmq_ldg(&scales[rg * k_blocks + kb].bits));
-                float sh = mmq_f16_to_f32(mmq_ldg(&scales[rh * k_blocks + kb].bits));
-                uint32_t zg1024, zg64, zh1024, zh64;
-                mmq_tc_zero(mmq_nbits_zero(zeros, rg, kb, k_blocks), &zg1024, &zg64);
-                mmq_tc_zero(mmq_nbits_zero(zeros, rh, kb, k_blocks), &zh1024, &zh64);
-                uint32_t dg[4], dh[4];
-                mmq_tc_codes(wg[j], zg1024, zg64, dg);
-                mmq_tc_codes(wh[j], zh1024, zh64, dh);
-                uint32_t x0 = 0, x1 = 0, x2 = 0, x3 = 0;
-                if (has_row) {
-                    uint4 av = __ldg(reinterpret_cast<const uint4*>(arow + k0));
-                    x0 = __byte_perm(av.x, av.z, 0x5410);  // (a0, a4)
-                    x1 = __byte_perm(av.x, av.z, 0x7632);  // (a1, a5)
-                    x2 = __byte_perm(av.y, av.w, 0x5410);  // (a2, a6)
-                    x3 = __byte_perm(av.y, av.w, 0x7632);  // (a3, a7)
-                }
-                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                // Slots 2t, 2t + 1 hold (c0, c4) and slots 2t + 8, 2t + 9 hold (c1, c5); then the
-                // same for (c2, c6) and (c3, c7).
-                mmq_mma(d, dg[0], dh[0], dg[1], dh[1], x0, x1);
-                mmq_mma(d, dg[2], dh[2], dg[3], dh[3], x2, x3);
-                c[0] += sg * d[0];
-                c[1] += sg * d[1];
-                c[2] += sh * d[2];
-                c[3] += sh * d[3];
             }
         }
 #pragma unroll
@@ -249,7 +282,7 @@ __device__ void mmq_nbits_gemv_tc_impl(const mmq_f16* a, const uint8_t* b,
         mmq_nbits_gemv_impl<M>(a, b, scales, zeros, bias, y, n, k, block);                    \
     }
 #define MMQ_GEMV_TC_KERNEL(M)                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * MMQ_TC_WARPS) mmq_nbits_gemv_tc_m##M(    \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_TC_WARPS, 2) mmq_nbits_gemv_tc_m##M( \
         const mmq_f16* a, const uint8_t* b, const mmq_f16* scales, const uint8_t* zeros,      \
         const mmq_f16* bias, mmq_f16* y, int64_t n, int64_t k, int64_t block) {               \
         mmq_nbits_gemv_tc_impl<M>(a, b, scales, zeros, bias, y, n, k, block);                 \

@@ -554,8 +554,8 @@ impl Device {
         self.tensor_cores
     }
 
-    /// Turns the tensor-core INT4 GEMV on or off (it stays off below sm_80): off, the GEMV runs
-    /// on CUDA cores, one warp per column.
+    /// Turns the tensor-core INT4 GEMV on or off (it stays off below sm_80, and blocks under 128
+    /// always run on CUDA cores): off, the GEMV runs on CUDA cores, one warp per column.
     pub fn set_tensor_cores(&mut self, on: bool) {
         self.tensor_cores = on && self.capability.0 >= 8;
     }
@@ -814,8 +814,9 @@ impl Device {
         let (zp, _zg) = self.ptr(w.zeros);
         let (bp, _bg) = self.ptr(bias);
         let (n64, k64, blk64, m64) = (w.n as i64, w.k as i64, w.block as i64, m as i64);
-        if m <= 8 && self.tensor_cores {
-            // Tensor cores: a block of 8 warps per 16 columns (`mmq_nbits_gemv_tc_*`).
+        if m <= 8 && self.tensor_cores && w.block >= 128 {
+            // Tensor cores: a block of 8 warps per 16 columns (`mmq_nbits_gemv_tc_*`); its steps
+            // of 128 K must lie in one quantization block.
             let f = self.function(&format!("mmq_nbits_gemv_tc_m{m}"))?;
             let mut b = self.stream.launch_builder(&f);
             b.arg(&a.slice)
