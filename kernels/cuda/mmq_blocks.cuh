@@ -405,6 +405,18 @@ MMQ_HD void mmq_load_codes(const uint8_t* codes, int64_t i0, int cnt, bool vec, 
     (void)vec;
 }
 
+// Codes `cnt` values already loaded (elements a.., a even for 4-bit formats) with one scale.
+template <int F>
+MMQ_HD void mmq_code_span(const float v[8], int64_t a, int cnt, bool vec, float s, int32_t z,
+                          bool saturate, uint8_t* out) {
+    uint32_t c[8];
+    MMQ_UNROLL
+    for (int e = 0; e < 8; ++e) {
+        c[e] = e < cnt ? mmq_encode<F>(v[e], s, z, saturate) : 0u;
+    }
+    mmq_store_codes<F>(out, a, cnt, vec, c);
+}
+
 // Quantizes chunk `chunk` (elements 8·chunk .. min(8·chunk + 8, n)) of x with the scales and zero
 // points `map` assigns.
 template <typename In, int F>
@@ -419,20 +431,16 @@ MMQ_HD void mmq_quantize_chunk(const In* x, int64_t n, const float* scales, cons
     mmq_load_span(x, i0, cnt, vec, v);
     if (map.chunk_uniform) {
         int64_t j0 = mmq_scale_index(map, i0);
-        float s = mmq_ldg(scales + j0);
-        int32_t z = mmq_zero<F>(zeros, j0);
-        MMQ_UNROLL
-        for (int e = 0; e < 8; ++e) {
-            c[e] = e < cnt ? mmq_encode<F>(v[e], s, z, saturate) : 0u;
-        }
-    } else {
-        mmq_chunk_scale_indices(map, i0, cnt, j);
-        MMQ_UNROLL
-        for (int e = 0; e < 8; ++e) {
-            c[e] = e < cnt ? mmq_encode<F>(v[e], mmq_ldg(scales + j[e]),
-                                           mmq_zero<F>(zeros, j[e]), saturate)
-                           : 0u;
-        }
+        mmq_code_span<F>(v, i0, cnt, vec, mmq_ldg(scales + j0), mmq_zero<F>(zeros, j0), saturate,
+                         out);
+        return;
+    }
+    mmq_chunk_scale_indices(map, i0, cnt, j);
+    MMQ_UNROLL
+    for (int e = 0; e < 8; ++e) {
+        c[e] = e < cnt ? mmq_encode<F>(v[e], mmq_ldg(scales + j[e]), mmq_zero<F>(zeros, j[e]),
+                                       saturate)
+                       : 0u;
     }
     mmq_store_codes<F>(out, i0, cnt, vec, c);
 }
@@ -508,18 +516,6 @@ MMQ_HD void mmq_group_qparams(float mn, float mx, bool symmetric, bool scale_f16
     *zero = z;
 }
 
-// Codes `cnt` values already loaded (elements a.., a even for 4-bit formats) with one scale.
-template <int F>
-MMQ_HD void mmq_code_span(const float v[8], int64_t a, int cnt, bool vec, float s, int32_t z,
-                          bool saturate, uint8_t* out) {
-    uint32_t c[8];
-    MMQ_UNROLL
-    for (int e = 0; e < 8; ++e) {
-        c[e] = e < cnt ? mmq_encode<F>(v[e], s, z, saturate) : 0u;
-    }
-    mmq_store_codes<F>(out, a, cnt, vec, c);
-}
-
 // Quantizes elements [a, a + cnt) (cnt at most 8, a even for 4-bit formats) with one scale.
 template <typename In, int F>
 MMQ_HD void mmq_quantize_span(const In* x, int64_t a, int cnt, bool vec, float s, int32_t z,
@@ -563,6 +559,28 @@ MMQ_HD float mmq_nbits_zero(const uint8_t* zeros, int64_t n, int64_t kb, int64_t
     }
     int64_t per_row = (k_blocks + 1) / 2;
     return (float)mmq_unpack_int4(mmq_ldg(zeros + n * per_row + kb / 2), (int)(kb & 1), false);
+}
+
+// The scale and zero point of row n, block kb, as loaded (binary16 bits; the byte holding the zero
+// point, 0x88 without zero points): the GEMVs load them steps ahead, with the codes, and decode
+// them when the step runs.
+struct MmqNbitsSide {
+    uint16_t scale;
+    uint8_t zero;
+};
+
+MMQ_HD MmqNbitsSide mmq_nbits_side(const mmq_f16* scales, const uint8_t* zeros, int64_t n,
+                                   int64_t kb, int64_t k_blocks) {
+    MmqNbitsSide side;
+    side.scale = mmq_ldg(&scales[n * k_blocks + kb].bits);
+    side.zero = zeros ? mmq_ldg(zeros + n * ((k_blocks + 1) / 2) + kb / 2) : (uint8_t)0x88;
+    return side;
+}
+
+MMQ_HD float mmq_nbits_side_scale(MmqNbitsSide side) { return mmq_f16_to_f32(side.scale); }
+
+MMQ_HD float mmq_nbits_side_zero(MmqNbitsSide side, int64_t kb) {
+    return (float)mmq_unpack_int4(side.zero, (int)(kb & 1), false);
 }
 
 // The weight of one code.

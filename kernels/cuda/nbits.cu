@@ -21,16 +21,14 @@ __device__ __forceinline__ uint4 mmq_ld_stream(const uint8_t* p) {
 
 // One lane's step: 32 K from k0 of column n, for every row of A.
 template <int M>
-__device__ __forceinline__ void mmq_nbits_gemv_step(const mmq_f16* a, uint4 wq, int64_t k0,
-                                                    int64_t n, const mmq_f16* scales,
-                                                    const uint8_t* zeros, int64_t k,
-                                                    int64_t k_blocks, int block_log2,
-                                                    float acc[M]) {
+__device__ __forceinline__ void mmq_nbits_gemv_step(const mmq_f16* a, uint4 wq,
+                                                    MmqNbitsSide side, int64_t k0, int64_t k,
+                                                    int block_log2, float acc[M]) {
     uint32_t wb[4] = {wq.x, wq.y, wq.z, wq.w};
     int64_t kb = k0 >> block_log2;
-    float s = mmq_f16_to_f32(mmq_ldg(&scales[n * k_blocks + kb].bits));
+    float s = mmq_nbits_side_scale(side);
     float d[32];
-    mmq_nbits_codes32(wb, mmq_nbits_zero(zeros, n, kb, k_blocks), d);
+    mmq_nbits_codes32(wb, mmq_nbits_side_zero(side, kb), d);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
         float av[32];
@@ -65,11 +63,13 @@ __device__ void mmq_nbits_gemv_impl(const mmq_f16* a, const uint8_t* b, const mm
         // Lane steps k0 = 32 lane + 1024 i; MMQ_GEMV_DEPTH loads stay in flight: a step's bytes
         // are consumed as the load DEPTH steps ahead is issued.
         uint4 w[MMQ_GEMV_DEPTH];
+        MmqNbitsSide side[MMQ_GEMV_DEPTH];
 #pragma unroll
         for (int p = 0; p < MMQ_GEMV_DEPTH; ++p) {
             int64_t kp = (int64_t)lane * 32 + (int64_t)p * 1024;
             if (kp < k) {
                 w[p] = mmq_ld_stream(brow + kp / 2);
+                side[p] = mmq_nbits_side(scales, zeros, n, kp >> block_log2, k_blocks);
             }
         }
         for (int64_t k0 = (int64_t)lane * 32; k0 < k; k0 += MMQ_GEMV_DEPTH * 1024) {
@@ -78,12 +78,13 @@ __device__ void mmq_nbits_gemv_impl(const mmq_f16* a, const uint8_t* b, const mm
                 int64_t kp = k0 + (int64_t)p * 1024;
                 if (kp < k) {
                     uint4 cur = w[p];
+                    MmqNbitsSide cur_side = side[p];
                     int64_t next = kp + MMQ_GEMV_DEPTH * 1024;
                     if (next < k) {
                         w[p] = mmq_ld_stream(brow + next / 2);
+                        side[p] = mmq_nbits_side(scales, zeros, n, next >> block_log2, k_blocks);
                     }
-                    mmq_nbits_gemv_step<M>(a, cur, kp, n, scales, zeros, k, k_blocks, block_log2,
-                                           acc);
+                    mmq_nbits_gemv_step<M>(a, cur, cur_side, kp, k, block_log2, acc);
                 }
             }
         }
@@ -154,18 +155,16 @@ __device__ __forceinline__ void mmq_mma(float c[4], uint32_t a0, uint32_t a1, ui
 // row g of A, into c; a step lies in one quantization block (blocks of at least 128).
 template <int M>
 __device__ __forceinline__ void mmq_tc_step(const mmq_f16* arow, bool has_row, uint4 wg,
-                                            uint4 wh, int64_t kt, int64_t rg, int64_t rh,
-                                            const mmq_f16* scales, const uint8_t* zeros,
-                                            int64_t k, int64_t k_blocks, int block_log2,
-                                            float c[4]) {
+                                            uint4 wh, MmqNbitsSide side_g, MmqNbitsSide side_h,
+                                            int64_t kt, int64_t k, int block_log2, float c[4]) {
     // K is a multiple of 32: a lane's 32 K are wholly in or out; out, it adds zeros.
     bool in = kt < k;
     int64_t kb = (in ? kt : k - 1) >> block_log2;
-    float sg = mmq_f16_to_f32(mmq_ldg(&scales[rg * k_blocks + kb].bits));
-    float sh = mmq_f16_to_f32(mmq_ldg(&scales[rh * k_blocks + kb].bits));
+    float sg = mmq_nbits_side_scale(side_g);
+    float sh = mmq_nbits_side_scale(side_h);
     uint32_t zg1024, zg64, zh1024, zh64;
-    mmq_tc_zero(mmq_nbits_zero(zeros, rg, kb, k_blocks), &zg1024, &zg64);
-    mmq_tc_zero(mmq_nbits_zero(zeros, rh, kb, k_blocks), &zh1024, &zh64);
+    mmq_tc_zero(mmq_nbits_side_zero(side_g, kb), &zg1024, &zg64);
+    mmq_tc_zero(mmq_nbits_side_zero(side_h, kb), &zh1024, &zh64);
     uint32_t ag[4] = {wg.x, wg.y, wg.z, wg.w};
     uint32_t ah[4] = {wh.x, wh.y, wh.z, wh.w};
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -196,7 +195,8 @@ __device__ __forceinline__ void mmq_tc_step(const mmq_f16* arow, bool has_row, u
     c[3] += sh * d[3];
 }
 
-// Steps each lane keeps in flight (16 bytes of each of its two columns per step).
+// Steps each lane keeps in flight (16 bytes of each of its two columns per step, with their
+// scales and zero points).
 #define MMQ_TC_DEPTH 3
 
 template <int M>
@@ -224,11 +224,15 @@ __device__ void mmq_nbits_gemv_tc_impl(const mmq_f16* a, const uint8_t* b,
         // The lane's 32 K of its warp's steps: kt0, kt0 + step, ...; MMQ_TC_DEPTH in flight.
         int64_t kt0 = (int64_t)warp * 128 + 32 * t;
         uint4 wg[MMQ_TC_DEPTH], wh[MMQ_TC_DEPTH];
+        MmqNbitsSide sg[MMQ_TC_DEPTH], sh[MMQ_TC_DEPTH];
 #pragma unroll
         for (int p = 0; p < MMQ_TC_DEPTH; ++p) {
             int64_t kp = kt0 + p * step;
+            int64_t kb = (kp < k ? kp : k - 1) >> block_log2;
             wg[p] = kp < k ? mmq_ld_stream(bg + kp / 2) : make_uint4(0, 0, 0, 0);
             wh[p] = kp < k ? mmq_ld_stream(bh + kp / 2) : make_uint4(0, 0, 0, 0);
+            sg[p] = mmq_nbits_side(scales, zeros, rg, kb, k_blocks);
+            sh[p] = mmq_nbits_side(scales, zeros, rh, kb, k_blocks);
         }
         for (int64_t base = (int64_t)warp * 128; base < k; base += MMQ_TC_DEPTH * step) {
 #pragma unroll
@@ -237,13 +241,15 @@ __device__ void mmq_nbits_gemv_tc_impl(const mmq_f16* a, const uint8_t* b,
                 if (bp < k) {
                     int64_t kp = bp + 32 * t;
                     uint4 cg = wg[p], ch = wh[p];
+                    MmqNbitsSide csg = sg[p], csh = sh[p];
                     int64_t next = kp + MMQ_TC_DEPTH * step;
                     if (next < k) {
                         wg[p] = mmq_ld_stream(bg + next / 2);
                         wh[p] = mmq_ld_stream(bh + next / 2);
+                        sg[p] = mmq_nbits_side(scales, zeros, rg, next >> block_log2, k_blocks);
+                        sh[p] = mmq_nbits_side(scales, zeros, rh, next >> block_log2, k_blocks);
                     }
-                    mmq_tc_step<M>(arow, has_row, cg, ch, kp, rg, rh, scales, zeros, k,
-                                   k_blocks, block_log2, c);
+                    mmq_tc_step<M>(arow, has_row, cg, ch, csg, csh, kp, k, block_log2, c);
                 }
             }
         }

@@ -77,47 +77,56 @@ __device__ __forceinline__ void mmq_quantize_loaded(const float v[8], int64_t a,
     mmq_store_codes<F>(out, a, cnt, vec, c);
 }
 
-// Grid-stride over chunks of eight elements, two full chunks per step (both read before either
-// is coded, so each thread keeps two loads in flight), then the rest one by one; per-element
-// maps go chunk by chunk.
+// Grid-stride over the chunks of eight of n elements: two full chunks per step (both loaded
+// before either is used, so each thread keeps two loads in flight), then the rest one by one;
+// `by_element` maps go chunk by chunk through `one`. `load(a, cnt, vec, v)` reads chunk a's
+// values (T[8]); `use(v, a, cnt, vec)` codes or decodes and stores them.
+template <typename T, typename Load, typename Use, typename One>
+__device__ __forceinline__ void mmq_for_chunks(int64_t n, bool vec, bool by_element, Load load,
+                                               Use use, One one) {
+    int64_t chunks = (n + 7) / 8;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (by_element) {
+        for (; c < chunks; c += stride) {
+            one(c);
+        }
+        return;
+    }
+    if (vec) {
+        for (; (c + stride) * 8 + 8 <= n; c += 2 * stride) {
+            T v0[8], v1[8];
+            load(c * 8, 8, true, v0);
+            load((c + stride) * 8, 8, true, v1);
+            use(v0, c * 8, 8, true);
+            use(v1, (c + stride) * 8, 8, true);
+        }
+    }
+    for (; c < chunks; c += stride) {
+        int cnt = n - c * 8 < 8 ? (int)(n - c * 8) : 8;
+        T v[8];
+        load(c * 8, cnt, vec, v);
+        use(v, c * 8, cnt, vec);
+    }
+}
+
 template <typename In, int F>
 __device__ void mmq_quantize_impl(const In* x, int64_t n, const float* scales,
                                   const uint8_t* zeros, MmqScaleMap map, int32_t saturate,
                                   int32_t vec, uint8_t* out) {
-    int64_t chunks = (n + 7) / 8;
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     MmqChunkScales how = mmq_chunk_scales(map, vec != 0);
-    if (how == MMQ_PER_ELEMENT) {
-        for (; c < chunks; c += stride) {
-            mmq_quantize_chunk<In, F>(x, n, scales, zeros, map, saturate != 0, vec != 0, out, c);
-        }
-        return;
-    }
     float s0 = mmq_ldg(scales);
     int32_t z0 = mmq_zero<F>(zeros, 0);
-    if (vec) {
-        // Two full chunks per step: both 128-bit loads issued before either is coded.
-        for (; (c + stride) * 8 + 8 <= n; c += 2 * stride) {
-            int64_t a0 = c * 8;
-            int64_t a1 = (c + stride) * 8;
-            float v0[8], v1[8];
-            mmq_load_span(x, a0, 8, true, v0);
-            mmq_load_span(x, a1, 8, true, v1);
-            mmq_quantize_loaded<F>(v0, a0, 8, how, s0, z0, scales, zeros, map, saturate != 0,
-                                   true, out);
-            mmq_quantize_loaded<F>(v1, a1, 8, how, s0, z0, scales, zeros, map, saturate != 0,
-                                   true, out);
-        }
-    }
-    for (; c < chunks; c += stride) {
-        int64_t a0 = c * 8;
-        int n0 = n - a0 < 8 ? (int)(n - a0) : 8;
-        float v0[8];
-        mmq_load_span(x, a0, n0, vec != 0, v0);
-        mmq_quantize_loaded<F>(v0, a0, n0, how, s0, z0, scales, zeros, map, saturate != 0,
-                               vec != 0, out);
-    }
+    bool sat = saturate != 0;
+    mmq_for_chunks<float>(
+        n, vec != 0, how == MMQ_PER_ELEMENT,
+        [&](int64_t a, int cnt, bool v, float* values) { mmq_load_span(x, a, cnt, v, values); },
+        [&](const float* values, int64_t a, int cnt, bool v) {
+            mmq_quantize_loaded<F>(values, a, cnt, how, s0, z0, scales, zeros, map, sat, v, out);
+        },
+        [&](int64_t chunk) {
+            mmq_quantize_chunk<In, F>(x, n, scales, zeros, map, sat, vec != 0, out, chunk);
+        });
 }
 
 // Decodes the codes of the chunk at element a and stores them.
@@ -152,37 +161,18 @@ __device__ __forceinline__ void mmq_dequantize_loaded(const uint32_t c[8], int64
 template <typename Out, int F>
 __device__ void mmq_dequantize_impl(const uint8_t* codes, int64_t n, const float* scales,
                                     const uint8_t* zeros, MmqScaleMap map, int32_t vec, Out* y) {
-    int64_t chunks = (n + 7) / 8;
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     MmqChunkScales how = mmq_chunk_scales(map, vec != 0);
-    if (how == MMQ_PER_ELEMENT) {
-        for (; c < chunks; c += stride) {
-            mmq_dequantize_chunk<Out, F>(codes, n, scales, zeros, map, vec != 0, y, c);
-        }
-        return;
-    }
     float s0 = mmq_ldg(scales);
     int32_t z0 = mmq_zero<F>(zeros, 0);
-    if (vec) {
-        // Two full chunks per step, both loaded before either is decoded.
-        for (; (c + stride) * 8 + 8 <= n; c += 2 * stride) {
-            int64_t a0 = c * 8;
-            int64_t a1 = (c + stride) * 8;
-            uint32_t c0[8], c1[8];
-            mmq_load_codes<F>(codes, a0, 8, true, c0);
-            mmq_load_codes<F>(codes, a1, 8, true, c1);
-            mmq_dequantize_loaded<Out, F>(c0, a0, 8, how, s0, z0, scales, zeros, map, true, y);
-            mmq_dequantize_loaded<Out, F>(c1, a1, 8, how, s0, z0, scales, zeros, map, true, y);
-        }
-    }
-    for (; c < chunks; c += stride) {
-        int64_t a0 = c * 8;
-        int n0 = n - a0 < 8 ? (int)(n - a0) : 8;
-        uint32_t c0[8];
-        mmq_load_codes<F>(codes, a0, n0, vec != 0, c0);
-        mmq_dequantize_loaded<Out, F>(c0, a0, n0, how, s0, z0, scales, zeros, map, vec != 0, y);
-    }
+    mmq_for_chunks<uint32_t>(
+        n, vec != 0, how == MMQ_PER_ELEMENT,
+        [&](int64_t a, int cnt, bool v, uint32_t* c) { mmq_load_codes<F>(codes, a, cnt, v, c); },
+        [&](const uint32_t* c, int64_t a, int cnt, bool v) {
+            mmq_dequantize_loaded<Out, F>(c, a, cnt, how, s0, z0, scales, zeros, map, v, y);
+        },
+        [&](int64_t chunk) {
+            mmq_dequantize_chunk<Out, F>(codes, n, scales, zeros, map, vec != 0, y, chunk);
+        });
 }
 
 // min and max over the block (every thread gets the result); `red` holds 64 floats.

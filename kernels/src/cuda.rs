@@ -814,10 +814,15 @@ impl Device {
         let (zp, _zg) = self.ptr(w.zeros);
         let (bp, _bg) = self.ptr(bias);
         let (n64, k64, blk64, m64) = (w.n as i64, w.k as i64, w.block as i64, m as i64);
-        if m <= 8 && self.tensor_cores && w.block >= 128 {
-            // Tensor cores: a block of 8 warps per 16 columns (`mmq_nbits_gemv_tc_*`); its steps
-            // of 128 K must lie in one quantization block.
-            let f = self.function(&format!("mmq_nbits_gemv_tc_m{m}"))?;
+        if m <= 8 {
+            // Tensor cores: a block of 8 warps per 16 columns, whose steps of 128 K must lie in
+            // one quantization block; else CUDA cores, a warp per column.
+            let (name, launch) = if self.tensor_cores && w.block >= 128 {
+                ("mmq_nbits_gemv_tc", cfg(grid(w.n, 16, 1 << 31), 256))
+            } else {
+                ("mmq_nbits_gemv", cfg(grid(w.n, 4, 1 << 20), 128))
+            };
+            let f = self.function(&format!("{name}_m{m}"))?;
             let mut b = self.stream.launch_builder(&f);
             b.arg(&a.slice)
                 .arg(&w.b.slice)
@@ -828,25 +833,9 @@ impl Device {
                 .arg(&n64)
                 .arg(&k64)
                 .arg(&blk64);
-            // SAFETY: matches `mmq_nbits_gemv_tc_m*`; `nbits_plan` checked every length.
-            unsafe { b.launch(cfg(grid(w.n, 16, 1 << 31), 256)) }
-                .map_err(driver("INT4 GEMV launch"))?;
-        } else if m <= 8 {
-            let f = self.function(&format!("mmq_nbits_gemv_m{m}"))?;
-            let warps = 4usize;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&a.slice)
-                .arg(&w.b.slice)
-                .arg(&w.scales.slice)
-                .arg(&zp)
-                .arg(&bp)
-                .arg(&mut y.slice)
-                .arg(&n64)
-                .arg(&k64)
-                .arg(&blk64);
-            // SAFETY: matches `mmq_nbits_gemv_m*`; `nbits_plan` checked every length.
-            unsafe { b.launch(cfg(grid(w.n, warps, 1 << 20), 32 * warps as u32)) }
-                .map_err(driver("INT4 GEMV launch"))?;
+            // SAFETY: matches `mmq_nbits_gemv_m*` and `mmq_nbits_gemv_tc_m*`; `nbits_plan`
+            // checked every length.
+            unsafe { b.launch(launch) }.map_err(driver("INT4 GEMV launch"))?;
         } else {
             let f = self.function("mmq_nbits_gemm")?;
             let mut b = self.stream.launch_builder(&f);
