@@ -151,44 +151,70 @@ __device__ __forceinline__ void mmq_mma(float c[4], uint32_t a0, uint32_t a1, ui
 #endif
 }
 
-// One step of a lane: the 32 codes at K = kt .. kt + 31 of columns rg and rh (wg, wh), against
-// row g of A, into c; a step lies in one quantization block (blocks of at least 128).
+// A lane's two columns: their codes, scales and zero points (zero points null: 8).
+struct MmqTcRows {
+    const uint8_t* bg;
+    const uint8_t* bh;
+    const mmq_f16* sg;
+    const mmq_f16* sh;
+    const uint8_t* zg;
+    const uint8_t* zh;
+};
+
+// What a step loads ahead: 16 bytes of codes and the scale bits of each column, and the bytes
+// holding their zero points.
+struct MmqTcLoad {
+    uint4 wg, wh;
+    uint16_t sg, sh;
+    uint8_t zg, zh;
+};
+
+__device__ __forceinline__ MmqTcLoad mmq_tc_load(const MmqTcRows& r, int64_t kt, int block_log2) {
+    int64_t kb = kt >> block_log2;
+    MmqTcLoad l;
+    l.wg = mmq_ld_stream(r.bg + kt / 2);
+    l.wh = mmq_ld_stream(r.bh + kt / 2);
+    l.sg = mmq_ldg(&r.sg[kb].bits);
+    l.sh = mmq_ldg(&r.sh[kb].bits);
+    l.zg = r.zg ? mmq_ldg(r.zg + kb / 2) : (uint8_t)0x88;
+    l.zh = r.zh ? mmq_ldg(r.zh + kb / 2) : (uint8_t)0x88;
+    return l;
+}
+
+// One step of a lane: the 32 codes at K = kt .. kt + 31 of its two columns against row g of A,
+// into c. The quad's 128 K lie in one quantization block (blocks of at least 128), so the step's
+// sum is scaled once per column, in f32.
 template <int M>
-__device__ __forceinline__ void mmq_tc_step(const mmq_f16* arow, bool has_row, uint4 wg,
-                                            uint4 wh, MmqNbitsSide side_g, MmqNbitsSide side_h,
-                                            int64_t kt, int64_t k, int block_log2, float c[4]) {
-    // K is a multiple of 32: a lane's 32 K are wholly in or out; out, it adds zeros.
-    bool in = kt < k;
-    int64_t kb = (in ? kt : k - 1) >> block_log2;
-    float sg = mmq_nbits_side_scale(side_g);
-    float sh = mmq_nbits_side_scale(side_h);
+__device__ __forceinline__ void mmq_tc_step(const mmq_f16* arow, bool has_row, const MmqTcLoad& l,
+                                            int64_t kt, int block_log2, float c[4]) {
+    int64_t kb = kt >> block_log2;
+    MmqNbitsSide side_g = {l.sg, l.zg}, side_h = {l.sh, l.zh};
     uint32_t zg1024, zg64, zh1024, zh64;
     mmq_tc_zero(mmq_nbits_side_zero(side_g, kb), &zg1024, &zg64);
     mmq_tc_zero(mmq_nbits_side_zero(side_h, kb), &zh1024, &zh64);
-    uint32_t ag[4] = {wg.x, wg.y, wg.z, wg.w};
-    uint32_t ah[4] = {wh.x, wh.y, wh.z, wh.w};
+    uint32_t ag[4] = {l.wg.x, l.wg.y, l.wg.z, l.wg.w};
+    uint32_t ah[4] = {l.wh.x, l.wh.y, l.wh.z, l.wh.w};
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        uint32_t dg[4] = {0u, 0u, 0u, 0u}, dh[4] = {0u, 0u, 0u, 0u};
+        uint32_t dg[4], dh[4];
+        mmq_tc_codes(ag[j], zg1024, zg64, dg);
+        mmq_tc_codes(ah[j], zh1024, zh64, dh);
         uint32_t x0 = 0, x1 = 0, x2 = 0, x3 = 0;
-        if (in) {
-            mmq_tc_codes(ag[j], zg1024, zg64, dg);
-            mmq_tc_codes(ah[j], zh1024, zh64, dh);
-            if (has_row) {
-                uint4 av = __ldg(reinterpret_cast<const uint4*>(arow + kt + 8 * j));
-                x0 = __byte_perm(av.x, av.z, 0x5410);  // (a0, a4)
-                x1 = __byte_perm(av.x, av.z, 0x7632);  // (a1, a5)
-                x2 = __byte_perm(av.y, av.w, 0x5410);  // (a2, a6)
-                x3 = __byte_perm(av.y, av.w, 0x7632);  // (a3, a7)
-            }
+        if (has_row) {
+            uint4 av = __ldg(reinterpret_cast<const uint4*>(arow + kt + 8 * j));
+            x0 = __byte_perm(av.x, av.z, 0x5410);  // (a0, a4)
+            x1 = __byte_perm(av.x, av.z, 0x7632);  // (a1, a5)
+            x2 = __byte_perm(av.y, av.w, 0x5410);  // (a2, a6)
+            x3 = __byte_perm(av.y, av.w, 0x7632);  // (a3, a7)
         }
         // Slots 2t, 2t + 1 hold (c0, c4) and slots 2t + 8, 2t + 9 hold (c1, c5); then the same
         // for (c2, c6) and (c3, c7).
         mmq_mma(d, dg[0], dh[0], dg[1], dh[1], x0, x1);
         mmq_mma(d, dg[2], dh[2], dg[3], dh[3], x2, x3);
     }
-    // The quad's 128 K lie in one block: one scale per column, in f32.
+    float sg = mmq_nbits_side_scale(side_g);
+    float sh = mmq_nbits_side_scale(side_h);
     c[0] += sg * d[0];
     c[1] += sg * d[1];
     c[2] += sh * d[2];
@@ -210,6 +236,7 @@ __device__ void mmq_nbits_gemv_tc_impl(const mmq_f16* a, const uint8_t* b,
     int g = lane >> 2;
     int t = lane & 3;
     int64_t k_blocks = k / block;
+    int64_t zero_row = (k_blocks + 1) / 2;
     int block_log2 = __ffsll(block) - 1;
     bool has_row = g < M;
     const mmq_f16* arow = a + (has_row ? g : 0) * k;
@@ -218,38 +245,34 @@ __device__ void mmq_nbits_gemv_tc_impl(const mmq_f16* a, const uint8_t* b,
     for (int64_t n0 = (int64_t)blockIdx.x * 16; n0 < n_total; n0 += (int64_t)gridDim.x * 16) {
         int64_t rg = n0 + g < n_total ? n0 + g : n_total - 1;  // rows past N read row N - 1
         int64_t rh = n0 + g + 8 < n_total ? n0 + g + 8 : n_total - 1;
-        const uint8_t* bg = b + rg * (k / 2);
-        const uint8_t* bh = b + rh * (k / 2);
+        MmqTcRows rows = {b + rg * (k / 2),
+                          b + rh * (k / 2),
+                          scales + rg * k_blocks,
+                          scales + rh * k_blocks,
+                          zeros ? zeros + rg * zero_row : nullptr,
+                          zeros ? zeros + rh * zero_row : nullptr};
         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        // The lane's 32 K of its warp's steps: kt0, kt0 + step, ...; MMQ_TC_DEPTH in flight.
+        // The lane's 32 K of its warp's steps: kt0, kt0 + step, ...; MMQ_TC_DEPTH in flight. K is
+        // a multiple of the block, so of 128: a step is whole.
         int64_t kt0 = (int64_t)warp * 128 + 32 * t;
-        uint4 wg[MMQ_TC_DEPTH], wh[MMQ_TC_DEPTH];
-        MmqNbitsSide sg[MMQ_TC_DEPTH], sh[MMQ_TC_DEPTH];
+        MmqTcLoad ahead[MMQ_TC_DEPTH];
 #pragma unroll
         for (int p = 0; p < MMQ_TC_DEPTH; ++p) {
-            int64_t kp = kt0 + p * step;
-            int64_t kb = (kp < k ? kp : k - 1) >> block_log2;
-            wg[p] = kp < k ? mmq_ld_stream(bg + kp / 2) : make_uint4(0, 0, 0, 0);
-            wh[p] = kp < k ? mmq_ld_stream(bh + kp / 2) : make_uint4(0, 0, 0, 0);
-            sg[p] = mmq_nbits_side(scales, zeros, rg, kb, k_blocks);
-            sh[p] = mmq_nbits_side(scales, zeros, rh, kb, k_blocks);
+            if (kt0 + p * step < k) {
+                ahead[p] = mmq_tc_load(rows, kt0 + p * step, block_log2);
+            }
         }
-        for (int64_t base = (int64_t)warp * 128; base < k; base += MMQ_TC_DEPTH * step) {
+        for (int64_t kt = kt0; kt < k; kt += MMQ_TC_DEPTH * step) {
 #pragma unroll
             for (int p = 0; p < MMQ_TC_DEPTH; ++p) {
-                int64_t bp = base + p * step;
-                if (bp < k) {
-                    int64_t kp = bp + 32 * t;
-                    uint4 cg = wg[p], ch = wh[p];
-                    MmqNbitsSide csg = sg[p], csh = sh[p];
+                int64_t kp = kt + p * step;
+                if (kp < k) {
+                    MmqTcLoad cur = ahead[p];
                     int64_t next = kp + MMQ_TC_DEPTH * step;
                     if (next < k) {
-                        wg[p] = mmq_ld_stream(bg + next / 2);
-                        wh[p] = mmq_ld_stream(bh + next / 2);
-                        sg[p] = mmq_nbits_side(scales, zeros, rg, next >> block_log2, k_blocks);
-                        sh[p] = mmq_nbits_side(scales, zeros, rh, next >> block_log2, k_blocks);
+                        ahead[p] = mmq_tc_load(rows, next, block_log2);
                     }
-                    mmq_tc_step<M>(arow, has_row, cg, ch, csg, csh, kp, k, block_log2, c);
+                    mmq_tc_step<M>(arow, has_row, cur, kp, block_log2, c);
                 }
             }
         }

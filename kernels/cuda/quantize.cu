@@ -197,6 +197,17 @@ __device__ void mmq_block_minmax(float* mn, float* mx, float* red) {
     __syncthreads();
 }
 
+// Folds the first `cnt` of v into [mn, mx].
+__device__ __forceinline__ void mmq_span_minmax(const float v[8], int cnt, float* mn, float* mx) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        if (e < cnt) {
+            *mn = fminf(*mn, v[e]);
+            *mx = fmaxf(*mx, v[e]);
+        }
+    }
+}
+
 // One block per group (grid-stride over groups); blockDim.x a multiple of 32. A group of at most
 // MMQ_HELD chunks per thread is read once: its values stay in registers between the reduction
 // and the coding; a longer group is read twice.
@@ -221,13 +232,7 @@ __device__ void mmq_quantize_dynamic_impl(const In* x, int64_t rows, int64_t row
                 int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
                 if (cnt > 0) {
                     mmq_load_span(x, first + c * 8, cnt, vec != 0, h[r]);
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) {
-                        if (e < cnt) {
-                            mn = fminf(mn, h[r][e]);
-                            mx = fmaxf(mx, h[r][e]);
-                        }
-                    }
+                    mmq_span_minmax(h[r], cnt, &mn, &mx);
                 }
             }
         } else {
@@ -235,13 +240,7 @@ __device__ void mmq_quantize_dynamic_impl(const In* x, int64_t rows, int64_t row
                 int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
                 float v[8];
                 mmq_load_span(x, first + c * 8, cnt, vec != 0, v);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    if (e < cnt) {
-                        mn = fminf(mn, v[e]);
-                        mx = fmaxf(mx, v[e]);
-                    }
-                }
+                mmq_span_minmax(v, cnt, &mn, &mx);
             }
         }
         mmq_block_minmax(&mn, &mx, red);
