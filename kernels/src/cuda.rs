@@ -212,7 +212,7 @@ fn kv_geometry(head_dim: usize) -> Result<usize, CudaError> {
 /// a shift.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RawDiv {
+pub(crate) struct RawDiv {
     mul: u32,
     shift: u32,
 }
@@ -220,16 +220,16 @@ pub struct RawDiv {
 impl RawDiv {
     /// The multiplier and shift of `d >= 1` (`mmq_div_by`): shift = ceil(log2 d),
     /// mul = floor(2^32 (2^shift - d) / d) + 1.
-    pub fn by(d: u64) -> RawDiv {
+    pub(crate) fn by(d: u64) -> RawDiv {
         let d = d.clamp(1, 1 << 32);
         let shift = 64 - (d - 1).leading_zeros();
-        let shift = if d == 1 { 0 } else { shift };
         let mul = (((1u128 << 32) * ((1u128 << shift) - u128::from(d))) / u128::from(d) + 1) as u32;
         RawDiv { mul, shift }
     }
 
     /// `x / d` as the kernels compute it.
-    pub fn quotient(self, x: u32) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn quotient(self, x: u32) -> u32 {
         let t = ((u64::from(x) * u64::from(self.mul)) >> 32) as u32;
         ((u64::from(t) + u64::from(x)) >> self.shift) as u32
     }
