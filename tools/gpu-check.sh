@@ -49,13 +49,12 @@ for line in sys.stdin:
 # cuBLAS (the benchmark's binary16 GEMV) and NVRTC come from the machine's CUDA, or from the
 # NVIDIA wheels of its python3 where it has no system CUDA.
 cuda_libs() {
-    local d lib
-    for d in /usr/local/cuda/lib64 \
-        $(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null | \
-            sed 's|$|/nvidia|' | xargs -I{} sh -c 'ls -d {}/*/lib 2>/dev/null'); do
+    local d lib="" site
+    site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true)"
+    for d in /usr/local/cuda/lib64 ${site:+"$site"/nvidia/*/lib}; do
         [[ -d "$d" ]] && lib="${lib:+$lib:}$d"
     done
-    echo "${lib:-}"
+    echo "$lib"
 }
 
 run() {

@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{mmq, repo, run_in, scratch, value_info};
+use common::{mmq, repo, run_in, scratch, succeeded, value_info};
 
 use mmq_onnx::proto::onnx as pb;
 use prost::Message;
@@ -231,15 +231,12 @@ fn malformed_mmir_diagnostics() {
 #[test]
 fn inspect_json_schema() {
     let vit = repo().join("tests/fixtures/vit/model.onnx");
-    let out = mmq()
-        .args(["inspect", "--format", "json"])
-        .arg(&vit)
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeded(
+        mmq()
+            .args(["inspect", "--format", "json"])
+            .arg(&vit)
+            .output()
+            .expect("run"),
     );
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     for key in ["symbols", "graphs", "constants", "weight_bytes"] {
@@ -260,16 +257,13 @@ fn inspect_json_schema() {
 #[test]
 fn inspect_pipeline_shares_symbols() {
     let dir = repo().join("tests/fixtures/pipeline");
-    let out = mmq()
-        .args(["inspect", "--format", "json"])
-        .arg(dir.join("vision_encoder.onnx"))
-        .arg(dir.join("decoder.onnx"))
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeded(
+        mmq()
+            .args(["inspect", "--format", "json"])
+            .arg(dir.join("vision_encoder.onnx"))
+            .arg(dir.join("decoder.onnx"))
+            .output()
+            .expect("run"),
     );
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(j["graphs"].as_array().map(Vec::len), Some(2));
@@ -403,15 +397,12 @@ fn dot_output_escapes_control_characters_of_names() {
     g.output[0].name = Some("y\"\n}".into());
     g.node[1].output[0] = "y\"\n}".into();
     let path = write(&dir, "m.onnx", &m);
-    let out = mmq()
-        .args(["inspect", "--format", "dot"])
-        .arg(&path)
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeded(
+        mmq()
+            .args(["inspect", "--format", "dot"])
+            .arg(&path)
+            .output()
+            .expect("run"),
     );
     let dot = String::from_utf8_lossy(&out.stdout);
     assert!(!dot.chars().any(|c| c.is_control() && c != '\n'), "{dot:?}");

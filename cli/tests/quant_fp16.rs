@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{fixture, python, repo, run_in, scratch};
+use common::{fixture, python, repo, run_in, scratch, succeeded};
 
 /// Prints: the cosine of the first output against the FP32 model; the Cast nodes of ONNX
 /// Runtime's optimized FP32 and quantized graphs; the float16 initializers left in the optimized
@@ -44,16 +44,13 @@ struct Checked {
 }
 
 fn check(dir: &Path, name: &str, q: &Path) -> Checked {
-    let run = Command::new(python())
-        .args(["-c", CHECK, &fixture(name), q.to_str().expect("utf-8")])
-        .arg(repo().join(format!("tests/fixtures/{name}/inputs.npz")))
-        .arg(dir)
-        .output()
-        .expect("python runs");
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+    let run = succeeded(
+        Command::new(python())
+            .args(["-c", CHECK, &fixture(name), q.to_str().expect("utf-8")])
+            .arg(repo().join(format!("tests/fixtures/{name}/inputs.npz")))
+            .arg(dir)
+            .output()
+            .expect("python runs"),
     );
     let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
     let mut lines = stdout.lines();

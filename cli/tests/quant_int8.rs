@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{fixture, python, repo, run_in, scratch};
+use common::{fixture, python, repo, run_in, scratch, succeeded};
 
 /// Cosine of the first output against the FP32 model, and the op types of ONNX Runtime's
 /// optimized graph.
@@ -45,18 +45,15 @@ fn ort_check(name: &str, scheme: &str, floor: f64, fused: &str) {
     );
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("quantized"), "{err}");
-    let run = Command::new(python())
-        .args(["-c", CHECK, &fixture(name), out.to_str().expect("utf-8")])
-        .arg(repo().join(format!("tests/fixtures/{name}/inputs.npz")))
-        .arg(dir.join("opt.onnx"))
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+    let run = succeeded(
+        Command::new(python())
+            .args(["-c", CHECK, &fixture(name), out.to_str().expect("utf-8")])
+            .arg(repo().join(format!("tests/fixtures/{name}/inputs.npz")))
+            .arg(dir.join("opt.onnx"))
+            .output()
+            .expect("python runs"),
     );
+    let stdout = String::from_utf8_lossy(&run.stdout);
     let mut lines = stdout.lines();
     let cos: f64 = lines
         .next()
@@ -162,16 +159,13 @@ np.savez(sys.argv[2], x=rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
 "#;
     let dir = scratch("quant-conv-relu");
     let (model, inputs) = (dir.join("m.onnx"), dir.join("x.npz"));
-    let made = Command::new(python())
-        .args(["-c", MAKE])
-        .arg(&model)
-        .arg(&inputs)
-        .output()
-        .expect("python runs");
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
+    succeeded(
+        Command::new(python())
+            .args(["-c", MAKE])
+            .arg(&model)
+            .arg(&inputs)
+            .output()
+            .expect("python runs"),
     );
     let out = dir.join("q.onnx");
     let (code, _, err) = run_in(

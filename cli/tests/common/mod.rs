@@ -39,6 +39,16 @@ pub fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `out` of a command that must have succeeded; otherwise fails the test with its stderr.
+pub fn succeeded(out: std::process::Output) -> std::process::Output {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// A fixture model's path.
 pub fn fixture(name: &str) -> String {
     repo()
