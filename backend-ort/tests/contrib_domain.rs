@@ -11,7 +11,7 @@ use std::process::Command;
 
 use common::*;
 use mmq_backend_ort::{ExportOptions, write_model};
-use mmq_ir::{CustomOp, Dim, Op};
+use mmq_ir::{Dim, Op};
 
 const RUN: &str = r#"
 import math, sys
@@ -34,11 +34,7 @@ fn contrib_ops_get_their_domain_imported_and_run() {
         Some("x".into()),
         f32_ty(vec![Dim::known(2), Dim::known(3)]),
     );
-    let gelu = Op::Custom(CustomOp {
-        domain: "com.microsoft".into(),
-        op_type: "Gelu".into(),
-        attrs: Vec::new(),
-    });
+    let gelu = Op::MsGelu {};
     let y = unary(
         &mut m,
         g,

@@ -63,7 +63,7 @@ fn precision_of(m: &Module, v: Value, depth: usize) -> &'static str {
             .any(|&i| producer(m, i).is_some_and(|p| p.op.op_type() == op))
     };
     match &nd.op {
-        Op::Custom(c) if c.op_type == "MatMulNBits" => "int4",
+        Op::MatMulNBits { .. } | Op::MmqMatMulNBits { .. } => "int4",
         Op::Custom(c) if c.op_type.starts_with("MatMulIntegerToFloat") => "int8",
         Op::Custom(c) if c.op_type == "DynamicQuantizeMatMul" => "int8 dynamic",
         Op::QLinearConv { .. } | Op::QLinearMatMul { .. } => "int8",

@@ -147,8 +147,8 @@ fn roles(op: &Op) -> &'static [(usize, usize)] {
     match op {
         Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => &[(1, 2)],
         Op::QLinearMatMul { .. } | Op::QLinearConv { .. } => &[(1, 2), (4, 5), (6, 7)],
+        Op::MatMulNBits { .. } => &[(2, 3)],
         Op::Custom(c) if c.domain == "com.microsoft" => match c.op_type.as_str() {
-            "MatMulNBits" => &[(2, 3)],
             "DynamicQuantizeMatMul" => &[(2, 3)],
             "MatMulIntegerToFloat" => &[(2, 4), (3, 5)],
             _ => &[],
@@ -188,7 +188,7 @@ pub fn collect(m: &Module) -> Vec<Found> {
                         .flatten()
                         .and_then(|z| const_of(m, z));
                     let numel: i64 = m.consts[scale].shape.iter().product();
-                    let nbits = matches!(&nd.op, Op::Custom(c) if c.op_type == "MatMulNBits");
+                    let nbits = matches!(&nd.op, Op::MatMulNBits { .. });
                     let block = nd.op.get::<i64>("block_size").unwrap_or(0);
                     let (scheme, axis, group) = if nbits {
                         (Scheme::PerGroup, 1, block)

@@ -7,9 +7,14 @@
 //! Semantics are those of the ONNX operator at the opset that the module imports for the default
 //! domain ([`crate::ModelInfo::opsets`]).
 //!
-//! Anything else, including every op outside the default domain and any node whose attributes
-//! do not fit the typed fields, is [`Op::Custom`], which keeps domain, type and attributes
-//! losslessly.
+//! Ops of other domains that mmq emits or runs are modeled the same way, under their domain:
+//! ONNX Runtime's contrib ops (`com.microsoft`, and `SimplifiedLayerNormalization`, which ONNX
+//! Runtime registers in the default domain) and mmq's TensorRT plugins (`mmq.trt`). A variant
+//! whose op type is taken in the default domain carries a prefix (`MsGelu` is
+//! `com.microsoft.Gelu`).
+//!
+//! Anything else, and any node whose attributes do not fit the typed fields, is
+//! [`Op::Custom`], which keeps domain, type and attributes losslessly.
 //!
 //! The table at the end of this file is the op schema: per op its operand and result counts
 //! ([`Op::arity`], checked by the verifier), its properties ([`Op::properties`]: elementwise,
@@ -30,6 +35,24 @@ pub struct CustomOp {
     pub op_type: String,
     /// Attributes in source order.
     pub attrs: Vec<(String, Attr)>,
+}
+
+macro_rules! op_domain {
+    () => {
+        ""
+    };
+    ($d:literal) => {
+        $d
+    };
+}
+
+macro_rules! op_name {
+    ($v:ident) => {
+        stringify!($v)
+    };
+    ($v:ident, $n:literal) => {
+        $n
+    };
 }
 
 macro_rules! attr_name {
@@ -127,13 +150,17 @@ macro_rules! prop {
 }
 
 /// The op table. Each row is
-/// `Variant [OPERANDS -> RESULTS] (PROPERTIES) { field: Type [as "onnxName"] [= default], ... }`
-/// where counts are `n` or `min..max` (`*` unbounded) and a default is the ONNX default of an
+/// `Variant [in "domain"] [as "OpType"] [OPERANDS -> RESULTS] (PROPERTIES)
+/// { field: Type [as "onnxName"] [= default], ... }`
+/// where the domain is the default domain and the op type the variant's name unless given,
+/// counts are `n` or `min..max` (`*` unbounded) and a default is the ONNX default of an
 /// attribute whose default does not depend on the opset or the operand shapes.
 macro_rules! ops {
     ($(
         $(#[doc = $doc:literal])*
         $variant:ident
+        $(in $domain:literal)?
+        $(as $optype:literal)?
         [ $imin:literal $(.. $imax:tt)? -> $omin:literal $(.. $omax:tt)? ]
         $( ( $($prop:ident),* ) )?
         { $($field:ident : $fty:ty $(as $aname:literal)? $(= $default:literal)?),* $(,)? }
@@ -151,24 +178,25 @@ macro_rules! ops {
         }
 
         impl Op {
-            /// Every modeled op type, in declaration order.
-            pub const MODELED: &'static [&'static str] = &[$(stringify!($variant)),*];
+            /// Every modeled op as `(domain, op_type)`, in declaration order.
+            pub const MODELED: &'static [(&'static str, &'static str)] =
+                &[$((op_domain!($($domain)?), op_name!($variant $(, $optype)?))),*];
 
-            /// The attribute names of a modeled op type, in declaration order; `None` when
-            /// `op_type` is not modeled.
-            pub fn attr_names(op_type: &str) -> Option<&'static [&'static str]> {
-                match op_type {
-                    $(stringify!($variant) => Some(&[$(attr_name!($field $(, $aname)?)),*]),)*
+            /// The attribute names of a modeled op, in declaration order; `None` when
+            /// `op_type` is not modeled in `domain` (`""` and `ai.onnx` are the default domain).
+            pub fn attr_names(domain: &str, op_type: &str) -> Option<&'static [&'static str]> {
+                match (default_domain(domain), op_type) {
+                    $((op_domain!($($domain)?), op_name!($variant $(, $optype)?)) => Some(&[$(attr_name!($field $(, $aname)?)),*]),)*
                     _ => None,
                 }
             }
 
-            /// The ONNX default of attribute `name` of a modeled op type, when the op table
-            /// gives one (it leaves out defaults that depend on the opset or the operands).
-            pub fn attr_default(op_type: &str, name: &str) -> Option<Attr> {
-                match op_type {
+            /// The default of attribute `name` of a modeled op, when the op table gives one
+            /// (it leaves out defaults that depend on the opset or the operands).
+            pub fn attr_default(domain: &str, op_type: &str, name: &str) -> Option<Attr> {
+                match (default_domain(domain), op_type) {
                     $(
-                        stringify!($variant) => {
+                        (op_domain!($($domain)?), op_name!($variant $(, $optype)?)) => {
                             let defaults: [(&str, Option<Attr>); 0 $(+ { let _ = stringify!($field); 1 })*] =
                                 [$((attr_name!($field $(, $aname)?), attr_default!($fty $(, $default)?))),*];
                             defaults.into_iter().find(|(n, _)| *n == name).and_then(|(_, d)| d)
@@ -202,16 +230,16 @@ macro_rules! ops {
             /// The operator type (ONNX `op_type`).
             pub fn op_type(&self) -> &str {
                 match self {
-                    $(Op::$variant { .. } => stringify!($variant),)*
+                    $(Op::$variant { .. } => op_name!($variant $(, $optype)?),)*
                     Op::Custom(c) => &c.op_type,
                 }
             }
 
-            /// The operator domain; `""` for every modeled op.
+            /// The operator domain (`""` for the default domain).
             pub fn domain(&self) -> &str {
                 match self {
+                    $(Op::$variant { .. } => op_domain!($($domain)?),)*
                     Op::Custom(c) => &c.domain,
-                    _ => "",
                 }
             }
 
@@ -234,12 +262,12 @@ macro_rules! ops {
                 }
             }
 
-            /// The typed op for `op_type` in the default domain, when it is modeled and every
-            /// attribute fits a typed field.
-            fn typed(op_type: &str, attrs: &[(String, Attr)]) -> Option<Op> {
-                match op_type {
+            /// The typed op for `op_type` in `domain` (`""` for the default domain), when it
+            /// is modeled and every attribute fits a typed field.
+            fn typed(domain: &str, op_type: &str, attrs: &[(String, Attr)]) -> Option<Op> {
+                match (domain, op_type) {
                     $(
-                        stringify!($variant) => {
+                        (op_domain!($($domain)?), op_name!($variant $(, $optype)?)) => {
                             $(let mut $field: Option<$fty> = None;)*
                             for (name, attr) in attrs {
                                 match name.as_str() {
@@ -265,13 +293,16 @@ macro_rules! ops {
     };
 }
 
+/// `""` for the default domain's two names (`""` and `ai.onnx`), else `domain`.
+fn default_domain(domain: &str) -> &str {
+    if domain == "ai.onnx" { "" } else { domain }
+}
+
 impl Op {
     /// Builds the op for a node: typed when modeled, else [`Op::Custom`]. The domains `""` and
     /// `ai.onnx` are the same default domain.
     pub fn from_parts(domain: &str, op_type: &str, attrs: Vec<(String, Attr)>) -> Op {
-        if (domain.is_empty() || domain == "ai.onnx")
-            && let Some(op) = Op::typed(op_type, &attrs)
-        {
+        if let Some(op) = Op::typed(default_domain(domain), op_type, &attrs) {
             return op;
         }
         Op::Custom(CustomOp {
@@ -296,7 +327,7 @@ impl Op {
                 if self.is_custom() {
                     None
                 } else {
-                    Op::attr_default(self.op_type(), name)
+                    Op::attr_default(self.domain(), self.op_type(), name)
                 }
             })
     }
@@ -655,6 +686,50 @@ ops! {
     // ---- optional and sequence ----
     /// Wraps a value (or nothing, with `type`) as an optional.
     Optional [0..1 -> 1] { r#type: Type as "type" }
+    // ---- ONNX Runtime's own ops (contrib schemas of ONNX Runtime 1.2x) ----
+    /// RMS normalization over axes `axis..rank`, which ONNX Runtime registers in the default
+    /// domain; the optional second result is the inverse RMS.
+    SimplifiedLayerNormalization [2 -> 1..2] { axis: i64 = -1, epsilon: f32 = 1e-5, stash_type: i64 = 1 }
+    /// `x * Φ(x)` (erf form).
+    MsGelu in "com.microsoft" as "Gelu" [1 -> 1] (elementwise) {}
+    /// GELU in its tanh form, with an optional bias added first.
+    FastGelu in "com.microsoft" [1..2 -> 1] {}
+    /// GELU (erf form) of `x + bias`.
+    BiasGelu in "com.microsoft" [2 -> 1] {}
+    /// `x * sigmoid(alpha * x)`.
+    QuickGelu in "com.microsoft" [1 -> 1] (elementwise) { alpha: f32 = 1.702 }
+    /// `x + skip (+ bias)`, then layer normalization over the last axis; results: output,
+    /// mean, inverse standard deviation, the sum.
+    SkipLayerNormalization in "com.microsoft" [3..5 -> 1..4] { epsilon: f32 = 1e-12 }
+    /// `x + skip (+ bias)`, then RMS normalization over the last axis; results as
+    /// `SkipLayerNormalization`'s.
+    SkipSimplifiedLayerNormalization in "com.microsoft" [3..4 -> 1..4] { epsilon: f32 = 1e-12 }
+    /// `Conv` followed by `activation` (with `activation_params`).
+    FusedConv in "com.microsoft" [2..4 -> 1] { auto_pad: String = "NOTSET", dilations: Vec<i64>, group: i64 = 1, kernel_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64>, activation: String, activation_params: Vec<f32> }
+    /// `Gemm` followed by `activation` (with up to three parameters).
+    FusedGemm in "com.microsoft" [2..3 -> 1] { alpha: f32 = 1.0, beta: f32 = 1.0, trans_a: i64 as "transA" = 0, trans_b: i64 as "transB" = 0, activation: String, activation_alpha: f32, activation_beta: f32, activation_gamma: f32 }
+    /// `alpha * op(A) · op(B)` with optional transposes of the last two axes (or the batch).
+    FusedMatMul in "com.microsoft" [2 -> 1] { alpha: f32 = 1.0, trans_a: i64 as "transA" = 0, trans_b: i64 as "transB" = 0, trans_batch_a: i64 as "transBatchA" = 0, trans_batch_b: i64 as "transBatchB" = 0 }
+    /// `A · dequant(B)ᵀ (+ bias)`, B packed in `bits`-bit codes in blocks along K.
+    MatMulNBits in "com.microsoft" [3..6 -> 1] { k: i64 as "K", n: i64 as "N", bits: i64 = 4, block_size: i64, accuracy_level: i64 = 0, weight_prepacked: i64 = 0 }
+    /// Attention over separate (or packed) query, key and value with optional bias, masks
+    /// and past; results: output, present key, present value, QK.
+    MultiHeadAttention in "com.microsoft" [1..10 -> 1..4] { num_heads: i64, scale: f32, mask_filter_value: f32, unidirectional: i64 = 0 }
+    /// Grouped-query attention with a KV cache, optional rotary embedding and local window.
+    GroupQueryAttention in "com.microsoft" [7..17 -> 1..4] { causal: i64 = 1, do_rotary: i64, k_norm_epsilon: f32, k_quant_type: String = "NONE", kv_cache_bit_width: i64, kv_num_heads: i64, local_window_size: i64 = -1, num_heads: i64, q_norm_epsilon: f32, qk_norm_epsilon: f32, qk_output: i64 = 0, rotary_interleaved: i64, scale: f32, sliding_window_cache: i64 = 0, smooth_softmax: i64 = -1, softcap: f32, v_quant_type: String = "NONE" }
+    /// Attention with the QKV projection inside: input `[B, S, D]`, packed weights and bias.
+    MsAttention in "com.microsoft" as "Attention" [2..7 -> 1..2] { do_rotary: i64, mask_filter_value: f32, num_heads: i64, past_present_share_buffer: i64, qkv_hidden_sizes: Vec<i64>, rotary_embedding_dim: i64, scale: f32, unidirectional: i64 = 0 }
+    /// Rotary embedding by position ids and cos/sin caches.
+    MsRotaryEmbedding in "com.microsoft" as "RotaryEmbedding" [4 -> 1] { interleaved: i64, is_packed_batching: i64, num_heads: i64, rotary_embedding_dim: i64, scale: f32 }
+    // ---- mmq's TensorRT plugins (`mmq_kernels::plugin` holds their interface) ----
+    /// `QuantizeLinear` to int8 with zero points.
+    MmqQuantize in "mmq.trt" [2..3 -> 1] { plugin_namespace: String, plugin_version: String, axis: i64 = 1, block_size: i64 = 0 }
+    /// `DequantizeLinear` of int8 with zero points.
+    MmqDequantize in "mmq.trt" [2..3 -> 1] { plugin_namespace: String, plugin_version: String, axis: i64 = 1, block_size: i64 = 0 }
+    /// Run-time symmetric int8 quantization in blocks along the last axis: codes and scales.
+    MmqDynamicQuantize in "mmq.trt" [1 -> 2] { plugin_namespace: String, plugin_version: String, block_size: i64 = 0 }
+    /// INT4 group GEMM in `MatMulNBits`' layout.
+    MmqMatMulNBits in "mmq.trt" [4..5 -> 1] { plugin_namespace: String, plugin_version: String, k: i64 as "K", n: i64 as "N", bits: i64 = 4, block_size: i64 }
 }
 
 #[cfg(test)]
@@ -678,7 +753,12 @@ mod tests {
             .expect("modeled");
         assert_eq!((split.min_inputs, split.max_inputs), (1, 2));
         assert_eq!((split.min_outputs, split.max_outputs), (1, usize::MAX));
-        let custom = Op::from_parts("com.microsoft", "FusedConv", vec![]);
+        let fused = Op::from_parts("com.microsoft", "FusedConv", vec![]);
+        assert_eq!(
+            fused.arity().map(|a| (a.min_inputs, a.max_inputs)),
+            Some((2, 4))
+        );
+        let custom = Op::from_parts("com.example", "FusedConv", vec![]);
         assert_eq!(custom.arity(), None);
     }
 
@@ -694,11 +774,23 @@ mod tests {
         );
         assert_eq!(set.epsilon(), Some(1e-6));
         // ONNX names, not field names.
-        assert_eq!(Op::attr_default("Gemm", "transB"), Some(Attr::Int(0)));
-        assert_eq!(Op::attr_default("Gemm", "trans_b"), None);
+        assert_eq!(Op::attr_default("", "Gemm", "transB"), Some(Attr::Int(0)));
         assert_eq!(
-            Op::attr_default("Resize", "mode"),
+            Op::attr_default("ai.onnx", "Gemm", "transB"),
+            Some(Attr::Int(0))
+        );
+        assert_eq!(Op::attr_default("", "Gemm", "trans_b"), None);
+        assert_eq!(
+            Op::attr_default("", "Resize", "mode"),
             Some(Attr::String("nearest".into()))
+        );
+        // Defaults of other domains are their own: ONNX Runtime's SkipLayerNormalization
+        // defaults to 1e-12, the standard norms to 1e-5.
+        let skip = Op::from_parts("com.microsoft", "SkipLayerNormalization", vec![]);
+        assert_eq!(skip.epsilon(), Some(1e-12));
+        assert_eq!(
+            Op::attr_default("", "SkipLayerNormalization", "epsilon"),
+            None
         );
         let selu = Op::from_parts("", "Selu", vec![]);
         assert_eq!(selu.get::<f32>("alpha"), Some(1.673_263_2));
@@ -706,13 +798,15 @@ mod tests {
         assert_eq!(Op::from_parts("", "Softmax", vec![]).attr("axis"), None);
         assert_eq!(Op::from_parts("", "Relu", vec![]).epsilon(), None);
         // Every default converts back to its field: a typed op built from the defaults.
-        for &op_type in Op::MODELED {
-            let names = Op::attr_names(op_type).expect("modeled");
+        for &(domain, op_type) in Op::MODELED {
+            let names = Op::attr_names(domain, op_type).expect("modeled");
             let attrs: Vec<(String, Attr)> = names
                 .iter()
-                .filter_map(|n| Some(((*n).to_owned(), Op::attr_default(op_type, n)?)))
+                .filter_map(|n| Some(((*n).to_owned(), Op::attr_default(domain, op_type, n)?)))
                 .collect();
-            assert!(!Op::from_parts("", op_type, attrs).is_custom(), "{op_type}");
+            let op = Op::from_parts(domain, op_type, attrs);
+            assert!(!op.is_custom(), "{domain}.{op_type}");
+            assert_eq!((op.domain(), op.op_type()), (domain, op_type));
         }
     }
 
@@ -722,7 +816,55 @@ mod tests {
         assert!(Op::Sub {}.is_elementwise() && !Op::Sub {}.is_commutative());
         assert!(Op::from_parts("", "Reshape", vec![]).is_layout());
         assert!(!Op::MatMul {}.is_elementwise() && !Op::MatMul {}.is_layout());
-        let custom = Op::from_parts("com.microsoft", "Gelu", vec![]);
+        let custom = Op::from_parts("com.example", "Gelu", vec![]);
         assert!(custom.properties().is_empty());
+    }
+
+    #[test]
+    fn ops_of_other_domains_are_typed_by_domain_and_name() {
+        // Same name, two domains, two ops.
+        let standard = Op::from_parts("", "Gelu", vec![]);
+        let contrib = Op::from_parts("com.microsoft", "Gelu", vec![]);
+        assert_eq!(standard, Op::Gelu { approximate: None });
+        assert_eq!(contrib, Op::MsGelu {});
+        assert_eq!(
+            (contrib.domain(), contrib.op_type()),
+            ("com.microsoft", "Gelu")
+        );
+        assert_eq!(
+            Op::from_parts("com.microsoft", "Attention", vec![]).op_type(),
+            "Attention"
+        );
+        // ONNX names map to fields, in the table's order, and round-trip.
+        let nbits = Op::from_parts(
+            "com.microsoft",
+            "MatMulNBits",
+            vec![
+                ("K".into(), Attr::Int(64)),
+                ("N".into(), Attr::Int(8)),
+                ("block_size".into(), Attr::Int(32)),
+            ],
+        );
+        let Op::MatMulNBits {
+            k, n, block_size, ..
+        } = &nbits
+        else {
+            panic!("typed: {nbits:?}")
+        };
+        assert_eq!((*k, *n, *block_size), (Some(64), Some(8), Some(32)));
+        assert_eq!(nbits.get::<i64>("bits"), Some(4));
+        let names: Vec<&str> = nbits.attrs().iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["K", "N", "block_size"]);
+        // An attribute the table does not know keeps the node opaque, in its domain.
+        let odd = Op::from_parts(
+            "com.microsoft",
+            "MatMulNBits",
+            vec![("future".into(), Attr::Int(1))],
+        );
+        assert!(odd.is_custom());
+        assert_eq!(odd.domain(), "com.microsoft");
+        // A modeled op type in a domain that does not model it stays custom.
+        assert!(Op::from_parts("com.example", "MatMulNBits", vec![]).is_custom());
+        assert!(Op::from_parts("", "MatMulNBits", vec![]).is_custom());
     }
 }

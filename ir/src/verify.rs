@@ -108,7 +108,7 @@ fn custom_fallback_reason(c: &crate::op::CustomOp, known: &[&str]) -> String {
         if !seen.insert(name.as_str()) {
             return format!("attribute '{name}' is given twice");
         }
-        if Op::from_parts("", &c.op_type, vec![(name.clone(), attr.clone())]).is_custom() {
+        if Op::from_parts(&c.domain, &c.op_type, vec![(name.clone(), attr.clone())]).is_custom() {
             return format!("attribute '{name}' is not of the kind the op takes");
         }
     }
@@ -616,7 +616,7 @@ impl Verifier<'_> {
             }
             if let Op::Custom(c) = &d.op
                 && matches!(c.domain.as_str(), "" | "ai.onnx")
-                && Op::attr_names(&c.op_type).is_none()
+                && Op::attr_names("", &c.op_type).is_none()
                 && !is_onnx_op(&c.op_type)
             {
                 self.err(
@@ -650,8 +650,7 @@ impl Verifier<'_> {
                 }
             }
             if let Op::Custom(c) = &d.op
-                && matches!(c.domain.as_str(), "" | "ai.onnx")
-                && let Some(known) = Op::attr_names(&c.op_type)
+                && let Some(known) = Op::attr_names(&c.domain, &c.op_type)
             {
                 let why = custom_fallback_reason(c, known);
                 self.errors.push(IrError::warning(
@@ -1214,30 +1213,45 @@ mod tests {
         assert_eq!(verify(&b.m), Ok(()));
     }
 
-    /// A default-domain node of a modeled op type whose attributes do not fit the op table
-    /// stays an opaque custom op; the verifier says so (a warning naming the node and the
+    /// A node of a modeled op type (any domain) whose attributes do not fit the op table stays
+    /// an opaque custom op; the verifier says so (a warning naming the node and the
     /// attribute), and the module stays valid.
     #[test]
     fn a_modeled_op_kept_custom_is_a_warning_naming_the_attribute() {
         let mut b = B::new(17);
         let x = b.input("x", DType::F32, vec![2.into()]);
-        for (attrs, why) in [
+        for (i, (domain, op_type, attrs, why)) in [
             (
+                "",
+                "Relu",
                 vec![("alpha".to_owned(), Attr::Float(0.1))],
                 "Relu takes no attributes, but 'alpha' is set",
             ),
             (
+                "",
+                "Softmax",
                 vec![("axis".to_owned(), Attr::String("x".into()))],
                 "attribute 'axis' is not of the kind the op takes",
             ),
-        ] {
-            let op_type = if why.contains("Relu") {
-                "Relu"
-            } else {
-                "Softmax"
-            };
-            let op = Op::from_parts("", op_type, attrs);
+            (
+                "com.microsoft",
+                "QuickGelu",
+                vec![("beta".to_owned(), Attr::Float(1.0))],
+                "'beta' is not an attribute of QuickGelu: alpha",
+            ),
+            (
+                "com.microsoft",
+                "QuickGelu",
+                vec![("alpha".to_owned(), Attr::Int(1))],
+                "attribute 'alpha' is not of the kind the op takes",
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let op = Op::from_parts(domain, op_type, attrs);
             assert!(op.is_custom());
+            let op_type = format!("{op_type}{i}");
             let n = b.m.add_node(
                 b.g,
                 op,

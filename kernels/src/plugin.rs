@@ -130,3 +130,27 @@ pub const PLUGINS: [Schema; 4] = [
 pub fn schema(op_type: &str) -> Option<&'static Schema> {
     PLUGINS.iter().find(|s| s.name == op_type)
 }
+
+#[cfg(test)]
+mod tests {
+    use mmq_ir::{Attr, Op};
+
+    use super::{DOMAIN, PLUGINS};
+
+    /// The IR's op table types every plugin node with the plugin's fields after the two
+    /// attributes TensorRT's parser reads, and agrees with each default it gives.
+    #[test]
+    fn the_op_table_models_every_plugin_with_its_fields() {
+        for s in &PLUGINS {
+            let names = Op::attr_names(DOMAIN, s.name).unwrap_or_else(|| panic!("{}", s.name));
+            let mut want = vec!["plugin_namespace", "plugin_version"];
+            want.extend(s.fields.iter().map(|f| f.name));
+            assert_eq!(names, want, "{}", s.name);
+            for f in s.fields {
+                if let Some(d) = Op::attr_default(DOMAIN, s.name, f.name) {
+                    assert_eq!(d, Attr::Int(f.default), "{}.{}", s.name, f.name);
+                }
+            }
+        }
+    }
+}

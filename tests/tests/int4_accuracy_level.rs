@@ -3,7 +3,7 @@
 //! level is written as given, and the trt target (whose plugin computes in f16) writes none.
 
 use mmq_compiler::{CompileOptions, Int4Options, Precision, QuantScheme, compile};
-use mmq_ir::{Attr, Module, Op};
+use mmq_ir::{Module, Op};
 use mmq_passes::target::TargetRef;
 use mmq_tests::repo_root;
 
@@ -30,15 +30,9 @@ fn levels(target: &str, level: Option<i64>, symmetric: bool) -> Vec<Option<i64>>
         .nodes
         .iter()
         .filter_map(|&n| match &m.nodes[n].op {
-            Op::Custom(c) if c.op_type.ends_with("MatMulNBits") => Some(
-                c.attrs
-                    .iter()
-                    .find(|(k, _)| k == "accuracy_level")
-                    .map(|(_, a)| match a {
-                        Attr::Int(v) => *v,
-                        other => panic!("accuracy_level {other:?}"),
-                    }),
-            ),
+            Op::MatMulNBits { accuracy_level, .. } => Some(*accuracy_level),
+            // The TensorRT plugin has no accuracy level.
+            Op::MmqMatMulNBits { .. } => Some(None),
             _ => None,
         })
         .collect();

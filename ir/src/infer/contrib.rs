@@ -1,33 +1,19 @@
 //! Inference rules for the ops of other domains that mmq emits and ONNX Runtime runs: the
 //! `com.microsoft` contrib ops and `SimplifiedLayerNormalization` (which ONNX Runtime registers in
-//! the default domain), and mmq's TensorRT plugins (domain `mmq.trt`). Other custom ops infer
-//! nothing; their declared types are kept.
+//! the default domain), and mmq's TensorRT plugins (domain `mmq.trt`); `ops::infer_op` picks
+//! them per typed op. Custom ops infer nothing; their declared types are kept.
 
 use super::Cx;
 use super::dims::product_div;
-use crate::attr::Attr;
+use crate::DType;
 use crate::dim::Dim;
 use crate::module::NodeData;
-use crate::op::{CustomOp, Op};
+use crate::op::Op;
 use crate::types::{TensorType, Type};
 
-fn same(cx: &Cx, i: usize) -> Type {
+pub(super) fn same(cx: &Cx, i: usize) -> Type {
     cx.tt(i)
         .map_or(Type::Unknown, |tt| Type::Tensor(tt.clone()))
-}
-
-fn int(c: &CustomOp, name: &str) -> Option<i64> {
-    c.attrs.iter().find_map(|(n, a)| match a {
-        Attr::Int(v) if n == name => Some(*v),
-        _ => None,
-    })
-}
-
-fn ints(c: &CustomOp, name: &str) -> Option<Vec<i64>> {
-    c.attrs.iter().find_map(|(n, a)| match a {
-        Attr::Ints(v) if n == name => Some(v.clone()),
-        _ => None,
-    })
 }
 
 /// Operand `i`'s type with its last dim replaced by `last`.
@@ -48,20 +34,21 @@ fn with_last(cx: &Cx, i: usize, last: Dim) -> Type {
     })
 }
 
-/// The result types of the standard op `op_type` with `c`'s attributes less `drop` (the fused
-/// activation's), for a contrib op that computes it and then something elementwise.
-fn as_standard(
+/// The result types of the standard op `op_type` with the node's attributes less `drop` (the
+/// fused activation's), for a contrib op that computes it and then something elementwise.
+pub(super) fn as_standard(
     cx: &Cx,
-    c: &CustomOp,
     op_type: &str,
     drop: &[&str],
     infer: fn(&Cx) -> Vec<Type>,
 ) -> Vec<Type> {
-    let attrs = c
-        .attrs
-        .iter()
-        .filter(|(n, _)| !drop.contains(&n.as_str()))
-        .cloned()
+    let attrs = cx
+        .node
+        .op
+        .attrs()
+        .into_iter()
+        .filter(|(n, _)| !drop.contains(n))
+        .map(|(n, a)| (n.to_owned(), a))
         .collect();
     let op = Op::from_parts("", op_type, attrs);
     if op.is_custom() {
@@ -90,108 +77,76 @@ fn transposed(s: &[Dim]) -> Option<Vec<Dim>> {
     })
 }
 
-/// Result types of `c`, or nothing when `c` is not one of the ops modeled here.
-pub(super) fn infer(cx: &Cx, c: &CustomOp, standard: fn(&Cx) -> Vec<Type>) -> Vec<Type> {
-    match (c.domain.as_str(), c.op_type.as_str()) {
-        ("" | "ai.onnx", "SimplifiedLayerNormalization") => vec![same(cx, 0)],
-        ("com.microsoft", op) => microsoft(cx, c, op, standard),
-        ("mmq.trt", op) => plugin(cx, c, op),
-        _ => Vec::new(),
-    }
-}
-
-/// mmq's TensorRT plugins (`mmq_kernels::plugin`).
-fn plugin(cx: &Cx, c: &CustomOp, op: &str) -> Vec<Type> {
-    let as_type = |i: usize, dtype| {
-        Type::Tensor(TensorType {
-            dtype,
-            shape: cx.shape(i).map(<[Dim]>::to_vec),
-        })
+/// `MmqDynamicQuantize`: int8 codes of the input's shape, and f32 scales with the last dim
+/// `ceil(last / block)` (one per row for block 0).
+pub(super) fn dynamic_quantize(cx: &Cx, block: i64) -> Vec<Type> {
+    let last = match cx.shape(0).and_then(|s| s.last()) {
+        Some(d) if block > 0 => d.ceil_div(&Dim::known(block)),
+        _ => Dim::known(1),
     };
-    match op {
-        "MmqQuantize" => vec![as_type(0, Some(crate::DType::I8))],
-        "MmqDequantize" => vec![as_type(0, cx.dtype(1))],
-        "MmqDynamicQuantize" => {
-            let block = int(c, "block_size").unwrap_or(0);
-            let last = match cx.shape(0).and_then(|s| s.last()) {
-                Some(d) if block > 0 => d.ceil_div(&Dim::known(block)),
-                _ => Dim::known(1),
-            };
-            let scale = match with_last(cx, 0, last) {
-                Type::Tensor(t) => Type::Tensor(TensorType {
-                    dtype: Some(crate::DType::F32),
-                    shape: t.shape,
-                }),
-                other => other,
-            };
-            vec![as_type(0, Some(crate::DType::I8)), scale]
-        }
-        "MmqMatMulNBits" => match int(c, "N") {
-            Some(n) => vec![with_last(cx, 0, Dim::known(n))],
-            None => Vec::new(),
-        },
-        _ => Vec::new(),
-    }
+    let scale = match with_last(cx, 0, last) {
+        Type::Tensor(t) => Type::Tensor(TensorType {
+            dtype: Some(DType::F32),
+            shape: t.shape,
+        }),
+        other => other,
+    };
+    vec![as_type(cx, 0, Some(DType::I8)), scale]
 }
 
-fn microsoft(cx: &Cx, c: &CustomOp, op: &str, standard: fn(&Cx) -> Vec<Type>) -> Vec<Type> {
-    const ACTIVATION: &[&str] = &["activation", "activation_params"];
-    match op {
-        "Gelu" | "FastGelu" | "BiasGelu" | "QuickGelu" | "RotaryEmbedding" => vec![same(cx, 0)],
-        // Output, then mean and inverse standard deviation (not typed here), then the sum.
-        "SkipLayerNormalization" | "SkipSimplifiedLayerNormalization" => {
-            vec![same(cx, 0), Type::Unknown, Type::Unknown, same(cx, 0)]
-        }
-        "FusedConv" => as_standard(cx, c, "Conv", ACTIVATION, standard),
-        "FusedGemm" => as_standard(cx, c, "Gemm", ACTIVATION, standard),
-        "FusedMatMul" => {
-            if int(c, "transBatchA").unwrap_or(0) != 0 || int(c, "transBatchB").unwrap_or(0) != 0 {
-                return Vec::new();
-            }
-            let pick = |i: usize, trans: &str| {
-                let s = cx.shape(i)?;
-                if int(c, trans).unwrap_or(0) != 0 {
-                    transposed(s)
-                } else {
-                    Some(s.to_vec())
-                }
-            };
-            let a = pick(0, "transA");
-            let b = pick(1, "transB");
-            let shape = super::ops::matmul_shape(a.as_deref(), b.as_deref());
-            vec![Type::Tensor(TensorType {
-                dtype: cx.dtype(0),
-                shape,
-            })]
-        }
-        // A [..., K] times the packed [N, K] weight.
-        "MatMulNBits" => match int(c, "N") {
-            Some(n) => vec![with_last(cx, 0, Dim::known(n))],
-            None => Vec::new(),
-        },
-        "MultiHeadAttention" => vec![mha_output(cx)],
-        "GroupQueryAttention" => vec![gqa_output(cx, c)],
-        // Input [B, S, D] projected by weights [D, 3 * D'] (or `qkv_hidden_sizes`).
-        "Attention" => {
-            let v = ints(c, "qkv_hidden_sizes")
-                .and_then(|h| h.get(2).copied())
-                .map(Dim::known)
-                .or_else(|| {
-                    let w = cx.shape(1)?;
-                    Some(product_div(&[w.last()?.clone()], &[Dim::known(3)]))
-                });
-            match v {
-                Some(v) => vec![with_last(cx, 0, v)],
-                None => Vec::new(),
-            }
-        }
-        _ => Vec::new(),
+/// Operand `i`'s shape with element type `dtype`.
+pub(super) fn as_type(cx: &Cx, i: usize, dtype: Option<DType>) -> Type {
+    Type::Tensor(TensorType {
+        dtype,
+        shape: cx.shape(i).map(<[Dim]>::to_vec),
+    })
+}
+
+/// `MatMulNBits` (and its plugin): A `[..., K]` times the packed `[N, K]` weight.
+pub(super) fn matmul_nbits(cx: &Cx, n: Option<i64>) -> Vec<Type> {
+    n.map_or_else(Vec::new, |n| vec![with_last(cx, 0, Dim::known(n))])
+}
+
+/// `FusedMatMul`: `MatMul` of the operands with their last two axes swapped where asked
+/// (nothing inferred for the batch transposes).
+pub(super) fn fused_matmul(cx: &Cx, trans: [Option<i64>; 4]) -> Vec<Type> {
+    let on = |t: Option<i64>| t.unwrap_or(0) != 0;
+    if on(trans[2]) || on(trans[3]) {
+        return Vec::new();
     }
+    let pick = |i: usize, t: Option<i64>| {
+        let s = cx.shape(i)?;
+        if on(t) {
+            transposed(s)
+        } else {
+            Some(s.to_vec())
+        }
+    };
+    let a = pick(0, trans[0]);
+    let b = pick(1, trans[1]);
+    let shape = super::ops::matmul_shape(a.as_deref(), b.as_deref());
+    vec![Type::Tensor(TensorType {
+        dtype: cx.dtype(0),
+        shape,
+    })]
+}
+
+/// `com.microsoft.Attention`: input `[B, S, D]` projected by weights `[D, 3 * D']` (or
+/// `qkv_hidden_sizes`).
+pub(super) fn packed_attention(cx: &Cx, qkv_hidden_sizes: Option<&[i64]>) -> Vec<Type> {
+    let v = qkv_hidden_sizes
+        .and_then(|h| h.get(2).copied())
+        .map(Dim::known)
+        .or_else(|| {
+            let w = cx.shape(1)?;
+            Some(product_div(&[w.last()?.clone()], &[Dim::known(3)]))
+        });
+    v.map_or_else(Vec::new, |v| vec![with_last(cx, 0, v)])
 }
 
 /// `MultiHeadAttention`: the query's type with the value hidden size last (value `[B, L, Dv]`
 /// or `[B, N, L, H]`; unknown for packed inputs).
-fn mha_output(cx: &Cx) -> Type {
+pub(super) fn mha_output(cx: &Cx) -> Type {
     if cx.rank(0) != Some(3) {
         return Type::Unknown;
     }
@@ -205,14 +160,14 @@ fn mha_output(cx: &Cx) -> Type {
 
 /// `GroupQueryAttention`: `[B, S, num_heads * head_size]`, from the query (`[B, S, D]`, or the
 /// packed `[B, S, (N + 2 kvN) H]` when no key is given).
-fn gqa_output(cx: &Cx, c: &CustomOp) -> Type {
-    let (Some(n), Some(d)) = (int(c, "num_heads"), cx.shape(0).and_then(|s| s.get(2))) else {
+pub(super) fn gqa_output(cx: &Cx, num_heads: Option<i64>, kv_num_heads: Option<i64>) -> Type {
+    let (Some(n), Some(d)) = (num_heads, cx.shape(0).and_then(|s| s.get(2))) else {
         return Type::Unknown;
     };
     if cx.input(1).is_some() {
         return same(cx, 0);
     }
-    let Some(kv) = int(c, "kv_num_heads") else {
+    let Some(kv) = kv_num_heads else {
         return Type::Unknown;
     };
     let h = product_div(std::slice::from_ref(d), &[Dim::known(n + 2 * kv)]);

@@ -1,6 +1,7 @@
 //! One inference rule per modeled op.
 
 use super::Cx;
+use super::contrib;
 use super::dims::{
     broadcast_dims, broadcast_shapes, ceil_div, exact_div, floor_div, product, product_div,
     unify_dim,
@@ -922,6 +923,16 @@ pub(crate) fn infer(cx: &Cx) -> Vec<Type> {
     out
 }
 
+/// The attributes of a fused activation (`FusedConv`, `FusedGemm`), left out of the standard
+/// op that infers their types.
+const FUSED_ACTIVATION: &[&str] = &[
+    "activation",
+    "activation_params",
+    "activation_alpha",
+    "activation_beta",
+    "activation_gamma",
+];
+
 fn infer_op(cx: &Cx) -> Vec<Type> {
     use Op::*;
     let one = |ty: Type| vec![ty];
@@ -1483,7 +1494,42 @@ fn infer_op(cx: &Cx) -> Vec<Type> {
                 .clone()
                 .map_or(Type::Unknown, |ty| Type::Optional(Box::new(ty)))),
         },
-        Custom(c) => super::contrib::infer(cx, c, infer_op),
+        // ONNX Runtime's ops and mmq's plugins (`super::contrib`).
+        SimplifiedLayerNormalization { .. }
+        | MsGelu {}
+        | FastGelu {}
+        | BiasGelu {}
+        | QuickGelu { .. }
+        | MsRotaryEmbedding { .. } => one(same(cx, 0)),
+        // Output, then mean and inverse standard deviation (not typed here), then the sum.
+        SkipLayerNormalization { .. } | SkipSimplifiedLayerNormalization { .. } => {
+            vec![same(cx, 0), Type::Unknown, Type::Unknown, same(cx, 0)]
+        }
+        FusedConv { .. } => contrib::as_standard(cx, "Conv", FUSED_ACTIVATION, infer_op),
+        FusedGemm { .. } => contrib::as_standard(cx, "Gemm", FUSED_ACTIVATION, infer_op),
+        FusedMatMul {
+            trans_a,
+            trans_b,
+            trans_batch_a,
+            trans_batch_b,
+            ..
+        } => contrib::fused_matmul(cx, [*trans_a, *trans_b, *trans_batch_a, *trans_batch_b]),
+        MatMulNBits { n, .. } | MmqMatMulNBits { n, .. } => contrib::matmul_nbits(cx, *n),
+        MultiHeadAttention { .. } => one(contrib::mha_output(cx)),
+        GroupQueryAttention {
+            num_heads,
+            kv_num_heads,
+            ..
+        } => one(contrib::gqa_output(cx, *num_heads, *kv_num_heads)),
+        MsAttention {
+            qkv_hidden_sizes, ..
+        } => contrib::packed_attention(cx, qkv_hidden_sizes.as_deref()),
+        MmqQuantize { .. } => one(contrib::as_type(cx, 0, Some(DType::I8))),
+        MmqDequantize { .. } => one(contrib::as_type(cx, 0, cx.dtype(1))),
+        MmqDynamicQuantize { block_size, .. } => {
+            contrib::dynamic_quantize(cx, block_size.unwrap_or(0))
+        }
+        Custom(_) => Vec::new(),
         If { .. } | Loop { .. } | Scan { .. } => Vec::new(),
     }
 }

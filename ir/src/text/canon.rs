@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use crate::attr::Attr;
 use crate::constant::Const;
 use crate::module::{Entry, GraphData, GraphId, Link, Module, Node, Value, ValueData, ValueDef};
-use crate::op::{CustomOp, Op};
+use crate::op::Op;
 
 /// For each constant, whether some value refers to it (it prints as `const`, else `tensor`).
 pub(crate) fn const_has_value(m: &Module) -> Vec<bool> {
@@ -90,14 +90,8 @@ fn remap_handles(
             (n.to_owned(), a)
         })
         .collect();
-    match op {
-        Op::Custom(c) => Op::Custom(CustomOp {
-            domain: c.domain.clone(),
-            op_type: c.op_type.clone(),
-            attrs,
-        }),
-        _ => Op::from_parts("", op.op_type(), attrs),
-    }
+    // As the parser builds it: typed where the op table models it and the attributes fit.
+    Op::from_parts(op.domain(), op.op_type(), attrs)
 }
 
 /// Renumbers the arenas of `m` into the order in which the text format prints (and the parser

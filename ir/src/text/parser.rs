@@ -14,7 +14,7 @@ use crate::diag::Entity;
 use crate::dim::{Dim, DimExpr};
 use crate::dtype::DType;
 use crate::module::{Entry, GraphId, Link, ModelInfo, Module, Value, ValueDef};
-use crate::op::{CustomOp, Op};
+use crate::op::Op;
 use crate::types::{TensorType, Type};
 
 /// Deepest nesting of types, dim parentheses and subgraphs (keeps the recursion bounded).
@@ -1362,7 +1362,7 @@ impl Parser<'_> {
                 return Err(self.unexpected("an op"));
             };
             let span = self.bump().span;
-            if Op::attr_names(&name).is_none() {
+            if Op::attr_names("", &name).is_none() {
                 let e = ParseError::new(span.clone(), format!("unknown op `{name}`")).label(
                     span,
                     format!("an op outside the modeled set is written with its domain, as in `\"\".{}` or `\"com.microsoft\".{}`", super::lexer::name_text(&name), super::lexer::name_text(&name)),
@@ -1443,11 +1443,12 @@ impl Parser<'_> {
             .flat_map(|a| a.value.graphs().to_vec())
             .collect();
         let op = match (custom, modeled) {
-            (Some((domain, op_type)), _) => Op::Custom(CustomOp {
-                domain,
-                op_type,
-                attrs: attrs.into_iter().map(|a| (a.name, a.value)).collect(),
-            }),
+            // Typed where the op table models the op and the attributes fit, as on import.
+            (Some((domain, op_type)), _) => Op::from_parts(
+                &domain,
+                &op_type,
+                attrs.into_iter().map(|a| (a.name, a.value)).collect(),
+            ),
             (None, Some((op_type, span))) => self.modeled_op(&op_type, span, attrs)?,
             (None, None) => return Err(Reported),
         };
@@ -1484,7 +1485,7 @@ impl Parser<'_> {
         op_span: Range<usize>,
         attrs: Vec<ParsedAttr>,
     ) -> PResult<Op> {
-        let valid = Op::attr_names(op_type).unwrap_or(&[]);
+        let valid = Op::attr_names("", op_type).unwrap_or(&[]);
         let mut reported = false;
         let mut seen: HashMap<&str, Range<usize>> = HashMap::new();
         for a in &attrs {

@@ -11,7 +11,6 @@ use crate::constant::{Const, ConstData, Storage};
 use crate::dim::Sym;
 use crate::dtype::DType;
 use crate::module::{GraphId, ModelInfo, Module, Node, Value, ValueDef};
-use crate::op::Op;
 use crate::types::{TensorType, Type};
 
 /// Assigns print keys (`name`, `name#k`, or a number) to a list of optionally named entities in
@@ -406,13 +405,15 @@ impl Printer<'_> {
                 .collect();
             let _ = write!(self.out, "{} = ", outs.join(", "));
         }
+        // Bare names are the modeled ops of the default domain; everything else is written
+        // with its domain.
         match &data.op {
-            Op::Custom(c) => {
+            op if op.is_custom() || !op.domain().is_empty() => {
                 let _ = write!(
                     self.out,
                     "{}.{}",
-                    quote(c.domain.as_bytes()),
-                    name_text(&c.op_type)
+                    quote(op.domain().as_bytes()),
+                    name_text(op.op_type())
                 );
             }
             op => self.out.push_str(op.op_type()),

@@ -248,6 +248,25 @@ fn family(op: &Op) -> Option<Family> {
         | Op::DequantizeLinear { .. }
         | Op::DynamicQuantizeLinear { .. } => quant::eval,
         Op::If { .. } | Op::Loop { .. } | Op::Scan { .. } | Op::Optional { .. } => control::eval,
+        Op::SimplifiedLayerNormalization { .. }
+        | Op::MsGelu { .. }
+        | Op::FastGelu { .. }
+        | Op::BiasGelu { .. }
+        | Op::QuickGelu { .. }
+        | Op::SkipLayerNormalization { .. }
+        | Op::SkipSimplifiedLayerNormalization { .. }
+        | Op::FusedConv { .. }
+        | Op::FusedGemm { .. }
+        | Op::FusedMatMul { .. }
+        | Op::MatMulNBits { .. }
+        | Op::MultiHeadAttention { .. }
+        | Op::GroupQueryAttention { .. }
+        | Op::MsAttention { .. }
+        | Op::MsRotaryEmbedding { .. } => contrib::eval,
+        Op::MmqQuantize { .. }
+        | Op::MmqDequantize { .. }
+        | Op::MmqDynamicQuantize { .. }
+        | Op::MmqMatMulNBits { .. } => plugin::eval,
         Op::Custom(_) => return None,
     })
 }
@@ -256,9 +275,7 @@ type Family = fn(&OpCtx<'_>, &[Option<RtValue>]) -> Option<OpResult>;
 
 /// Runs one node.
 pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
-    const CUSTOM: [Family; 7] = [
-        contrib::eval,
-        plugin::eval,
+    const CUSTOM: [Family; 5] = [
         elementwise::eval,
         linalg::eval,
         shape::eval,

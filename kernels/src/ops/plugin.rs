@@ -3,7 +3,7 @@
 //! a plugin network runs under the interpreter and its outputs are the reference the engine is
 //! checked against.
 
-use mmq_ir::{CustomOp, DType, Op};
+use mmq_ir::{DType, Op};
 
 use super::contrib::matmul_nbits_op;
 use super::quant::{QuantAttrs, dequantize_linear, quantize_linear};
@@ -15,33 +15,21 @@ use crate::tensor::{Data, RtValue, Tensor};
 
 /// Runs the node when it is one of mmq's plugins.
 pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    let Op::Custom(op) = &cx.node.op else {
-        return None;
-    };
-    if op.domain != DOMAIN {
-        return None;
-    }
-    let schema = plugin::schema(&op.op_type)?;
+    let op = &cx.node.op;
+    let schema = plugin::schema(op.op_type()).filter(|_| op.domain() == DOMAIN)?;
     let field = |name: &str| {
         let default = schema
             .fields
             .iter()
             .find(|f| f.name == name)
             .map_or(0, |f| f.default);
-        int_attr(op, name).unwrap_or(default)
+        op.get(name).unwrap_or(default)
     };
-    Some(match schema.name {
-        "MmqQuantize" | "MmqDequantize" => quant(cx, inputs, schema.name, field),
-        "MmqDynamicQuantize" => dynamic_quantize(cx, inputs, field("block_size")),
-        "MmqMatMulNBits" => matmul_nbits(cx, op, inputs),
+    Some(match op {
+        Op::MmqQuantize { .. } | Op::MmqDequantize { .. } => quant(cx, inputs, schema.name, field),
+        Op::MmqDynamicQuantize { .. } => dynamic_quantize(cx, inputs, field("block_size")),
+        Op::MmqMatMulNBits { .. } => matmul_nbits(cx, op, inputs),
         _ => return None,
-    })
-}
-
-fn int_attr(op: &CustomOp, name: &str) -> Option<i64> {
-    op.attrs.iter().find_map(|(n, a)| match a {
-        mmq_ir::Attr::Int(v) if n == name => Some(*v),
-        _ => None,
     })
 }
 
@@ -125,7 +113,7 @@ fn dynamic_quantize(cx: &OpCtx<'_>, inputs: &[Option<RtValue>], block: i64) -> O
 
 /// `MmqMatMulNBits`: `com.microsoft.MatMulNBits` with binary16 A and scales, zero points always
 /// given and the bias as the fifth input.
-fn matmul_nbits(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> OpResult {
+fn matmul_nbits(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> OpResult {
     if !(4..=5).contains(&inputs.len()) {
         return Err(cx.invalid(format!(
             "MmqMatMulNBits takes 4 or 5 inputs (A, B, scales, zero points, bias), not {}",

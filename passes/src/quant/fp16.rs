@@ -115,7 +115,8 @@ impl Fp16Pass {
 fn reads_weights(op: &Op) -> bool {
     match op {
         Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => false,
-        Op::Custom(c) => c.op_type != "MatMulNBits",
+        Op::MatMulNBits { .. } | Op::MmqMatMulNBits { .. } => false,
+        Op::Custom(_) => true,
         _ => true,
     }
 }

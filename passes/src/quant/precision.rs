@@ -830,11 +830,12 @@ impl Parser<'_> {
         let mut ops = Vec::new();
         if let Some(v) = get("ops") {
             for (o, span) in self.strings(v, "ops") {
-                if !o.contains('.') && !Op::MODELED.contains(&o.as_str()) {
-                    let near = Op::MODELED
-                        .iter()
+                // A bare op type matches in every domain.
+                let known = || Op::MODELED.iter().map(|&(_, t)| t);
+                if !o.contains('.') && !known().any(|t| t == o) {
+                    let near = known()
                         .find(|m| m.eq_ignore_ascii_case(&o))
-                        .or_else(|| Op::MODELED.iter().find(|m| edit_distance(m, &o) <= 1));
+                        .or_else(|| known().find(|m| edit_distance(m, &o) <= 1));
                     self.diag(
                         Level::Warning,
                         span,

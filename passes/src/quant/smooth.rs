@@ -35,9 +35,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use mmq_ir::{
-    At, Attr, Const, ConstData, DType, GraphId, Module, Node, Op, Storage, Value, ValueDef,
-};
+use mmq_ir::{At, Const, ConstData, DType, GraphId, Module, Node, Op, Storage, Value, ValueDef};
 use mmq_kernels::Tensor;
 
 use crate::dce::Dce;
@@ -252,14 +250,6 @@ pub fn smooth_scales(x_abs_max: &[f32], w_abs_max: &[f32], alpha: f32) -> Vec<f3
         .collect()
 }
 
-/// The integer attribute `name` of a custom op.
-fn int_attr(attrs: &[(String, Attr)], name: &str) -> Option<i64> {
-    attrs.iter().find_map(|(k, a)| match a {
-        Attr::Int(i) if k == name => Some(*i),
-        _ => None,
-    })
-}
-
 /// Whether `axis` (default -1) is the last of `rank` axes (true when the rank is unknown and
 /// the axis is -1).
 fn is_last_axis(axis: i64, rank: Option<usize>) -> bool {
@@ -286,14 +276,11 @@ fn norm_params(m: &Module, node: Node) -> Option<Vec<usize>> {
         Op::RMSNormalization { axis, .. } => {
             is_last_axis(axis.unwrap_or(-1), rank).then(|| vec![1])
         }
-        Op::Custom(c) => match (c.domain.as_str(), c.op_type.as_str()) {
-            ("" | "com.microsoft", "SimplifiedLayerNormalization") => {
-                is_last_axis(int_attr(&c.attrs, "axis").unwrap_or(-1), rank).then(|| vec![1])
-            }
-            ("com.microsoft", "SkipLayerNormalization") => Some(vec![2, 3]),
-            ("com.microsoft", "SkipSimplifiedLayerNormalization") => Some(vec![2]),
-            _ => None,
-        },
+        Op::SimplifiedLayerNormalization { axis, .. } => {
+            is_last_axis(axis.unwrap_or(-1), rank).then(|| vec![1])
+        }
+        Op::SkipLayerNormalization { .. } => Some(vec![2, 3]),
+        Op::SkipSimplifiedLayerNormalization { .. } => Some(vec![2]),
         _ => None,
     }
 }

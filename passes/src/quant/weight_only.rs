@@ -48,8 +48,8 @@ use std::os::unix::fs::FileExt;
 
 use bytes::Bytes;
 use mmq_ir::{
-    At, Attr, Const, ConstData, CustomOp, DType, Dim, GraphId, Module, Node, Op, Storage, Type,
-    Value, ValueDef,
+    At, Attr, Const, ConstData, DType, Dim, GraphId, Module, Node, Op, Storage, Type, Value,
+    ValueDef,
 };
 use mmq_kernels::quant::{quantize_float, round_saturate};
 use rayon::prelude::*;
@@ -689,11 +689,7 @@ impl WeightOnlyPass {
             attrs.push(("accuracy_level".to_owned(), Attr::Int(level)));
         }
         let nd = &mut m.nodes[job.node];
-        nd.op = Op::Custom(CustomOp {
-            domain: "com.microsoft".to_owned(),
-            op_type: "MatMulNBits".to_owned(),
-            attrs,
-        });
+        nd.op = Op::from_parts("com.microsoft", "MatMulNBits", attrs);
         nd.inputs = inputs;
         report.count(if is_gemm { "int4-gemm" } else { "int4-matmul" }, 1);
     }

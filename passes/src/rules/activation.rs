@@ -3,17 +3,17 @@
 //! into ONNX Runtime's `FusedMatMul`.
 
 use egg::Subst;
-use mmq_ir::{Attr, CustomOp, Op};
+use mmq_ir::{Attr, Op};
 
 use super::*;
 
 /// A `com.microsoft` op.
 fn ms(op_type: &str, attrs: Vec<(&str, Attr)>) -> Op {
-    Op::Custom(CustomOp {
-        domain: "com.microsoft".into(),
-        op_type: op_type.into(),
-        attrs: attrs.into_iter().map(|(k, a)| (k.into(), a)).collect(),
-    })
+    Op::from_parts(
+        "com.microsoft",
+        op_type,
+        attrs.into_iter().map(|(k, a)| (k.into(), a)).collect(),
+    )
 }
 
 /// `x * (h * p)` in the usual operand orders and groupings, `?h` the constant one half and
@@ -206,7 +206,7 @@ pub(crate) fn rules() -> Vec<Rw> {
             vec![for_ort(), when(|eg, s| bias_of(eg, s, "?x", "?b") && float_x(eg, s, "?x")
                 && match op(eg, s, "?g") {
                     Some(Op::Gelu { approximate }) => approximate.as_deref().unwrap_or("none") == "none",
-                    Some(Op::Custom(_)) => true,
+                    Some(Op::MsGelu {}) => true,
                     _ => false,
                 })],
             |eg, _, s| Some(add_op(eg, ms("BiasGelu", vec![]), &[Some(at(s, "?x")), Some(at(s, "?b"))], 1))),

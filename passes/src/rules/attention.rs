@@ -13,7 +13,7 @@
 //! opset 23).
 
 use egg::{Id, Subst};
-use mmq_ir::{Attr, CustomOp, DType, Dim, Op, Type};
+use mmq_ir::{DType, Dim, Op, Type};
 
 use super::*;
 use crate::egraph::lang::TNode;
@@ -323,14 +323,12 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool, guard: bool) -> O
         &[0, 1, 3, 2],
         ty4([b.clone(), n.clone(), t, h]),
     )?;
-    let mha = Op::Custom(CustomOp {
-        domain: "com.microsoft".into(),
-        op_type: "MultiHeadAttention".into(),
-        attrs: vec![
-            ("num_heads".into(), Attr::Int(a.heads)),
-            ("scale".into(), Attr::Float(scale as f32)),
-        ],
-    });
+    let mha = Op::MultiHeadAttention {
+        num_heads: Some(a.heads),
+        scale: Some(scale as f32),
+        mask_filter_value: None,
+        unidirectional: None,
+    };
     let mut v = at(s, "?v");
     // Where the graph split K and V into heads itself (self-attention without a cache), give
     // ONNX Runtime the unsplit [B, T, N*H] tensors: it splits them inside the kernel, and the
@@ -346,19 +344,13 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool, guard: bool) -> O
     if bias {
         inputs.extend([None, None, Some(at(s, "?bias"))]);
     }
-    let mut y = add_op(eg, mha, &inputs, 1);
-    let vh = Dim::known(a.value_head);
-    let y_dims = vec![b.clone(), sq.clone(), Dim::known(a.heads * a.value_head)];
-    set_ty(eg, y, Type::tensor(a.dtype, y_dims.clone()));
+    let mut y = add_typed(eg, mha, &inputs);
     if guard {
         // A fully masked row (every key -inf) is NaN in the fused op; the graph's guard made
         // its probabilities 0, so its output row 0.
-        let isn = add_op(eg, Op::IsNaN {}, &[Some(y)], 1);
-        set_ty(eg, isn, Type::tensor(DType::Bool, y_dims.clone()));
+        let isn = add_typed(eg, Op::IsNaN {}, &[Some(y)]);
         let zero = lit(eg, a.dtype, vec![], &[0.0])?;
-        let g = add_op(eg, Op::Where {}, &[Some(isn), Some(zero), Some(y)], 1);
-        set_ty(eg, g, Type::tensor(a.dtype, y_dims));
-        y = g;
+        y = add_typed(eg, Op::Where {}, &[Some(isn), Some(zero), Some(y)]);
     }
     let split = lit(
         eg,
@@ -366,14 +358,11 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool, guard: bool) -> O
         vec![4],
         &[0.0, 0.0, a.heads as f64, a.value_head as f64],
     )?;
-    let out = add_op(
+    Some(add_typed(
         eg,
         Op::Reshape { allowzero: None },
         &[Some(y), Some(split)],
-        1,
-    );
-    set_ty(eg, out, ty4([b, sq, n, vh]));
-    Some(out)
+    ))
 }
 
 /// The operand classes of the first `kind` node of class `id` whose attributes satisfy

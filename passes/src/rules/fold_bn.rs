@@ -138,7 +138,7 @@ enum QWeight {
         qc: Id,
         s: Id,
         zp: Option<Id>,
-        q: Op,
+        q: Box<Op>,
         dq: Op,
     },
 }
@@ -205,7 +205,7 @@ fn qweight(eg: &EG, s: &Subst) -> Option<QWeight> {
         qc: q,
         s: sc,
         zp,
-        q: qop.clone(),
+        q: Box::new(qop.clone()),
         dq: dq.clone(),
     })
 }
@@ -244,7 +244,7 @@ fn conv_weight(eg: &mut EG, s: &Subst, k: Id, keep_quant: bool) -> Option<Id> {
                 set_ty(eg, wk, w_ty.clone());
                 let sk = add_op(eg, Op::Mul {}, &[Some(sc), Some(k)], 1);
                 set_ty(eg, sk, s_ty);
-                let qn = add_op(eg, q, &[Some(wk), Some(sk), zp], 1);
+                let qn = add_op(eg, *q, &[Some(wk), Some(sk), zp], 1);
                 set_ty(eg, qn, q_ty);
                 let d = add_op(eg, dq, &[Some(qn), Some(sk), zp], 1);
                 set_ty(eg, d, w_ty);

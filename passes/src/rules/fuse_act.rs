@@ -15,7 +15,7 @@
 //! unfused op (both stay in the e-graph; the cost model decides).
 
 use egg::{Id, Subst};
-use mmq_ir::{Attr, CustomOp, DType, Op};
+use mmq_ir::{Attr, DType, Op};
 
 use super::*;
 
@@ -85,11 +85,7 @@ fn contrib(op_type: &str, base: &Op, extra: Vec<(String, Attr)>) -> Op {
         .map(|(n, a)| (n.to_owned(), a))
         .collect();
     attrs.extend(extra);
-    Op::Custom(CustomOp {
-        domain: "com.microsoft".into(),
-        op_type: op_type.into(),
-        attrs,
-    })
+    Op::from_parts("com.microsoft", op_type, attrs)
 }
 
 /// Adds `op` over `ins`, keeping absent operands absent.

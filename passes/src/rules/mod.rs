@@ -320,6 +320,67 @@ pub(crate) fn add_op(eg: &mut EG, op: Op, inputs: &[Option<Id>], outs: u32) -> I
     eg.add(TNode::Op { kind, outs, args })
 }
 
+/// [`add_op`] for a one-result node whose result the IR's inference types from the operands'
+/// class types (and the contents of small integer constants), as it types an imported node; a
+/// result it cannot type stays untyped.
+pub(crate) fn add_typed(eg: &mut EG, op: Op, inputs: &[Option<Id>]) -> Id {
+    let types: Vec<Type> = inputs
+        .iter()
+        .map(|i| {
+            i.and_then(|i| eg[i].data.ty.clone())
+                .unwrap_or(Type::Unknown)
+        })
+        .collect();
+    let vals: Vec<Option<Vec<Dim>>> = inputs
+        .iter()
+        .zip(&types)
+        .map(|(i, t)| {
+            let integer = t
+                .dtype()
+                .is_some_and(|d| matches!(d, DType::I64 | DType::I32));
+            match &eg[(*i)?].data.konst {
+                Konst::Const { vals: Some(v) }
+                    if integer && v.len() <= mmq_ir::infer::MAX_SHAPE_VALUE_LEN =>
+                {
+                    Some(v.iter().map(|&x| Dim::known(x as i64)).collect())
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    // Stand-in operand handles: inference reads the operands from `types` and `vals` only.
+    let node = mmq_ir::NodeData {
+        op: op.clone(),
+        inputs: inputs
+            .iter()
+            .enumerate()
+            .map(|(k, i)| i.map(|_| mmq_ir::Value::from_index(k)))
+            .collect(),
+        outputs: vec![None],
+        name: None,
+        graph: mmq_ir::GraphId::from_index(0),
+    };
+    let operands = mmq_ir::infer::Operands {
+        types: &types,
+        vals: &vals,
+    };
+    let inferred = mmq_ir::infer::infer_node_types(
+        &mmq_ir::Module::default(),
+        &node,
+        eg.analysis.opset,
+        &operands,
+    );
+    let id = add_op(eg, op, inputs, 1);
+    if let Some(t) = inferred
+        .into_iter()
+        .next()
+        .filter(|t| !matches!(t, Type::Unknown))
+    {
+        set_ty(eg, id, t);
+    }
+    id
+}
+
 /// Result `i` of a multi-result node.
 pub(crate) fn get(eg: &mut EG, tuple: Id, i: u32) -> Id {
     eg.add(TNode::Get(i, [tuple]))

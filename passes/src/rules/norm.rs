@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use egg::{Id, Language, Subst};
-use mmq_ir::{Attr, CustomOp, DType, Op, Type};
+use mmq_ir::{Attr, DType, Op, Type};
 
 use super::*;
 
@@ -111,35 +111,20 @@ fn ones(eg: &mut EG, dtype: DType, n: i64) -> Option<Id> {
 
 /// A `com.microsoft` op with an `epsilon` attribute.
 fn ms_norm(op_type: &str, epsilon: f32) -> Op {
-    Op::Custom(CustomOp {
-        domain: "com.microsoft".into(),
-        op_type: op_type.into(),
-        attrs: vec![("epsilon".into(), Attr::Float(epsilon))],
-    })
+    Op::from_parts(
+        "com.microsoft",
+        op_type,
+        vec![("epsilon".into(), Attr::Float(epsilon))],
+    )
 }
 
 /// The epsilon of a normalization's attributes, when it normalizes the last of `rank` axes.
 fn last_axis_eps(o: &Op, rank: usize) -> Option<f32> {
     match o {
         Op::LayerNormalization { axis, epsilon, .. }
-        | Op::RMSNormalization { axis, epsilon, .. } => {
+        | Op::RMSNormalization { axis, epsilon, .. }
+        | Op::SimplifiedLayerNormalization { axis, epsilon, .. } => {
             is_last(axis.unwrap_or(-1), rank).then_some(epsilon.unwrap_or(1e-5))
-        }
-        Op::Custom(c) if c.op_type == "SimplifiedLayerNormalization" => {
-            let int = |n: &str, d: i64| {
-                c.attrs
-                    .iter()
-                    .find_map(|(k, a)| match a {
-                        Attr::Int(i) if k == n => Some(*i),
-                        _ => None,
-                    })
-                    .unwrap_or(d)
-            };
-            let eps = c.attrs.iter().find_map(|(k, a)| match a {
-                Attr::Float(f) if k == "epsilon" => Some(*f),
-                _ => None,
-            });
-            is_last(int("axis", -1), rank).then_some(eps.unwrap_or(1e-5))
         }
         _ => None,
     }

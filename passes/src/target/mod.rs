@@ -219,7 +219,7 @@ mod tests {
         assert!(generic.op_cost("com.microsoft.FusedConv").is_infinite());
         assert_eq!(ort.op_cost("MatMul"), generic.op_cost("MatMul"));
         // ORT's fused GELU is the contrib op at any opset; generic needs opset 20.
-        assert!(matches!(ort.gelu(false, 17), Some(Op::Custom { .. })));
+        assert_eq!(ort.gelu(false, 17), Some(Op::MsGelu {}));
         assert!(generic.gelu(false, 17).is_none());
         assert!(matches!(generic.gelu(true, 20), Some(Op::Gelu { .. })));
         assert!(generic.rms_norm(1e-6, 22).is_none());

@@ -1,7 +1,7 @@
 //! ONNX Runtime's CPU provider: the standard ops plus the `com.microsoft` contrib ops it runs,
 //! with costs and rates measured on it.
 
-use mmq_ir::{Attr, CustomOp, Op};
+use mmq_ir::{Attr, Op};
 
 use super::{PlaceRates, QdqRules, Target, standard_cost};
 use crate::quant::fp16::Fp16Form;
@@ -26,11 +26,11 @@ pub const CPU_RATES: PlaceRates = PlaceRates {
 
 /// A `com.microsoft` op.
 fn contrib(op_type: &str, attrs: Vec<(&str, Attr)>) -> Op {
-    Op::Custom(CustomOp {
-        domain: "com.microsoft".into(),
-        op_type: op_type.into(),
-        attrs: attrs.into_iter().map(|(k, a)| (k.into(), a)).collect(),
-    })
+    Op::from_parts(
+        "com.microsoft",
+        op_type,
+        attrs.into_iter().map(|(k, a)| (k.into(), a)).collect(),
+    )
 }
 
 fn contrib_cost(op: &str) -> f64 {
@@ -91,15 +91,11 @@ impl Target for Ort {
 
     /// `SimplifiedLayerNormalization`, which ONNX Runtime registers in the default domain.
     fn rms_norm(&self, epsilon: f32, _opset: i64) -> Option<Op> {
-        Some(Op::Custom(CustomOp {
-            domain: String::new(),
-            op_type: "SimplifiedLayerNormalization".into(),
-            attrs: vec![
-                ("axis".into(), Attr::Int(-1)),
-                ("epsilon".into(), Attr::Float(epsilon)),
-                ("stash_type".into(), Attr::Int(1)),
-            ],
-        }))
+        Some(Op::SimplifiedLayerNormalization {
+            axis: Some(-1),
+            epsilon: Some(epsilon),
+            stash_type: Some(1),
+        })
     }
 
     fn place_rates(&self) -> &'static PlaceRates {

@@ -20,9 +20,7 @@
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
-use mmq_ir::{
-    At, Attr, ConstData, CustomOp, DType, GraphId, Module, Node, Op, Storage, Type, Value,
-};
+use mmq_ir::{At, Attr, ConstData, DType, GraphId, Module, Node, Op, Storage, Type, Value};
 use mmq_kernels::plugin::{DOMAIN, NAMESPACE, VERSION};
 
 use crate::dce::{Dce, live_graphs};
@@ -69,11 +67,7 @@ pub fn plugin_op(name: &str, fields: &[(&str, i64)]) -> Op {
         ),
     ];
     attrs.extend(fields.iter().map(|(n, v)| ((*n).to_owned(), Attr::Int(*v))));
-    Op::Custom(CustomOp {
-        domain: DOMAIN.to_owned(),
-        op_type: name.to_owned(),
-        attrs,
-    })
+    Op::from_parts(DOMAIN, name, attrs)
 }
 
 /// The readers of each value of graph `g` (nodes of `g`; values read inside subgraphs or as
@@ -381,22 +375,17 @@ fn cast(
 fn lower_nbits(m: &mut Module, g: GraphId, report: &mut PassReport) -> Result<(), String> {
     let nodes = m.graphs[g].nodes.clone();
     for n in nodes {
-        let Op::Custom(c) = &m.nodes[n].op else {
+        let Op::MatMulNBits {
+            k: Some(k),
+            n: Some(nn),
+            bits,
+            block_size: Some(block),
+            ..
+        } = m.nodes[n].op
+        else {
             continue;
         };
-        if c.domain != "com.microsoft" || c.op_type != "MatMulNBits" {
-            continue;
-        }
-        let int = |name: &str| {
-            c.attrs.iter().find_map(|(k, a)| match a {
-                Attr::Int(v) if k == name => Some(*v),
-                _ => None,
-            })
-        };
-        let (Some(k), Some(nn), Some(block)) = (int("K"), int("N"), int("block_size")) else {
-            continue;
-        };
-        if int("bits").unwrap_or(4) != 4 || block <= 0 {
+        if bits.unwrap_or(4) != 4 || block <= 0 {
             continue;
         }
         // The kernels take whole blocks: a K that is not a multiple of the block is padded (A

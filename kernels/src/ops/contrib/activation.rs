@@ -2,7 +2,7 @@
 //! `FusedMatMul`, per ONNX Runtime's contrib op schemas. On f32 tensors the element math runs in
 //! f32 through [`crate::vmath`] (vectorized); other dtypes compute in f64 and round once.
 
-use mmq_ir::CustomOp;
+use mmq_ir::Op;
 
 use super::norm::{float_attr, int_attr};
 use crate::error::KernelError;
@@ -13,13 +13,12 @@ use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{Data, RtValue, Tensor};
 use crate::vmath;
 
-/// Runs `op` when it belongs to this file.
-pub(super) fn eval(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    let r = match op.op_type.as_str() {
-        "Gelu" => map(cx, inputs, false, gelu_erf, gelu_erf_f32),
-        "BiasGelu" => map(cx, inputs, true, gelu_erf, gelu_erf_f32),
-        "FastGelu" => map(cx, inputs, false, gelu_tanh, gelu_tanh_f32),
-        "QuickGelu" => {
+/// The GELU family: `Gelu`, `BiasGelu`, `FastGelu` (bias optional), `QuickGelu`.
+pub(super) fn gelu(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> OpResult {
+    match op {
+        Op::BiasGelu {} => map(cx, inputs, true, gelu_erf, gelu_erf_f32),
+        Op::FastGelu {} => map(cx, inputs, false, gelu_tanh, gelu_tanh_f32),
+        Op::QuickGelu { .. } => {
             let a = float_attr(op, "alpha", 1.702);
             let alpha = f64::from(a);
             map(
@@ -30,10 +29,9 @@ pub(super) fn eval(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) ->
                 move |x| x * vmath::sigmoid(a * x),
             )
         }
-        "FusedMatMul" => fused_matmul(cx, op, inputs),
-        _ => return None,
-    };
-    Some(r)
+        // `Gelu`.
+        _ => map(cx, inputs, false, gelu_erf, gelu_erf_f32),
+    }
 }
 
 /// `x * Φ(x)` (the erf form).
@@ -136,7 +134,7 @@ fn swap_last(t: &[f64], shape: &[usize]) -> (Vec<f64>, Vec<usize>) {
 
 /// `FusedMatMul`: `alpha * op(A) @ op(B)`, `op` swapping the last two dims when `transA` /
 /// `transB` is set (numpy matmul broadcasting; 1-D operands as in MatMul).
-fn fused_matmul(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> OpResult {
+pub(super) fn fused_matmul(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> OpResult {
     let a = tensor(cx, inputs, 0)?;
     let b = tensor(cx, inputs, 1)?;
     if int_attr(op, "transBatchA", 0) != 0 || int_attr(op, "transBatchB", 0) != 0 {

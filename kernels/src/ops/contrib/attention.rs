@@ -1,33 +1,19 @@
 //! Contrib kernels: attention (`MultiHeadAttention`, as ONNX Runtime's contrib op schema
 //! defines it).
 
-use mmq_ir::{Attr, CustomOp, DType};
+use mmq_ir::{DType, Op};
 
 use crate::error::KernelError;
 use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{RtValue, Tensor};
 
-/// Runs `op` when it belongs to this file.
-pub(super) fn eval(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    match op.op_type.as_str() {
-        "MultiHeadAttention" => Some(multi_head_attention(cx, op, inputs)),
-        _ => None,
-    }
+fn int_attr(op: &Op, name: &str) -> Option<i64> {
+    op.get(name)
 }
 
-fn int_attr(op: &CustomOp, name: &str) -> Option<i64> {
-    op.attrs.iter().find_map(|(n, a)| match a {
-        Attr::Int(i) if n == name => Some(*i),
-        _ => None,
-    })
-}
-
-fn float_attr(op: &CustomOp, name: &str) -> Option<f32> {
-    op.attrs.iter().find_map(|(n, a)| match a {
-        Attr::Float(f) if n == name => Some(*f),
-        _ => None,
-    })
+fn float_attr(op: &Op, name: &str) -> Option<f32> {
+    op.get(name)
 }
 
 /// Key or value in the layout `[B, N, T, H]` (row-major), with its sequence length and head
@@ -75,7 +61,11 @@ fn heads(cx: &OpCtx<'_>, t: &Tensor, b: usize, n: usize, what: &str) -> Result<H
 /// `[B, N, T, H]`; optional `attention_bias` `[B or 1, N or 1, S, T]` added to the scaled
 /// scores; `scale` (default `1/sqrt(H)`). Output `[B, S, N*Hv]`. The forms with a packed or
 /// biased projection, a key padding mask, a past cache or `unidirectional` are not supported.
-fn multi_head_attention(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> OpResult {
+pub(super) fn multi_head_attention(
+    cx: &OpCtx<'_>,
+    op: &Op,
+    inputs: &[Option<RtValue>],
+) -> OpResult {
     let q = tensor(cx, inputs, 0)?;
     let k = tensor(cx, inputs, 1)?;
     let v = tensor(cx, inputs, 2)?;
@@ -187,19 +177,17 @@ fn multi_head_attention(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>
 
 #[cfg(test)]
 mod tests {
-    use mmq_ir::{Attr, CustomOp, Op};
+    use mmq_ir::Op;
 
     use crate::ops::linalg::tests::{close, f32t, out, run_op};
 
     fn mha(heads: i64, scale: f32) -> Op {
-        Op::Custom(CustomOp {
-            domain: "com.microsoft".into(),
-            op_type: "MultiHeadAttention".into(),
-            attrs: vec![
-                ("num_heads".into(), Attr::Int(heads)),
-                ("scale".into(), Attr::Float(scale)),
-            ],
-        })
+        Op::MultiHeadAttention {
+            num_heads: Some(heads),
+            scale: Some(scale),
+            mask_filter_value: None,
+            unidirectional: None,
+        }
     }
 
     #[test]

@@ -8,20 +8,11 @@
 //!
 //! The convolution and product run through the interpreter's own `Conv` / `Gemm` kernels.
 
-use mmq_ir::{Attr, CustomOp, NodeData, Op};
+use mmq_ir::{Attr, NodeData, Op};
 
 use crate::error::KernelError;
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{RtValue, Tensor};
-
-/// Runs `op` when it belongs to this file.
-pub(super) fn eval(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    match op.op_type.as_str() {
-        "FusedConv" => Some(fused(cx, op, inputs, "Conv", 3)),
-        "FusedGemm" => Some(fused(cx, op, inputs, "Gemm", 3)),
-        _ => None,
-    }
-}
 
 /// An activation with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -53,24 +44,21 @@ impl Act {
     }
 }
 
-fn attr<'a>(op: &'a CustomOp, name: &str) -> Option<&'a Attr> {
-    op.attrs.iter().find(|(n, _)| n == name).map(|(_, a)| a)
-}
-
 /// The activation named by `activation`, its parameters from `activation_params` (FusedConv)
 /// or `activation_alpha` / `activation_beta` (FusedGemm).
-fn activation(cx: &OpCtx<'_>, op: &CustomOp) -> Result<Act, KernelError> {
-    let name = match attr(op, "activation") {
+fn activation(cx: &OpCtx<'_>, op: &Op) -> Result<Act, KernelError> {
+    let name = op.attr("activation");
+    let name = match &name {
         Some(Attr::String(s)) => s.as_str(),
         None => return Err(cx.invalid("missing attribute 'activation'")),
         Some(a) => return Err(cx.invalid(format!("attribute 'activation' is {a:?}, not a string"))),
     };
-    let params: Vec<f64> = match attr(op, "activation_params") {
+    let params: Vec<f64> = match op.attr("activation_params") {
         Some(Attr::Floats(v)) => v.iter().map(|&x| f64::from(x)).collect(),
         _ => ["activation_alpha", "activation_beta"]
             .iter()
-            .map_while(|n| match attr(op, n) {
-                Some(Attr::Float(x)) => Some(f64::from(*x)),
+            .map_while(|n| match op.attr(n) {
+                Some(Attr::Float(x)) => Some(f64::from(x)),
                 _ => None,
             })
             .collect(),
@@ -95,19 +83,19 @@ fn activation(cx: &OpCtx<'_>, op: &CustomOp) -> Result<Act, KernelError> {
 /// Runs the base op (`Conv` or `Gemm`) on the first `base_inputs` operands with the node's
 /// attributes other than the activation's, adds `Z` (FusedConv's fourth operand), applies the
 /// activation.
-fn fused(
+pub(super) fn fused(
     cx: &OpCtx<'_>,
-    op: &CustomOp,
+    op: &Op,
     inputs: &[Option<RtValue>],
     base: &str,
     base_inputs: usize,
 ) -> OpResult {
     let act = activation(cx, op)?;
     let attrs: Vec<(String, Attr)> = op
-        .attrs
-        .iter()
+        .attrs()
+        .into_iter()
         .filter(|(n, _)| !n.starts_with("activation"))
-        .cloned()
+        .map(|(n, a)| (n.to_owned(), a))
         .collect();
     let base_op = Op::from_parts("", base, attrs);
     if base_op.is_custom() {

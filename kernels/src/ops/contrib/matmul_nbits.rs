@@ -14,7 +14,7 @@
 //! round half to even) before the product, so the interpreter sees the activations' rounding
 //! that ONNX Runtime's int8 kernels add (other levels compute in f32).
 
-use mmq_ir::CustomOp;
+use mmq_ir::Op;
 
 use super::norm::int_attr;
 use crate::error::KernelError;
@@ -22,11 +22,6 @@ use crate::ops::linalg::gemm;
 use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{Data, RtValue, Tensor};
-
-/// Runs `op` when it belongs to this file.
-pub(super) fn eval(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    (op.op_type == "MatMulNBits").then(|| matmul_nbits(cx, op, inputs))
-}
 
 /// The shape-checked parameters of one node.
 struct Params {
@@ -38,7 +33,7 @@ struct Params {
     blob: usize,
 }
 
-fn params(cx: &OpCtx<'_>, op: &CustomOp) -> Result<Params, KernelError> {
+fn params(cx: &OpCtx<'_>, op: &Op) -> Result<Params, KernelError> {
     let k = int_attr(op, "K", -1);
     let n = int_attr(op, "N", -1);
     let bits = int_attr(op, "bits", 4);
@@ -152,7 +147,7 @@ fn dequantize_b(
     Ok(w)
 }
 
-pub(crate) fn matmul_nbits(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> OpResult {
+pub(crate) fn matmul_nbits(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> OpResult {
     let p = params(cx, op)?;
     let a = tensor(cx, inputs, 0)?;
     let b = tensor(cx, inputs, 1)?;
@@ -250,22 +245,20 @@ fn quantize_a_blocks(a: &mut [f32], k: usize, block: usize) {
 
 #[cfg(test)]
 mod tests {
-    use mmq_ir::{Attr, CustomOp, DType, Op};
+    use mmq_ir::{DType, Op};
 
     use crate::ops::linalg::tests::{close, f32t, out, run_op};
     use crate::tensor::{Data, Tensor};
 
     fn nbits(k: i64, n: i64, block: i64) -> Op {
-        Op::Custom(CustomOp {
-            domain: "com.microsoft".into(),
-            op_type: "MatMulNBits".into(),
-            attrs: vec![
-                ("K".into(), Attr::Int(k)),
-                ("N".into(), Attr::Int(n)),
-                ("bits".into(), Attr::Int(4)),
-                ("block_size".into(), Attr::Int(block)),
-            ],
-        })
+        Op::MatMulNBits {
+            k: Some(k),
+            n: Some(n),
+            bits: Some(4),
+            block_size: Some(block),
+            accuracy_level: None,
+            weight_prepacked: None,
+        }
     }
 
     /// `accuracy_level` 4 rounds A to int8 per block; other levels do not.
@@ -282,8 +275,8 @@ mod tests {
         a[16..].fill(0.001);
         let run = |level: Option<i64>| {
             let mut op = nbits(k as i64, n as i64, 16);
-            if let (Some(l), Op::Custom(c)) = (level, &mut op) {
-                c.attrs.push(("accuracy_level".into(), Attr::Int(l)));
+            if let Op::MatMulNBits { accuracy_level, .. } = &mut op {
+                *accuracy_level = level;
             }
             two_blocks(op, &a, b.clone(), &scales).1[0]
         };

@@ -2,7 +2,7 @@
 //! (fused convolutions, normalizations, activations, attention), so the interpreter can run
 //! and check every rewrite. Semantics follow ONNX Runtime's contrib op schemas.
 
-use mmq_ir::{CustomOp, Op};
+use mmq_ir::Op;
 
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::RtValue;
@@ -15,23 +15,25 @@ mod matmul_nbits;
 pub(crate) use matmul_nbits::matmul_nbits as matmul_nbits_op;
 mod norm;
 
-/// The contrib op family.
+/// The contrib op family: every ONNX Runtime op of the op table has its kernel here.
 pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    let Op::Custom(op) = &cx.node.op else {
-        return None;
-    };
-    // ONNX Runtime registers a few of its own ops in the default domain.
-    let ort_default_domain = op.domain.is_empty() && op.op_type == "SimplifiedLayerNormalization";
-    if op.domain != "com.microsoft" && !ort_default_domain {
-        return None;
-    }
-    type Family = fn(&OpCtx<'_>, &CustomOp, &[Option<RtValue>]) -> Option<OpResult>;
-    const FAMILIES: [Family; 5] = [
-        norm::eval,
-        activation::eval,
-        conv::eval,
-        attention::eval,
-        matmul_nbits::eval,
-    ];
-    FAMILIES.iter().find_map(|f| f(cx, op, inputs))
+    let op = &cx.node.op;
+    Some(match op {
+        Op::SkipLayerNormalization { .. } => norm::skip_norm(cx, op, inputs, false),
+        Op::SkipSimplifiedLayerNormalization { .. } => norm::skip_norm(cx, op, inputs, true),
+        Op::SimplifiedLayerNormalization { .. } => norm::simplified(cx, op, inputs),
+        Op::MsGelu {} | Op::BiasGelu {} | Op::FastGelu {} | Op::QuickGelu { .. } => {
+            activation::gelu(cx, op, inputs)
+        }
+        Op::FusedMatMul { .. } => activation::fused_matmul(cx, op, inputs),
+        Op::FusedConv { .. } => conv::fused(cx, op, inputs, "Conv", 3),
+        Op::FusedGemm { .. } => conv::fused(cx, op, inputs, "Gemm", 3),
+        Op::MultiHeadAttention { .. } => attention::multi_head_attention(cx, op, inputs),
+        Op::MatMulNBits { .. } => matmul_nbits_op(cx, op, inputs),
+        // Typed and inferred, not run: the interpreter reports them as not implemented.
+        Op::GroupQueryAttention { .. } | Op::MsAttention { .. } | Op::MsRotaryEmbedding { .. } => {
+            return None;
+        }
+        _ => return None,
+    })
 }

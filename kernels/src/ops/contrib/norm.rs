@@ -4,44 +4,21 @@
 //!
 //! Statistics are computed in f64 and results rounded once to the input's dtype.
 
-use mmq_ir::{Attr, CustomOp};
+use mmq_ir::Op;
 
 use crate::error::KernelError;
 use crate::ops::util::{axis as norm_axis, opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{RtValue, Tensor};
 
-/// Runs `op` when it belongs to this file.
-pub(super) fn eval(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    let r = match op.op_type.as_str() {
-        "SkipLayerNormalization" => skip_norm(cx, op, inputs, false),
-        "SkipSimplifiedLayerNormalization" => skip_norm(cx, op, inputs, true),
-        "SimplifiedLayerNormalization" => simplified(cx, op, inputs),
-        _ => return None,
-    };
-    Some(r)
+/// A float attribute (set, or its default in the op table), else `default`.
+pub(super) fn float_attr(op: &Op, name: &str, default: f32) -> f32 {
+    op.get(name).unwrap_or(default)
 }
 
-/// A float attribute, or `default` when absent.
-pub(super) fn float_attr(op: &CustomOp, name: &str, default: f32) -> f32 {
-    op.attrs
-        .iter()
-        .find_map(|(n, a)| match a {
-            Attr::Float(f) if n == name => Some(*f),
-            _ => None,
-        })
-        .unwrap_or(default)
-}
-
-/// An integer attribute, or `default` when absent.
-pub(super) fn int_attr(op: &CustomOp, name: &str, default: i64) -> i64 {
-    op.attrs
-        .iter()
-        .find_map(|(n, a)| match a {
-            Attr::Int(i) if n == name => Some(*i),
-            _ => None,
-        })
-        .unwrap_or(default)
+/// An integer attribute (set, or its default in the op table), else `default`.
+pub(super) fn int_attr(op: &Op, name: &str, default: i64) -> i64 {
+    op.get(name).unwrap_or(default)
 }
 
 /// A parameter of the normalized axis (`gamma`, `beta`, `bias`): 1-D of `hidden` elements.
@@ -87,7 +64,12 @@ fn declared(cx: &OpCtx<'_>, outs: Vec<Tensor>) -> Vec<Option<RtValue>> {
 /// `SkipSimplifiedLayerNormalization` (inputs input, skip, gamma, bias?); results output,
 /// mean, inv_std_var, input_skip_bias_sum. `skip` has the input's shape or broadcasts over its
 /// leading dims.
-fn skip_norm(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>], rms: bool) -> OpResult {
+pub(super) fn skip_norm(
+    cx: &OpCtx<'_>,
+    op: &Op,
+    inputs: &[Option<RtValue>],
+    rms: bool,
+) -> OpResult {
     let x = tensor(cx, inputs, 0)?;
     let skip = tensor(cx, inputs, 1)?;
     let gamma = tensor(cx, inputs, 2)?;
@@ -157,7 +139,7 @@ fn skip_norm(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>], rms: boo
 
 /// `SimplifiedLayerNormalization` (inputs X, scale; attributes axis, epsilon): RMS
 /// normalization over the axes from `axis` on; results Y and inv_std_var.
-fn simplified(cx: &OpCtx<'_>, op: &CustomOp, inputs: &[Option<RtValue>]) -> OpResult {
+pub(super) fn simplified(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> OpResult {
     let x = tensor(cx, inputs, 0)?;
     let scale = tensor(cx, inputs, 1)?;
     if !x.dtype.is_float() {
