@@ -686,6 +686,98 @@ ops! {
     // ---- optional and sequence ----
     /// Wraps a value (or nothing, with `type`) as an optional.
     Optional [0..1 -> 1] { r#type: Type as "type" }
+    /// `OptionalHasElement`: whether the optional (or tensor) input holds a value.
+    OptionalHasElement [0..1 -> 1] {}
+    /// The value inside an optional (a tensor or sequence passes through).
+    OptionalGetElement [1 -> 1] {}
+    /// An empty sequence of `dtype` tensors (default f32).
+    SequenceEmpty [0 -> 1] { dtype: i64 }
+    /// A sequence of the inputs.
+    SequenceConstruct [1..* -> 1] {}
+    /// Number of tensors in a sequence (i64 scalar).
+    SequenceLength [1 -> 1] {}
+    /// The tensor at a position of a sequence.
+    SequenceAt [2 -> 1] {}
+    /// A sequence with a tensor inserted (at the end by default).
+    SequenceInsert [2..3 -> 1] {}
+    /// A sequence with a tensor removed (the last by default).
+    SequenceErase [1..2 -> 1] {}
+    /// Splits a tensor into a sequence along `axis`.
+    SplitToSequence [1..2 -> 1] { axis: i64 = 0, keepdims: i64 = 1 }
+    /// Concatenates (or stacks, `new_axis`) a sequence along `axis`.
+    ConcatFromSequence [1 -> 1] { axis: i64, new_axis: i64 = 0 }
+    /// Runs `body` over the elements of sequences.
+    SequenceMap [1..* -> 1..*] { body: GraphId }
+    // ---- recurrent ----
+    /// Elman RNN over a sequence: all hidden states and the last.
+    RNN [3..6 -> 0..2] { activation_alpha: Vec<f32>, activation_beta: Vec<f32>, activations: Vec<String>, clip: f32, direction: String = "forward", hidden_size: i64, layout: i64 = 0, output_sequence: i64 }
+    /// GRU over a sequence: all hidden states and the last.
+    GRU [3..6 -> 0..2] { activation_alpha: Vec<f32>, activation_beta: Vec<f32>, activations: Vec<String>, clip: f32, direction: String = "forward", hidden_size: i64, layout: i64 = 0, linear_before_reset: i64 = 0, output_sequence: i64 }
+    /// LSTM over a sequence: all hidden states, the last hidden state and the last cell.
+    LSTM [3..8 -> 0..3] { activation_alpha: Vec<f32>, activation_beta: Vec<f32>, activations: Vec<String>, clip: f32, direction: String = "forward", hidden_size: i64, input_forget: i64 = 0, layout: i64 = 0, output_sequence: i64 }
+    // ---- the long tail ----
+    /// Cumulative product along the axis input.
+    CumProd [2 -> 1] { exclusive: i64 = 0, reverse: i64 = 0 }
+    /// The slices along `axis` (or elements of the flattened input) where the condition holds.
+    Compress [2 -> 1] { axis: i64 }
+    /// A 2-D tensor with ones on the `k`-th diagonal, of the input's shape.
+    EyeLike [1 -> 1] { dtype: i64, k: i64 = 0 }
+    /// `x < -lambd ? x + bias : x > lambd ? x - bias : 0`.
+    Shrink [1 -> 1] (elementwise) { bias: f32 = 0.0, lambd: f32 = 0.5 }
+    /// Reverses each batch entry's first `sequence_lens` steps along `time_axis`.
+    ReverseSequence [2 -> 1] { batch_axis: i64 = 1, time_axis: i64 = 0 }
+    /// Determinant of the last two (square) axes.
+    Det [1 -> 1] {}
+    /// A Hann window of the size input.
+    HannWindow [1 -> 1] { output_datatype: i64 = 1, periodic: i64 = 1 }
+    /// A Hamming window of the size input.
+    HammingWindow [1 -> 1] { output_datatype: i64 = 1, periodic: i64 = 1 }
+    /// A Blackman window of the size input.
+    BlackmanWindow [1 -> 1] { output_datatype: i64 = 1, periodic: i64 = 1 }
+    /// String concatenation with broadcasting.
+    StringConcat [2 -> 1] (elementwise) {}
+    /// Splits each string by `delimiter`: the substrings (padded) and their counts.
+    StringSplit [1 -> 2] { delimiter: String, maxsplit: i64 }
+    /// Unique elements (or slices along `axis`) with indices, inverse indices and counts.
+    Unique [1 -> 1..4] { axis: i64, sorted: i64 = 1 }
+    /// Center crop or pad to the shape input along `axes`.
+    CenterCropPad [2 -> 1] { axes: Vec<i64> }
+    /// Rearranges column blocks back into an image (the inverse of im2col).
+    Col2Im [3 -> 1] { dilations: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
+    /// Discrete Fourier transform (axis attribute before opset 20, input after).
+    DFT [1..3 -> 1] { axis: i64, inverse: i64 = 0, onesided: i64 = 0 }
+    /// Short-time Fourier transform.
+    STFT [2..4 -> 1] { onesided: i64 = 1 }
+    /// Selected box indices `[n, 3]` (batch, class, box) by IoU suppression.
+    NonMaxSuppression [2..5 -> 1] { center_point_box: i64 = 0 }
+    /// Samples the input at the grid's coordinates (mode names changed in opset 20).
+    GridSample [2 -> 1] { align_corners: i64 = 0, mode: String, padding_mode: String = "zeros" }
+    /// Case change and stop-word removal on strings.
+    StringNormalizer [1 -> 1] { case_change_action: String = "NONE", is_case_sensitive: i64 = 0, locale: String, stopwords: Vec<String> }
+    /// `a * sigmoid(alpha * a) * b`.
+    SwiGLU [2 -> 1] (elementwise) { alpha: f32 = 1.0 }
+    /// Writes updates into a cache tensor along `axis` at per-batch positions.
+    TensorScatter [2..3 -> 1] { axis: i64 = -2, mode: String = "linear" }
+    /// Scatters pooled values back to their max positions.
+    MaxUnpool [2..3 -> 1] { kernel_shape: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> }
+    /// n-gram counts (TF, IDF or TF-IDF) of integer or string sequences.
+    TfIdfVectorizer [1 -> 1] { max_gram_length: i64, max_skip_count: i64, min_gram_length: i64, mode: String, ngram_counts: Vec<i64>, ngram_indexes: Vec<i64>, pool_int64s: Vec<i64>, pool_strings: Vec<String>, weights: Vec<f32> }
+    /// Mel filter bank weights `[dft_length / 2 + 1, num_mel_bins]`.
+    MelWeightMatrix [5 -> 1] { output_datatype: i64 = 1 }
+    /// Region-of-interest align: `[num_rois, C, output_height, output_width]`.
+    RoiAlign [3 -> 1] { coordinate_transformation_mode: String = "half_pixel", mode: String = "avg", output_height: i64 = 1, output_width: i64 = 1, sampling_ratio: i64 = 0, spatial_scale: f32 = 1.0 }
+    /// Negative log-likelihood loss.
+    NegativeLogLikelihoodLoss [2..3 -> 1] { ignore_index: i64, reduction: String = "mean" }
+    /// Softmax cross-entropy loss, and optionally the log-probabilities.
+    SoftmaxCrossEntropyLoss [2..3 -> 1..2] { ignore_index: i64, reduction: String = "mean" }
+    /// Reinterprets the bits of the input as `to`.
+    BitCast [1 -> 1] { to: i64 }
+    /// Sampling grids from affine matrices `[N, 2, 3]` (2-D) or `[N, 3, 4]` (3-D).
+    AffineGrid [2 -> 1] { align_corners: i64 = 0 }
+    /// Upsampling by scales (input from opset 9, attribute before); `Resize` replaced it.
+    Upsample [1..2 -> 1] { mode: String = "nearest", scales: Vec<f32> }
+    /// `ScatterElements` before opset 11.
+    Scatter [3 -> 1] { axis: i64 = 0 }
     // ---- ONNX Runtime's own ops (contrib schemas of ONNX Runtime 1.2x) ----
     /// RMS normalization over axes `axis..rank`, which ONNX Runtime registers in the default
     /// domain; the optional second result is the inverse RMS.

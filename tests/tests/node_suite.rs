@@ -12,10 +12,15 @@ use mmq_tests::{check_expectations, node_suite_cases, node_suite_eval, scratch_d
 
 const EXPECTATIONS: &str = "tests/node-suite-expectations.txt";
 
-/// Imports, verifies, text-round-trips and exports one case; the error says which step failed.
+/// Imports, infers, verifies, text-round-trips and exports one case; the error says which step
+/// failed. Inference must agree with every type the case declares (its outputs are fully
+/// typed): that checks each op's inference rule against the ONNX test data.
 fn convert(src: &Path, dst: &Path) -> Result<(), String> {
-    let m = mmq_onnx::load_files(&[src], &mmq_onnx::LoadOptions::default())
+    let mut m = mmq_onnx::load_files(&[src], &mmq_onnx::LoadOptions { infer: false })
         .map_err(|e| format!("import: {e}"))?;
+    if let Some(c) = mmq_ir::infer::infer_module_correcting(&mut m).first() {
+        return Err(format!("infer: {}", c.message));
+    }
     if let Err(errors) = mmq_ir::verify::verify(&m)
         && let Some(e) = errors
             .iter()

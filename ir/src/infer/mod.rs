@@ -28,6 +28,7 @@
 mod contrib;
 mod dims;
 mod ops;
+mod tail;
 mod values;
 
 #[cfg(test)]

@@ -1,18 +1,18 @@
 //! One inference rule per modeled op.
 
 use super::Cx;
-use super::contrib;
 use super::dims::{
     broadcast_dims, broadcast_shapes, ceil_div, exact_div, floor_div, product, product_div,
     unify_dim,
 };
+use super::{contrib, tail};
 use crate::dim::{Dim, DimExpr};
 use crate::dtype::DType;
 use crate::op::Op;
 use crate::types::{TensorType, Type};
 
 /// A tensor type, or [`Type::Unknown`] when nothing is known.
-fn t(dtype: Option<DType>, shape: Option<Vec<Dim>>) -> Type {
+pub(super) fn t(dtype: Option<DType>, shape: Option<Vec<Dim>>) -> Type {
     if dtype.is_none() && shape.is_none() {
         Type::Unknown
     } else {
@@ -21,12 +21,12 @@ fn t(dtype: Option<DType>, shape: Option<Vec<Dim>>) -> Type {
 }
 
 /// The type of operand `i` as a tensor (for ops whose result has the operand's type).
-fn same(cx: &Cx, i: usize) -> Type {
+pub(super) fn same(cx: &Cx, i: usize) -> Type {
     cx.tt(i)
         .map_or(Type::Unknown, |tt| Type::Tensor(tt.clone()))
 }
 
-fn shape_of(cx: &Cx, i: usize) -> Option<Vec<Dim>> {
+pub(super) fn shape_of(cx: &Cx, i: usize) -> Option<Vec<Dim>> {
     cx.shape(i).map(<[Dim]>::to_vec)
 }
 
@@ -57,12 +57,12 @@ fn small(k: i64) -> Option<usize> {
         .filter(|&k| k <= super::MAX_SHAPE_VALUE_LEN)
 }
 
-fn dims_unknown(n: usize) -> Vec<Dim> {
+pub(super) fn dims_unknown(n: usize) -> Vec<Dim> {
     vec![Dim::Unknown; n]
 }
 
 /// The single element of operand `i`'s shape value, or unknown.
-fn scalar_dim(cx: &Cx, i: usize) -> Dim {
+pub(super) fn scalar_dim(cx: &Cx, i: usize) -> Dim {
     match cx.vals(i) {
         Some([d]) => d.clone(),
         _ => Dim::Unknown,
@@ -829,7 +829,7 @@ fn resize(cx: &Cx, axes_attr: Option<&Vec<i64>>, policy: Option<&str>) -> Type {
 }
 
 /// `floor(d * scale)`, exact when the scale is a small rational.
-fn scale_dim(d: &Dim, scale: f64) -> Dim {
+pub(super) fn scale_dim(d: &Dim, scale: f64) -> Dim {
     if let Some(v) = d.as_known() {
         return Dim::known((v as f64 * scale).floor() as i64);
     }
@@ -908,7 +908,7 @@ fn attention(cx: &Cx, kv_heads: Option<i64>, q_heads: Option<i64>) -> Vec<Type> 
     ]
 }
 
-fn dtype_code(code: Option<i64>) -> Option<DType> {
+pub(super) fn dtype_code(code: Option<i64>) -> Option<DType> {
     code.filter(|&c| c != 0)
         .and_then(|c| i32::try_from(c).ok())
         .and_then(DType::from_onnx_code)
@@ -1494,6 +1494,101 @@ fn infer_op(cx: &Cx) -> Vec<Type> {
                 .clone()
                 .map_or(Type::Unknown, |ty| Type::Optional(Box::new(ty)))),
         },
+        // The long tail (`super::tail`).
+        OptionalHasElement {}
+        | OptionalGetElement {}
+        | SequenceEmpty { .. }
+        | SequenceConstruct {}
+        | SequenceLength {}
+        | SequenceAt {}
+        | SequenceInsert {}
+        | SequenceErase {}
+        | SplitToSequence { .. }
+        | ConcatFromSequence { .. }
+        | SequenceMap { .. } => tail::sequence(cx),
+        RNN {
+            direction,
+            hidden_size,
+            layout,
+            ..
+        }
+        | GRU {
+            direction,
+            hidden_size,
+            layout,
+            ..
+        } => tail::recurrent(cx, direction.as_deref(), *hidden_size, *layout, 2),
+        LSTM {
+            direction,
+            hidden_size,
+            layout,
+            ..
+        } => tail::recurrent(cx, direction.as_deref(), *hidden_size, *layout, 3),
+        CumProd { .. }
+        | Shrink { .. }
+        | ReverseSequence { .. }
+        | SwiGLU { .. }
+        | TensorScatter { .. }
+        | Scatter { .. } => one(same(cx, 0)),
+        StringConcat {} => one(bcast(cx, Some(DType::String))),
+        Compress { axis } => one(tail::compress(cx, *axis)),
+        EyeLike { dtype, .. } => one(tail::eye_like(cx, *dtype)),
+        Det {} => one(tail::det(cx)),
+        HannWindow {
+            output_datatype, ..
+        }
+        | HammingWindow {
+            output_datatype, ..
+        }
+        | BlackmanWindow {
+            output_datatype, ..
+        } => one(tail::window(cx, *output_datatype)),
+        StringSplit { .. } => tail::string_split(cx),
+        StringNormalizer { .. } => one(tail::string_normalizer(cx)),
+        Unique { axis, .. } => tail::unique(cx, *axis),
+        CenterCropPad { axes } => one(tail::center_crop_pad(cx, axes.as_deref())),
+        Col2Im { .. } => one(tail::col2im(cx)),
+        DFT {
+            axis,
+            inverse,
+            onesided,
+        } => one(tail::dft(
+            cx,
+            *axis,
+            onesided.unwrap_or(0) != 0,
+            inverse.unwrap_or(0) != 0,
+        )),
+        STFT { onesided } => one(tail::stft(cx, onesided.unwrap_or(1) != 0)),
+        NonMaxSuppression { .. } => {
+            one(t(Some(DType::I64), Some(vec![Dim::Unknown, Dim::known(3)])))
+        }
+        GridSample { .. } => one(tail::grid_sample(cx)),
+        MaxUnpool {
+            kernel_shape,
+            pads,
+            strides,
+        } => one(tail::max_unpool(
+            cx,
+            kernel_shape.as_deref(),
+            pads.as_deref(),
+            strides.as_deref(),
+        )),
+        TfIdfVectorizer { ngram_indexes, .. } => one(tail::tfidf(cx, ngram_indexes.as_deref())),
+        MelWeightMatrix { output_datatype } => one(tail::mel_weight_matrix(cx, *output_datatype)),
+        RoiAlign {
+            output_height,
+            output_width,
+            ..
+        } => one(tail::roi_align(cx, *output_height, *output_width)),
+        NegativeLogLikelihoodLoss { reduction, .. } => {
+            tail::loss(cx, Some(reduction.as_deref().unwrap_or("mean")), false)
+        }
+        SoftmaxCrossEntropyLoss { reduction, .. } => {
+            tail::loss(cx, Some(reduction.as_deref().unwrap_or("mean")), true)
+        }
+        BitCast { to } => one(tail::bit_cast(cx, *to)),
+        AffineGrid { .. } => one(tail::affine_grid(cx)),
+        Upsample { scales, .. } => one(tail::upsample(cx, scales.as_deref())),
         // ONNX Runtime's ops and mmq's plugins (`super::contrib`).
         SimplifiedLayerNormalization { .. }
         | MsGelu {}

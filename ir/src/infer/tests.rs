@@ -874,3 +874,158 @@ fn node_types_from_given_operands() {
             .is_none_or(|t| t.shape.is_none())
     );
 }
+
+/// A node of `op_type` with `attrs` and `outs` results (every attribute must fit the table).
+fn multi(
+    b: &mut B,
+    op_type: &str,
+    attrs: Vec<(&str, Attr)>,
+    inputs: &[Value],
+    outs: usize,
+) -> Vec<Value> {
+    let op = Op::from_parts(
+        "",
+        op_type,
+        attrs.into_iter().map(|(k, a)| (k.to_owned(), a)).collect(),
+    );
+    assert!(
+        !op.is_custom(),
+        "{op_type}: attributes must fit the typed op"
+    );
+    let g = b.g;
+    b.node_in(g, op, inputs, outs)
+}
+
+#[test]
+fn long_tail_ops_are_typed() {
+    let mut b = B::new(20);
+    let (n, t) = (b.sym("n"), b.sym("t"));
+    // Recurrent layers, both layouts; the hidden size from the attribute or from R.
+    let x = b.input("x", DType::F32, vec![t.clone(), n.clone(), 8.into()]);
+    let w = b.weight(vec![2, 64, 8]);
+    let r = b.weight(vec![2, 64, 16]);
+    let lstm = multi(
+        &mut b,
+        "LSTM",
+        vec![("direction", Attr::String("bidirectional".into()))],
+        &[x, w, r],
+        3,
+    );
+    let xb = b.input("xb", DType::F32, vec![n.clone(), t.clone(), 8.into()]);
+    let w1 = b.weight(vec![1, 48, 8]);
+    let r1 = b.weight(vec![1, 48, 16]);
+    let gru = multi(
+        &mut b,
+        "GRU",
+        vec![("hidden_size", Attr::Int(16)), ("layout", Attr::Int(1))],
+        &[xb, w1, r1],
+        2,
+    );
+    // Linear algebra, signal and vision ops.
+    let m = b.input("m", DType::F32, vec![n.clone(), 3.into(), 3.into()]);
+    let det = b.op("Det", vec![], &[m]);
+    let size = b.ints(&[400], vec![]);
+    let hann = b.op("HannWindow", vec![], &[size]);
+    let boxes = b.input("boxes", DType::F32, vec![1.into(), n.clone(), 4.into()]);
+    let scores = b.input("scores", DType::F32, vec![1.into(), 2.into(), n.clone()]);
+    let nms = b.op("NonMaxSuppression", vec![], &[boxes, scores]);
+    let img = b.input(
+        "img",
+        DType::F32,
+        vec![n.clone(), 16.into(), 32.into(), 32.into()],
+    );
+    let rois = b.input("rois", DType::F32, vec![t.clone(), 4.into()]);
+    let idx = b.input("idx", DType::I64, vec![t.clone()]);
+    let roi = b.op(
+        "RoiAlign",
+        vec![
+            ("output_height", Attr::Int(7)),
+            ("output_width", Attr::Int(5)),
+        ],
+        &[img, rois, idx],
+    );
+    let grid = b.input(
+        "grid",
+        DType::F32,
+        vec![n.clone(), 10.into(), 12.into(), 2.into()],
+    );
+    let sampled = b.op("GridSample", vec![], &[img, grid]);
+    let pooled = b.input(
+        "pooled",
+        DType::F32,
+        vec![n.clone(), 16.into(), 16.into(), 16.into()],
+    );
+    let argmax = b.input(
+        "argmax",
+        DType::I64,
+        vec![n.clone(), 16.into(), 16.into(), 16.into()],
+    );
+    let unpool = b.op(
+        "MaxUnpool",
+        vec![("kernel_shape", ints(&[2, 2])), ("strides", ints(&[2, 2]))],
+        &[pooled, argmax],
+    );
+    let sig = b.input("sig", DType::F32, vec![n.clone(), 1000.into(), 1.into()]);
+    let step = b.ints(&[100], vec![]);
+    let win = b.floats(&[1.0; 400], vec![400]);
+    let stft = b.op("STFT", vec![], &[sig, step, win]);
+    let dft = b.op("DFT", vec![("onesided", Attr::Int(1))], &[sig]);
+    let theta = b.input("theta", DType::F32, vec![n.clone(), 2.into(), 3.into()]);
+    let out_size = b.ints(&[2, 3, 24, 32], vec![4]);
+    let affine = b.op("AffineGrid", vec![], &[theta, out_size]);
+    let scales = b.floats(&[1.0, 1.0, 2.0, 2.0], vec![4]);
+    let up = b.op("Upsample", vec![], &[img, scales]);
+    // Data-dependent sizes, losses, strings and sequences.
+    let cond = b.input("cond", DType::Bool, vec![16.into()]);
+    let comp = b.op("Compress", vec![("axis", Attr::Int(1))], &[img, cond]);
+    let uniq = multi(&mut b, "Unique", vec![], &[x], 4);
+    let logits = b.input("logits", DType::F32, vec![n.clone(), 10.into()]);
+    let labels = b.input("labels", DType::I64, vec![n.clone()]);
+    let sce = multi(
+        &mut b,
+        "SoftmaxCrossEntropyLoss",
+        vec![("reduction", Attr::String("none".into()))],
+        &[logits, labels],
+        2,
+    );
+    let nll = b.op("NegativeLogLikelihoodLoss", vec![], &[logits, labels]);
+    let eye = b.op("EyeLike", vec![("dtype", Attr::Int(7))], &[logits]);
+    let words = b.input("words", DType::String, vec![n.clone()]);
+    let split = multi(&mut b, "StringSplit", vec![], &[words], 2);
+    let seq = b.op("SequenceConstruct", vec![], &[logits, logits]);
+    let at = b.ints(&[0], vec![]);
+    let first = b.op("SequenceAt", vec![], &[seq, at]);
+    let len = b.op("SequenceLength", vec![], &[seq]);
+    let stacked = b.op(
+        "ConcatFromSequence",
+        vec![("axis", Attr::Int(0)), ("new_axis", Attr::Int(1))],
+        &[seq],
+    );
+    infer_module(&mut b.m);
+    let shows = |vs: &[Value]| vs.iter().map(|&v| b.show(v)).collect::<Vec<_>>();
+    assert_eq!(
+        shows(&lstm),
+        ["f32[t, 2, n, 16]", "f32[2, n, 16]", "f32[2, n, 16]"]
+    );
+    assert_eq!(shows(&gru), ["f32[n, t, 1, 16]", "f32[n, 1, 16]"]);
+    assert_eq!(b.show(det), "f32[n]");
+    assert_eq!(b.show(hann), "f32[400]");
+    assert_eq!(b.show(nms), "i64[?, 3]");
+    assert_eq!(b.show(roi), "f32[t, 16, 7, 5]");
+    assert_eq!(b.show(sampled), "f32[n, 16, 10, 12]");
+    assert_eq!(b.show(unpool), "f32[n, 16, 32, 32]");
+    assert_eq!(b.show(stft), "f32[n, 7, 201, 2]");
+    // Opset 20: the axis defaults to -2 (the signal's time axis).
+    assert_eq!(b.show(dft), "f32[n, 501, 2]");
+    assert_eq!(b.show(affine), "f32[2, 24, 32, 2]");
+    assert_eq!(b.show(up), "f32[n, 16, 64, 64]");
+    assert_eq!(b.show(comp), "f32[n, ?, 32, 32]");
+    assert_eq!(shows(&uniq), ["f32[?]", "i64[?]", "i64[?]", "i64[?]"]);
+    assert_eq!(shows(&sce), ["f32[n]", "f32[n, 10]"]);
+    assert_eq!(b.show(nll), "f32[]");
+    assert_eq!(b.show(eye), "i64[n, 10]");
+    assert_eq!(shows(&split), ["string[n, ?]", "i64[n]"]);
+    assert_eq!(b.show(first), "f32[n, 10]");
+    assert_eq!(b.show(len), "i64[]");
+    assert_eq!(b.show(stacked), "f32[?, n, 10]");
+}

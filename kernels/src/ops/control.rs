@@ -55,13 +55,32 @@ pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> Option<OpResul
             inputs.first().cloned().flatten().map(Box::new),
         ))]),
         Op::Custom(c) if c.domain.is_empty() || c.domain == "ai.onnx" => {
-            return seq::eval(cx, c, inputs)
-                .or_else(|| tail::eval(cx, c, inputs))
-                .or_else(|| rnn::eval(cx, c, inputs))
-                .or_else(|| loss::eval(cx, c, inputs));
+            return long_tail(cx, c, inputs);
+        }
+        // The typed long-tail ops (`family` sends only those here); their kernels read
+        // attributes by name, as for a node kept opaque.
+        op if op.domain().is_empty() => {
+            let c = CustomOp {
+                domain: String::new(),
+                op_type: op.op_type().to_owned(),
+                attrs: op
+                    .attrs()
+                    .into_iter()
+                    .map(|(n, a)| (n.to_owned(), a))
+                    .collect(),
+            };
+            return long_tail(cx, &c, inputs);
         }
         _ => return None,
     })
+}
+
+/// The sequence, signal, string, recurrent and loss ops.
+fn long_tail(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
+    seq::eval(cx, c, inputs)
+        .or_else(|| tail::eval(cx, c, inputs))
+        .or_else(|| rnn::eval(cx, c, inputs))
+        .or_else(|| loss::eval(cx, c, inputs))
 }
 
 /// The single boolean of a condition tensor.

@@ -248,6 +248,51 @@ fn family(op: &Op) -> Option<Family> {
         | Op::DequantizeLinear { .. }
         | Op::DynamicQuantizeLinear { .. } => quant::eval,
         Op::If { .. } | Op::Loop { .. } | Op::Scan { .. } | Op::Optional { .. } => control::eval,
+        Op::OptionalHasElement { .. }
+        | Op::OptionalGetElement { .. }
+        | Op::SequenceEmpty { .. }
+        | Op::SequenceConstruct { .. }
+        | Op::SequenceLength { .. }
+        | Op::SequenceAt { .. }
+        | Op::SequenceInsert { .. }
+        | Op::SequenceErase { .. }
+        | Op::SplitToSequence { .. }
+        | Op::ConcatFromSequence { .. }
+        | Op::SequenceMap { .. }
+        | Op::RNN { .. }
+        | Op::GRU { .. }
+        | Op::LSTM { .. }
+        | Op::CumProd { .. }
+        | Op::Compress { .. }
+        | Op::EyeLike { .. }
+        | Op::Shrink { .. }
+        | Op::ReverseSequence { .. }
+        | Op::Det { .. }
+        | Op::HannWindow { .. }
+        | Op::HammingWindow { .. }
+        | Op::BlackmanWindow { .. }
+        | Op::StringConcat { .. }
+        | Op::StringSplit { .. }
+        | Op::Unique { .. }
+        | Op::CenterCropPad { .. }
+        | Op::Col2Im { .. }
+        | Op::DFT { .. }
+        | Op::STFT { .. }
+        | Op::NonMaxSuppression { .. }
+        | Op::GridSample { .. }
+        | Op::StringNormalizer { .. }
+        | Op::SwiGLU { .. }
+        | Op::TensorScatter { .. }
+        | Op::MaxUnpool { .. }
+        | Op::TfIdfVectorizer { .. }
+        | Op::MelWeightMatrix { .. }
+        | Op::RoiAlign { .. }
+        | Op::NegativeLogLikelihoodLoss { .. }
+        | Op::SoftmaxCrossEntropyLoss { .. }
+        | Op::BitCast { .. }
+        | Op::AffineGrid { .. }
+        | Op::Upsample { .. } => control::eval,
+        Op::Scatter { .. } => shape::eval,
         Op::SimplifiedLayerNormalization { .. }
         | Op::MsGelu { .. }
         | Op::FastGelu { .. }

@@ -85,6 +85,7 @@ pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> Option<OpResul
             layout::depth_to_space(cx, i, *blocksize, mode.as_deref())
         }
         Op::SpaceToDepth { blocksize } => layout::space_to_depth(cx, i, *blocksize, None),
+        Op::Scatter { axis } => index::scatter_elements(cx, i, axis.unwrap_or(0), None),
         Op::Custom(c) if c.domain.is_empty() => return custom(cx, i, c),
         Op::Resize { .. } => resize::resize(cx, i),
         _ => return None,
