@@ -52,6 +52,7 @@ use mmq_ir::{
     ValueDef,
 };
 use mmq_kernels::quant::{quantize_float, round_saturate};
+use multiversion::multiversion;
 use rayon::prelude::*;
 
 use crate::dce::Dce;
@@ -834,18 +835,30 @@ enum BlockStats {
 }
 
 impl BlockStats {
+    #[inline(always)]
     fn of(vals: &[f32], symmetric: bool) -> BlockStats {
+        // `[min(lo, 0), max(hi, 0)]` in 16 lanes: comparisons, not `f32::min` (whose NaN rule
+        // keeps the fold scalar); the values are finite, so both give the same range.
+        let (mut lo, mut hi) = ([0f32; 16], [0f32; 16]);
+        let chunks = vals.chunks_exact(16);
+        let rest = chunks.remainder();
+        for c in chunks {
+            for j in 0..16 {
+                lo[j] = if c[j] < lo[j] { c[j] } else { lo[j] };
+                hi[j] = if c[j] > hi[j] { c[j] } else { hi[j] };
+            }
+        }
+        for (j, &v) in rest.iter().enumerate() {
+            lo[j] = if v < lo[j] { v } else { lo[j] };
+            hi[j] = if v > hi[j] { v } else { hi[j] };
+        }
+        let lo = lo.iter().fold(0f32, |a, &b| if b < a { b } else { a });
+        let hi = hi.iter().fold(0f32, |a, &b| if b > a { b } else { a });
         if symmetric {
-            let (lo, hi) = vals
-                .iter()
-                .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
             // The signed value of largest magnitude (the negative one on a tie, like
             // ONNX Runtime's blockwise quantizer).
             BlockStats::Symmetric(if hi > -lo { hi } else { lo })
         } else {
-            let (lo, hi) = vals
-                .iter()
-                .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
             BlockStats::Asymmetric(lo, hi)
         }
     }
@@ -854,6 +867,7 @@ impl BlockStats {
     /// range saturate). `signed`: symmetric blocks take the positive scale `|m| / 7`, so
     /// `code - 8` is a signed INT4 value in [-7, 7] with zero point 0 (the form of a
     /// `DequantizeLinear` of INT4); else `m / -8`, which uses all 16 codes.
+    #[inline(always)]
     fn params(self, shrink: f32, signed: bool) -> (f32, u8) {
         match self {
             BlockStats::Symmetric(m) if signed => (m.abs() * shrink / 7.0, 8),
@@ -872,6 +886,7 @@ impl BlockStats {
 }
 
 /// The code of `v` (`QuantizeLinear` to u4); a zero scale gives the zero point.
+#[inline(always)]
 fn code(v: f32, scale: f32, zp: u8) -> u8 {
     if scale == 0.0 {
         zp
@@ -896,6 +911,7 @@ fn search_code(v: f32, scale: f32, z: f32) -> f32 {
 
 /// Squared error of a block quantized with `scale` and `zp` (eight partial sums, so the loop
 /// vectorizes).
+#[inline(always)]
 fn block_error(vals: &[f32], scale: f32, zp: u8) -> f32 {
     if scale == 0.0 {
         return vals.iter().map(|v| v * v).sum();
@@ -940,7 +956,10 @@ pub(crate) fn quantize_block(
     quantize_block_as(vals, symmetric, false, search, codes)
 }
 
-/// [`quantize_block`]; `signed` as in `BlockStats::params`.
+/// [`quantize_block`]; `signed` as in `BlockStats::params`. Compiled for each SIMD level the
+/// machine may have and chosen at run time (the search is most of INT4's time); every level
+/// computes the same floats in the same order, so the codes do not depend on the machine.
+#[multiversion(targets = "simd")]
 fn quantize_block_as(
     vals: &[f32],
     symmetric: bool,
@@ -966,6 +985,109 @@ fn quantize_block_as(
     (scale, zp)
 }
 
+/// Columns quantized together when quantizing a `[K, N]` weight.
+const TILE: usize = 64;
+
+/// The blocks of up to [`TILE`] columns, quantized as [`quantize_block_as`] quantizes each one
+/// (the same floats in the same order, so the same scales, zero points and codes), with the
+/// columns as SIMD lanes: `tile[i * w + c]` is element `i` of column `c`'s block (`len` rows,
+/// the rest of the block size `bs` is padding zeros). Writes `scales[c]`, `zps[c]` and the
+/// codes of rows `2i` and `2i + 1` packed in `packed[i * w + c]`.
+#[multiversion(targets = "simd")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one block row of a tile and its outputs"
+)]
+fn quantize_tile(
+    tile: &[f32],
+    (w, len, bs): (usize, usize, usize),
+    (symmetric, signed, search): (bool, bool, bool),
+    scales: &mut [f32],
+    zps: &mut [u8],
+    packed: &mut [u8],
+) {
+    let (mut lo, mut hi) = ([0f32; TILE], [0f32; TILE]);
+    for row in tile.chunks_exact(w).take(len) {
+        for c in 0..w {
+            lo[c] = if row[c] < lo[c] { row[c] } else { lo[c] };
+            hi[c] = if row[c] > hi[c] { row[c] } else { hi[c] };
+        }
+    }
+    let mut stats = [BlockStats::Symmetric(0.0); TILE];
+    for c in 0..w {
+        stats[c] = if symmetric {
+            BlockStats::Symmetric(if hi[c] > -lo[c] { hi[c] } else { lo[c] })
+        } else {
+            BlockStats::Asymmetric(lo[c], hi[c])
+        };
+    }
+    for c in 0..w {
+        (scales[c], zps[c]) = stats[c].params(1.0, signed);
+    }
+    if search {
+        let mut scale = [0f32; TILE];
+        let mut zp = [0u8; TILE];
+        scale[..w].copy_from_slice(&scales[..w]);
+        zp[..w].copy_from_slice(&zps[..w]);
+        let (mut best, mut e) = ([0f32; TILE], [0f32; TILE]);
+        tile_errors(tile, len, &scale[..w], &zp[..w], &mut best[..w]);
+        for &f in &SHRINK[1..] {
+            for c in 0..w {
+                (scale[c], zp[c]) = stats[c].params(f, signed);
+            }
+            tile_errors(tile, len, &scale[..w], &zp[..w], &mut e[..w]);
+            for c in 0..w {
+                // A zero-scale block is not searched.
+                if scales[c] != 0.0 && e[c] < best[c] {
+                    best[c] = e[c];
+                    (scales[c], zps[c]) = (scale[c], zp[c]);
+                }
+            }
+        }
+    }
+    // Codes two rows at a time, packed low nibble first: `packed[i * w + c]` holds rows
+    // `2i` and `2i + 1` of column `c`.
+    let zeros = [0f32; TILE];
+    let (scales, zps) = (&scales[..w], &zps[..w]);
+    for (i, out) in packed.chunks_exact_mut(w).take(bs / 2).enumerate() {
+        let row = |r: usize| {
+            tile.get(r * w..(r + 1) * w)
+                .filter(|_| r < len)
+                .unwrap_or(&zeros[..w])
+        };
+        let (even, odd) = (row(2 * i), row(2 * i + 1));
+        for ((((o, &a), &b), &s), &z) in out.iter_mut().zip(even).zip(odd).zip(scales).zip(zps) {
+            *o = code(a, s, z) | (code(b, s, z) << 4);
+        }
+    }
+}
+
+/// `block_error` of each column of a tile (as [`quantize_tile`] lays it out, `scale.len()`
+/// columns): eight partial sums by position, added in order, the columns as SIMD lanes.
+#[inline(always)]
+fn tile_errors(tile: &[f32], len: usize, scale: &[f32], zp: &[u8], e: &mut [f32]) {
+    const MAGIC: f32 = 12_582_912.0;
+    let w = scale.len();
+    let (mut inv, mut z) = ([0f32; TILE], [0f32; TILE]);
+    let (inv, z) = (&mut inv[..w], &mut z[..w]);
+    for (((i, zz), &s), &p) in inv.iter_mut().zip(z.iter_mut()).zip(scale).zip(zp) {
+        *i = 1.0 / s;
+        *zz = f32::from(p);
+    }
+    let mut acc = [[0f32; TILE]; 8];
+    for (i, row) in tile.chunks_exact(w).take(len).enumerate() {
+        let a = &mut acc[i % 8][..w];
+        for ((((a, &v), &iv), &s), &zz) in a.iter_mut().zip(row).zip(&*inv).zip(scale).zip(&*z) {
+            let q = ((v * iv).clamp(-16.0, 16.0) + MAGIC) - MAGIC;
+            let d = ((q + zz).clamp(0.0, 15.0) - zz) * s - v;
+            *a += d * d;
+        }
+    }
+    for (c, e) in e.iter_mut().enumerate() {
+        *e = acc.iter().fold(0.0, |s, a| s + a[c]);
+    }
+}
+
 /// Blockwise INT4 of a `[K, N]` (or, `trans`, `[N, K]`) weight times `alpha`, in
 /// `MatMulNBits` layout.
 fn quantize_int4(
@@ -984,47 +1106,61 @@ fn quantize_int4(
     let mut packed = vec![0u8; n * kb * blob];
     let mut scales = vec![0f32; n * kb];
     let mut zps = vec![0u8; n * zp_row];
-    let mut col = Vec::with_capacity(bs);
-    let mut cols = Vec::new();
-    let mut codes = vec![0u8; bs];
-    let mut store = |row: usize, b: usize, col: &[f32], codes: &mut [u8]| {
-        let (scale, zp) = quantize_block_as(col, symmetric, signed, search, codes);
-        let q = row * kb + b;
-        scales[q] = scale;
-        for (i, pair) in codes.chunks_exact(2).enumerate() {
-            packed[q * blob + i] = pair[0] | (pair[1] << 4);
-        }
-        zps[row * zp_row + b / 2] |= zp << (4 * (b % 2));
-    };
     if trans {
         // Rows of N, each K contiguous values.
+        let mut col = Vec::with_capacity(bs);
+        let mut codes = vec![0u8; bs];
         src.for_rows(n, k, 1, |r0, chunk| {
             for (i, row) in chunk.chunks_exact(k).enumerate() {
                 for (b, block) in row.chunks(bs).enumerate() {
                     col.clear();
                     col.extend(block.iter().map(|v| v * alpha));
-                    store(r0 + i, b, &col, &mut codes);
+                    let (scale, zp) =
+                        quantize_block_as(&col, symmetric, signed, search, &mut codes);
+                    let (row, q) = (r0 + i, (r0 + i) * kb + b);
+                    scales[q] = scale;
+                    for (i, pair) in codes.chunks_exact(2).enumerate() {
+                        packed[q * blob + i] = pair[0] | (pair[1] << 4);
+                    }
+                    zps[row * zp_row + b / 2] |= zp << (4 * (b % 2));
                 }
             }
             Ok(())
         })?;
     } else {
+        let mut tile = Vec::with_capacity(TILE * bs);
+        let mut tile_codes = vec![0u8; TILE * bs / 2];
         // Rows of K: a chunk holds whole blocks of K for every column.
         src.for_rows(k, n, bs, |r0, chunk| {
             let rows = chunk.len() / n;
             for local in (0..rows).step_by(bs) {
                 let b = (r0 + local) / bs;
                 let len = (local + bs).min(rows) - local;
-                // Transpose the block rows so each column's block is contiguous.
-                cols.resize(n * len, 0.0);
-                for i in 0..len {
-                    let row = &chunk[(local + i) * n..(local + i + 1) * n];
-                    for (c, &v) in row.iter().enumerate() {
-                        cols[c * len + i] = v * alpha;
+                // A tile of columns at a time, the columns as SIMD lanes.
+                for c0 in (0..n).step_by(TILE) {
+                    let w = TILE.min(n - c0);
+                    tile.clear();
+                    for i in 0..len {
+                        let at = (local + i) * n + c0;
+                        tile.extend(chunk[at..at + w].iter().map(|v| v * alpha));
                     }
-                }
-                for (c, col) in cols.chunks_exact(len).enumerate() {
-                    store(c, b, col, &mut codes);
+                    let (mut ts, mut tz) = ([0f32; TILE], [0u8; TILE]);
+                    quantize_tile(
+                        &tile,
+                        (w, len, bs),
+                        (symmetric, signed, search),
+                        &mut ts,
+                        &mut tz,
+                        &mut tile_codes,
+                    );
+                    for c in 0..w {
+                        let q = (c0 + c) * kb + b;
+                        scales[q] = ts[c];
+                        for (i, p) in packed[q * blob..(q + 1) * blob].iter_mut().enumerate() {
+                            *p = tile_codes[i * w + c];
+                        }
+                        zps[(c0 + c) * zp_row + b / 2] |= tz[c] << (4 * (b % 2));
+                    }
                 }
             }
             Ok(())
@@ -1246,6 +1382,53 @@ mod tests {
                 for &v in &vals {
                     let want = quantize_value(v, scale, i32::from(zp), (0, 15)) as u8;
                     assert_eq!(code(v, scale, zp), want, "{v} / {scale} + {zp}");
+                }
+            }
+        }
+    }
+
+    /// A tile of columns quantizes each column's block bit for bit as the one-block path does:
+    /// both ranges and signednesses, with and without the search, full and short blocks,
+    /// all-zero columns, narrow tiles.
+    #[test]
+    fn tiles_quantize_each_column_as_one_block() {
+        let bs = 32;
+        for (w, len) in [(TILE, bs), (7, bs), (TILE, 13), (3, 1)] {
+            let mut tile = weights(w * len, 11);
+            for i in 0..len {
+                tile[i * w] = 0.0; // column 0 is all zeros: scale 0
+            }
+            for (symmetric, signed, search) in [
+                (true, false, true),
+                (true, true, true),
+                (false, false, true),
+                (true, false, false),
+                (false, false, false),
+            ] {
+                let (mut ts, mut tz) = ([0f32; TILE], [0u8; TILE]);
+                let mut packed = vec![0u8; w * bs / 2];
+                quantize_tile(
+                    &tile,
+                    (w, len, bs),
+                    (symmetric, signed, search),
+                    &mut ts,
+                    &mut tz,
+                    &mut packed,
+                );
+                for c in 0..w {
+                    let col: Vec<f32> = (0..len).map(|i| tile[i * w + c]).collect();
+                    let mut codes = vec![0u8; bs];
+                    let (scale, zp) =
+                        quantize_block_as(&col, symmetric, signed, search, &mut codes);
+                    let what = format!("w {w} len {len} col {c} {symmetric} {signed} {search}");
+                    assert_eq!((ts[c].to_bits(), tz[c]), (scale.to_bits(), zp), "{what}");
+                    for i in 0..bs / 2 {
+                        assert_eq!(
+                            packed[i * w + c],
+                            codes[2 * i] | (codes[2 * i + 1] << 4),
+                            "{what} pair {i}"
+                        );
+                    }
                 }
             }
         }
