@@ -6,7 +6,7 @@
 use mmq_ir::{DType, Op};
 
 use crate::error::KernelError;
-use crate::ops::data::norm_axes;
+use crate::ops::data::{map_any, norm_axes};
 use crate::ops::shape::single;
 use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
@@ -222,6 +222,45 @@ fn apply_axis(
     out
 }
 
+/// An axis that a resize leaves as it is (scale 1, same size, the whole axis as region).
+fn shape_unchanged(scale: f64, out: usize, dim: usize, roi: (f64, f64)) -> bool {
+    is_close(scale, 1.0) && out == dim && is_close(roi.0, 0.0) && is_close(roi.1, 1.0)
+}
+
+/// The elements of `v` (shape `shape`) at the per-axis source indices `index` (one list per
+/// axis, as long as the output axis), row by row.
+fn nearest_gather<T: Clone>(v: &[T], shape: &[usize], index: &[Vec<usize>]) -> Vec<T> {
+    let r = shape.len();
+    let Some((last, lead)) = index.split_last() else {
+        return v.to_vec();
+    };
+    let mut strides = vec![1usize; r];
+    for a in (0..r.saturating_sub(1)).rev() {
+        strides[a] = strides[a + 1] * shape[a + 1];
+    }
+    let rows: usize = lead.iter().map(Vec::len).product();
+    let mut out = Vec::with_capacity(rows * last.len());
+    let mut at = vec![0usize; lead.len()];
+    for _ in 0..rows {
+        let base: usize = at
+            .iter()
+            .zip(lead)
+            .zip(&strides)
+            .map(|((&o, idx), &st)| idx[o] * st)
+            .sum();
+        out.extend(last.iter().map(|&i| v[base + i].clone()));
+        // The next output row (odometer over the leading axes).
+        for a in (0..lead.len()).rev() {
+            at[a] += 1;
+            if at[a] < lead[a].len() {
+                break;
+            }
+            at[a] = 0;
+        }
+    }
+    out
+}
+
 fn is_close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
 }
@@ -370,15 +409,42 @@ pub(super) fn resize(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
         }
         roi_full = Some(full);
     }
+    if p.mode == "nearest" && !p.antialias && !p.exclude_outside {
+        // Each output element is one input element: gather them in the tensor's own type.
+        let mut index: Vec<Vec<usize>> = x.shape.iter().map(|&d| (0..d).collect()).collect();
+        let mut copy = true;
+        for &a in &axes {
+            let ax_roi = roi_full.as_ref().map_or((0.0, 1.0), |f| (f[a], f[r + a]));
+            if shape_unchanged(scale[a], out_shape[a], x.shape[a], ax_roi) {
+                continue;
+            }
+            if x.shape[a] == 0 && out_shape[a] > 0 {
+                return Err(cx.invalid(format!("cannot resize the empty axis {a}")));
+            }
+            let t =
+                taps(&p, x.shape[a], out_shape[a], scale[a], ax_roi).map_err(|e| cx.invalid(e))?;
+            let picked: Option<Vec<usize>> = t
+                .iter()
+                .map(|tap| match tap {
+                    Tap::Weights(w) => w.iter().find(|(_, c)| *c == 1.0).map(|&(i, _)| i),
+                    Tap::Extrapolate => None,
+                })
+                .collect();
+            match picked {
+                Some(i) => index[a] = i,
+                None => copy = false,
+            }
+        }
+        if copy {
+            let data = map_any!(&x.data, |v| nearest_gather(v, &x.shape, &index));
+            return single(Tensor::new(x.dtype, out_shape, data)?);
+        }
+    }
     let mut buf = x.to_f64()?;
     let mut shape = x.shape.clone();
     for &a in &axes {
         let ax_roi = roi_full.as_ref().map_or((0.0, 1.0), |f| (f[a], f[r + a]));
-        if is_close(scale[a], 1.0)
-            && out_shape[a] == shape[a]
-            && is_close(ax_roi.0, 0.0)
-            && is_close(ax_roi.1, 1.0)
-        {
+        if shape_unchanged(scale[a], out_shape[a], shape[a], ax_roi) {
             continue;
         }
         if shape[a] == 0 && out_shape[a] > 0 {
@@ -429,6 +495,48 @@ mod tests {
         assert_eq!(out, vec![1.0, 1.0, 2.0, 2.0]);
         let out = run(&params("linear", "align_corners"), &[0.0, 3.0], 4, 2.0);
         assert_eq!(out, vec![0.0, 1.0, 2.0, 3.0]);
+    }
+
+    /// Nearest resizing gathers the element the weighted path picks (every nearest mode and
+    /// coordinate mode, up and down, two axes at once), in the tensor's own type.
+    #[test]
+    fn nearest_gather_picks_what_the_weights_pick() {
+        let (h, w) = (3usize, 5usize);
+        let input: Vec<f64> = (0..h * w).map(|i| (i * 7 % 11) as f64).collect();
+        for nearest in ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"] {
+            for coord in [
+                "half_pixel",
+                "asymmetric",
+                "align_corners",
+                "pytorch_half_pixel",
+            ] {
+                for (oh, ow) in [(7usize, 10usize), (2, 3), (3, 12)] {
+                    let p = Params {
+                        nearest,
+                        ..params("nearest", coord)
+                    };
+                    let (sh, sw) = (oh as f64 / h as f64, ow as f64 / w as f64);
+                    let th = taps(&p, h, oh, sh, (0.0, 1.0)).expect("taps");
+                    let tw = taps(&p, w, ow, sw, (0.0, 1.0)).expect("taps");
+                    let rows = apply_axis(&input, &[h, w], 0, &th, 0.0);
+                    let want = apply_axis(&rows, &[oh, w], 1, &tw, 0.0);
+                    let pick = |t: &[Tap]| -> Vec<usize> {
+                        t.iter()
+                            .map(|tap| match tap {
+                                Tap::Weights(v) => {
+                                    v.iter().find(|(_, c)| *c == 1.0).expect("one").0
+                                }
+                                Tap::Extrapolate => unreachable!(),
+                            })
+                            .collect()
+                    };
+                    let ints: Vec<i64> = input.iter().map(|&x| x as i64).collect();
+                    let got = nearest_gather(&ints, &[h, w], &[pick(&th), pick(&tw)]);
+                    let want: Vec<i64> = want.iter().map(|&x| x as i64).collect();
+                    assert_eq!(got, want, "{nearest} {coord} {oh}x{ow}");
+                }
+            }
+        }
     }
 
     #[test]
