@@ -175,6 +175,59 @@ pub(super) fn multi_head_attention(
     Ok(vec![Some(y.into())])
 }
 
+/// `com.microsoft.RotaryEmbedding(input, position_ids, cos_cache, sin_cache)`: the default
+/// domain's `RotaryEmbedding` with the position ids last (a single id is the position of the
+/// first token, as there).
+pub(super) fn rotary_embedding(cx: &OpCtx<'_>, op: &Op, inputs: &[Option<RtValue>]) -> OpResult {
+    let Op::MsRotaryEmbedding {
+        interleaved,
+        is_packed_batching,
+        num_heads,
+        rotary_embedding_dim,
+        scale,
+    } = op
+    else {
+        return Err(cx.invalid("not a com.microsoft.RotaryEmbedding"));
+    };
+    if is_packed_batching.unwrap_or(0) != 0 {
+        return Err(cx.unsupported("RotaryEmbedding with is_packed_batching"));
+    }
+    if scale.is_some_and(|s| s != 1.0) {
+        return Err(cx.unsupported(format!(
+            "RotaryEmbedding with scale {}",
+            scale.unwrap_or(1.0)
+        )));
+    }
+    if inputs.len() != 4 {
+        return Err(cx.invalid(format!(
+            "RotaryEmbedding takes 4 inputs (input, position_ids, cos_cache, sin_cache), not {}",
+            inputs.len()
+        )));
+    }
+    let node = mmq_ir::NodeData {
+        op: Op::RotaryEmbedding {
+            interleaved: *interleaved,
+            num_heads: *num_heads,
+            rotary_embedding_dim: rotary_embedding_dim.filter(|&d| d > 0),
+        },
+        inputs: [0, 2, 3, 1]
+            .iter()
+            .map(|&i| cx.node.inputs.get(i).copied().flatten())
+            .collect(),
+        outputs: cx.node.outputs.clone(),
+        name: cx.node.name.clone(),
+        graph: cx.node.graph,
+    };
+    let inner = OpCtx {
+        interp: cx.interp,
+        node: &node,
+        opset: cx.opset.max(23),
+        env: cx.env,
+    };
+    let reordered: Vec<Option<RtValue>> = [0, 2, 3, 1].iter().map(|&i| inputs[i].clone()).collect();
+    crate::ops::eval(&inner, &reordered)
+}
+
 #[cfg(test)]
 mod tests {
     use mmq_ir::Op;
