@@ -113,12 +113,13 @@ impl Fp16Pass {
 
 /// Whether the float inputs of `op` may be weights (not quantization parameters).
 fn reads_weights(op: &Op) -> bool {
-    match op {
-        Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => false,
-        Op::MatMulNBits { .. } | Op::MmqMatMulNBits { .. } => false,
-        Op::Custom(_) => true,
-        _ => true,
-    }
+    !matches!(
+        op,
+        Op::QuantizeLinear { .. }
+            | Op::DequantizeLinear { .. }
+            | Op::MatMulNBits { .. }
+            | Op::MmqMatMulNBits { .. }
+    )
 }
 
 /// A float16 copy of `data` (float32, little endian) and the number of finite values that
