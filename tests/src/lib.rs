@@ -35,6 +35,21 @@ pub fn python() -> PathBuf {
     py
 }
 
+/// Runs the oracle's Python with `args` (`what` names it in the panic); its stdout. Panics with
+/// its stderr unless it succeeds.
+pub fn python_ok<S: AsRef<std::ffi::OsStr>>(what: &str, args: &[S]) -> String {
+    let out = Command::new(python())
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Runs `tools/oracle.py` with `args`.
 pub fn oracle(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(python())

@@ -3,7 +3,7 @@
 //! position ids as one start position or one id per token.
 
 use std::collections::HashMap;
-use std::process::Command;
+use std::ffi::OsStr;
 
 use mmq_kernels::Interpreter;
 use mmq_kernels::io::read_npz;
@@ -49,18 +49,10 @@ print("\n".join(cases))
 #[test]
 fn contrib_rotary_embedding_matches_onnx_runtime() {
     let dir = mmq_tests::scratch_dir("contrib-rotary");
-    let made = Command::new(mmq_tests::python())
-        .arg("-c")
-        .arg(MAKE)
-        .arg(&dir)
-        .output()
-        .expect("python");
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
+    let cases = mmq_tests::python_ok(
+        "the RotaryEmbedding cases",
+        &[OsStr::new("-c"), OsStr::new(MAKE), dir.as_os_str()],
     );
-    let cases = String::from_utf8_lossy(&made.stdout).to_string();
     let mut checked = 0;
     for case in cases.lines().filter(|l| !l.is_empty()) {
         let d = dir.join(case);

@@ -5,21 +5,18 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use mmq_tests::{python, repo_root, scratch_dir};
+use mmq_tests::{python_ok, repo_root, scratch_dir};
 
 fn onnx_data_dir() -> PathBuf {
-    let out = Command::new(python())
-        .args(["-c", "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend', 'test', 'data'))"])
-        .output()
-        .expect("run python");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = python_ok(
+        "python",
+        &[
+            "-c",
+            "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend', 'test', 'data'))",
+        ],
     );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    PathBuf::from(out.trim())
 }
 
 fn models(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -67,17 +64,14 @@ fn onnx_package_models_round_trip() {
     let list = scratch.join("pairs.tsv");
     let result = scratch.join("result.json");
     std::fs::write(&list, pairs).expect("write pairs");
-    let run = Command::new(python())
-        .arg(repo_root().join("tools/pair_eval.py"))
-        .arg(&list)
-        .arg("-o")
-        .arg(&result)
-        .output()
-        .expect("run pair_eval");
-    assert!(
-        run.status.success(),
-        "pair_eval failed: {}",
-        String::from_utf8_lossy(&run.stderr)
+    python_ok(
+        "pair_eval",
+        &[
+            repo_root().join("tools/pair_eval.py").as_os_str(),
+            list.as_os_str(),
+            OsStr::new("-o"),
+            result.as_os_str(),
+        ],
     );
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&result).expect("result")).expect("json");

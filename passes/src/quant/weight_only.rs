@@ -909,6 +909,17 @@ fn search_code(v: f32, scale: f32, z: f32) -> f32 {
     ((q + MAGIC) - MAGIC + z).clamp(0.0, 15.0)
 }
 
+/// The squared error of `v` coded with `scale` (`inv` its reciprocal) and zero point `z`, as
+/// the scale search ranks candidates: a multiplication by the reciprocal instead of a division
+/// (the codes written are computed exactly, by division, in `code`).
+#[inline(always)]
+fn code_error(v: f32, inv: f32, scale: f32, z: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    let q = ((v * inv).clamp(-16.0, 16.0) + MAGIC) - MAGIC;
+    let d = ((q + z).clamp(0.0, 15.0) - z) * scale - v;
+    d * d
+}
+
 /// Squared error of a block quantized with `scale` and `zp` (eight partial sums, so the loop
 /// vectorizes).
 #[inline(always)]
@@ -916,16 +927,8 @@ fn block_error(vals: &[f32], scale: f32, zp: u8) -> f32 {
     if scale == 0.0 {
         return vals.iter().map(|v| v * v).sum();
     }
-    const MAGIC: f32 = 12_582_912.0;
-    let z = f32::from(zp);
-    // A multiplication by the reciprocal instead of a division: the search only ranks
-    // candidate scales (the codes written are computed exactly, by division, in `code`).
-    let inv = 1.0 / scale;
-    let err = |v: f32| {
-        let q = ((v * inv).clamp(-16.0, 16.0) + MAGIC) - MAGIC;
-        let d = ((q + z).clamp(0.0, 15.0) - z) * scale - v;
-        d * d
-    };
+    let (inv, z) = (1.0 / scale, f32::from(zp));
+    let err = |v: f32| code_error(v, inv, scale, z);
     let mut acc = [0f32; 8];
     let chunks = vals.chunks_exact(8);
     let rest = chunks.remainder();
@@ -1066,7 +1069,6 @@ fn quantize_tile(
 /// columns): eight partial sums by position, added in order, the columns as SIMD lanes.
 #[inline(always)]
 fn tile_errors(tile: &[f32], len: usize, scale: &[f32], zp: &[u8], e: &mut [f32]) {
-    const MAGIC: f32 = 12_582_912.0;
     let w = scale.len();
     let (mut inv, mut z) = ([0f32; TILE], [0f32; TILE]);
     let (inv, z) = (&mut inv[..w], &mut z[..w]);
@@ -1078,9 +1080,7 @@ fn tile_errors(tile: &[f32], len: usize, scale: &[f32], zp: &[u8], e: &mut [f32]
     for (i, row) in tile.chunks_exact(w).take(len).enumerate() {
         let a = &mut acc[i % 8][..w];
         for ((((a, &v), &iv), &s), &zz) in a.iter_mut().zip(row).zip(&*inv).zip(scale).zip(&*z) {
-            let q = ((v * iv).clamp(-16.0, 16.0) + MAGIC) - MAGIC;
-            let d = ((q + zz).clamp(0.0, 15.0) - zz) * s - v;
-            *a += d * d;
+            *a += code_error(v, iv, s, zz);
         }
     }
     for (c, e) in e.iter_mut().enumerate() {
