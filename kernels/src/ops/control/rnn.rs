@@ -105,10 +105,11 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
         )));
     }
     let xv = x.to_f64()?;
-    // Few steps (a streaming model runs one per call): X Wᵀ row by row over W's f32 rows, with
-    // no f64 copy of W (which cost more than the products); many steps: one f64 GEMM.
+    // An f32 W: X Wᵀ over W's f32 rows (`mat_rows`), with no f64 copy of W, which cost more
+    // than the products (a 2048 x 512 W: 8 MB written and faulted in at every run); other
+    // types: one f64 GEMM.
     let w32 = match &w.data {
-        Data::F32(v) if seq * batch <= FEW_STEPS => Some(v.as_slice()),
+        Data::F32(v) => Some(v.as_slice()),
         _ => None,
     };
     let wv = if w32.is_some() {
@@ -240,10 +241,12 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
         match w32 {
             // (An input or hidden size of 0 leaves no product to take.)
             Some(w32) if isz > 0 && gh > 0 => {
-                let wd = &w32[d * gh * isz..(d + 1) * gh * isz];
-                for (xr, out) in xv.chunks_exact(isz).zip(xw_all.chunks_exact_mut(gh)) {
-                    mat_vec(wd, xr, &[], out);
-                }
+                mat_rows(
+                    &w32[d * gh * isz..(d + 1) * gh * isz],
+                    &xv,
+                    isz,
+                    &mut xw_all,
+                );
             }
             Some(_) => {}
             None => gemm(
@@ -393,29 +396,77 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
     Ok(outs)
 }
 
-/// Steps × batch up to which an f32 W is multiplied row by row rather than copied to f64 for
-/// one GEMM.
-const FEW_STEPS: usize = 8;
-
-/// `out = m · v + bias` for `m` of `out.len()` rows of `v.len()` (`bias` empty for none); each
-/// dot product runs in f64 over eight partial sums (vectorized).
+/// `out = m · v + bias` for `m` of `out.len()` rows of `v.len()` (`bias` empty for none).
 #[multiversion(targets = "simd")]
 fn mat_vec<M: Copy + Into<f64>>(m: &[M], v: &[f64], bias: &[f64], out: &mut [f64]) {
     let k = v.len();
     for (g, o) in out.iter_mut().enumerate() {
-        let row = &m[g * k..(g + 1) * k];
-        let mut acc = [0.0f64; 8];
-        let (rc, vc) = (row.chunks_exact(8), v.chunks_exact(8));
-        let (rr, vr) = (rc.remainder(), vc.remainder());
-        for (a, b) in rc.zip(vc) {
-            for i in 0..8 {
-                acc[i] += a[i].into() * b[i];
+        *o = dot(&m[g * k..(g + 1) * k], v) + bias.get(g).copied().unwrap_or(0.0);
+    }
+}
+
+/// Rows of X a pass over `m` serves in [`mat_rows`].
+const ROWS_PER_PASS: usize = 8;
+
+/// `out[r] = m · xs[r]` for every row `r` (`k` wide) of `xs`, as [`mat_vec`] computes each
+/// (`out` holds `m`'s row count per row of `xs`); each row of `m` serves
+/// [`ROWS_PER_PASS`] rows of `xs` while it is in cache.
+#[multiversion(targets = "simd")]
+fn mat_rows(m: &[f32], xs: &[f64], k: usize, out: &mut [f64]) {
+    let g_n = m.len() / k;
+    for (xb, ob) in xs
+        .chunks(ROWS_PER_PASS * k)
+        .zip(out.chunks_mut(ROWS_PER_PASS * g_n))
+    {
+        for (g, row) in m.chunks_exact(k).enumerate() {
+            for (r, x) in xb.chunks_exact(k).enumerate() {
+                ob[r * g_n + g] = dot(row, x) + 0.0;
             }
         }
-        let mut sum = acc.iter().sum::<f64>();
-        for (a, b) in rr.iter().zip(vr) {
-            sum += (*a).into() * b;
+    }
+}
+
+/// `row · v` in f64 over eight partial sums (vectorized), then the remainder in order.
+#[inline(always)]
+fn dot<M: Copy + Into<f64>>(row: &[M], v: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let (rc, vc) = (row.chunks_exact(8), v.chunks_exact(8));
+    let (rr, vr) = (rc.remainder(), vc.remainder());
+    for (a, b) in rc.zip(vc) {
+        for i in 0..8 {
+            acc[i] += a[i].into() * b[i];
         }
-        *o = sum + bias.get(g).copied().unwrap_or(0.0);
+    }
+    let mut sum = acc.iter().sum::<f64>();
+    for (a, b) in rr.iter().zip(vr) {
+        sum += (*a).into() * b;
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ROWS_PER_PASS, mat_rows, mat_vec};
+
+    /// Every row of `mat_rows` is bit for bit `mat_vec`'s, also for a last pass of fewer rows
+    /// and widths that leave a remainder after the eight partial sums.
+    #[test]
+    fn mat_rows_is_mat_vec_per_row() {
+        let (k, g) = (13usize, 5usize);
+        let rows = 2 * ROWS_PER_PASS + 3;
+        let m: Vec<f32> = (0..g * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let xs: Vec<f64> = (0..rows * k)
+            .map(|i| ((i * 53 % 97) as f64 - 48.0) / 3.0)
+            .collect();
+        let mut out = vec![f64::NAN; rows * g];
+        mat_rows(&m, &xs, k, &mut out);
+        for (x, o) in xs.chunks_exact(k).zip(out.chunks_exact(g)) {
+            let mut want = vec![0.0; g];
+            mat_vec(&m, x, &[], &mut want);
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(o), bits(&want));
+        }
     }
 }
