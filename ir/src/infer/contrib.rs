@@ -5,16 +5,12 @@
 
 use super::Cx;
 use super::dims::product_div;
+use super::ops::{same, shape_of, t};
 use crate::DType;
 use crate::dim::Dim;
 use crate::module::NodeData;
 use crate::op::Op;
 use crate::types::{TensorType, Type};
-
-pub(super) fn same(cx: &Cx, i: usize) -> Type {
-    cx.tt(i)
-        .map_or(Type::Unknown, |tt| Type::Tensor(tt.clone()))
-}
 
 /// Operand `i`'s type with its last dim replaced by `last`.
 fn with_last(cx: &Cx, i: usize, last: Dim) -> Type {
@@ -91,15 +87,7 @@ pub(super) fn dynamic_quantize(cx: &Cx, block: i64) -> Vec<Type> {
         }),
         other => other,
     };
-    vec![as_type(cx, 0, Some(DType::I8)), scale]
-}
-
-/// Operand `i`'s shape with element type `dtype`.
-pub(super) fn as_type(cx: &Cx, i: usize, dtype: Option<DType>) -> Type {
-    Type::Tensor(TensorType {
-        dtype,
-        shape: cx.shape(i).map(<[Dim]>::to_vec),
-    })
+    vec![t(Some(DType::I8), shape_of(cx, 0)), scale]
 }
 
 /// `MatMulNBits` (and its plugin): A `[..., K]` times the packed `[N, K]` weight.

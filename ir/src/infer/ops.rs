@@ -1619,8 +1619,8 @@ fn infer_op(cx: &Cx) -> Vec<Type> {
         MsAttention {
             qkv_hidden_sizes, ..
         } => contrib::packed_attention(cx, qkv_hidden_sizes.as_deref()),
-        MmqQuantize { .. } => one(contrib::as_type(cx, 0, Some(DType::I8))),
-        MmqDequantize { .. } => one(contrib::as_type(cx, 0, cx.dtype(1))),
+        MmqQuantize { .. } => one(t(Some(DType::I8), shape_of(cx, 0))),
+        MmqDequantize { .. } => one(t(cx.dtype(1), shape_of(cx, 0))),
         MmqDynamicQuantize { block_size, .. } => {
             contrib::dynamic_quantize(cx, block_size.unwrap_or(0))
         }

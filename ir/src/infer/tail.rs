@@ -7,7 +7,7 @@ use super::Cx;
 use super::ops::{dims_unknown, dtype_code, norm_axis, same, scalar_dim, scale_dim, shape_of, t};
 use crate::dim::Dim;
 use crate::dtype::DType;
-use crate::types::{TensorType, Type};
+use crate::types::Type;
 
 /// `RNN`, `GRU`, `LSTM`: `Y` `[seq, dirs, batch, hidden]` (`layout` 1: `[batch, seq, dirs,
 /// hidden]`), then `Y_h` (and `LSTM`'s `Y_c`) `[dirs, batch, hidden]` (`layout` 1: `[batch,
@@ -453,8 +453,5 @@ pub(super) fn upsample(cx: &Cx, scales_attr: Option<&[f32]>) -> Type {
 
 /// `EyeLike`: the input's shape, of `dtype` (default the input's).
 pub(super) fn eye_like(cx: &Cx, dtype: Option<i64>) -> Type {
-    Type::Tensor(TensorType {
-        dtype: dtype_code(dtype).or(cx.dtype(0)),
-        shape: shape_of(cx, 0),
-    })
+    t(dtype_code(dtype).or(cx.dtype(0)), shape_of(cx, 0))
 }

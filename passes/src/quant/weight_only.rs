@@ -854,6 +854,12 @@ impl BlockStats {
         }
         let lo = lo.iter().fold(0f32, |a, &b| if b < a { b } else { a });
         let hi = hi.iter().fold(0f32, |a, &b| if b > a { b } else { a });
+        BlockStats::of_range(lo, hi, symmetric)
+    }
+
+    /// The statistics of a block whose range widened to include 0 is `[lo, hi]`.
+    #[inline(always)]
+    fn of_range(lo: f32, hi: f32, symmetric: bool) -> BlockStats {
         if symmetric {
             // The signed value of largest magnitude (the negative one on a tie, like
             // ONNX Runtime's blockwise quantizer).
@@ -1018,11 +1024,7 @@ fn quantize_tile(
     }
     let mut stats = [BlockStats::Symmetric(0.0); TILE];
     for c in 0..w {
-        stats[c] = if symmetric {
-            BlockStats::Symmetric(if hi[c] > -lo[c] { hi[c] } else { lo[c] })
-        } else {
-            BlockStats::Asymmetric(lo[c], hi[c])
-        };
+        stats[c] = BlockStats::of_range(lo[c], hi[c], symmetric);
     }
     for c in 0..w {
         (scales[c], zps[c]) = stats[c].params(1.0, signed);

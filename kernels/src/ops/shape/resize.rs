@@ -409,50 +409,43 @@ pub(super) fn resize(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> OpResult {
         }
         roi_full = Some(full);
     }
+    // The taps of each axis that changes (an axis is resized once: its input size is the
+    // original's).
+    let mut plan: Vec<(usize, Vec<Tap>)> = Vec::new();
+    for &a in &axes {
+        let ax_roi = roi_full.as_ref().map_or((0.0, 1.0), |f| (f[a], f[r + a]));
+        if shape_unchanged(scale[a], out_shape[a], x.shape[a], ax_roi) {
+            continue;
+        }
+        if x.shape[a] == 0 && out_shape[a] > 0 {
+            return Err(cx.invalid(format!("cannot resize the empty axis {a}")));
+        }
+        let t = taps(&p, x.shape[a], out_shape[a], scale[a], ax_roi).map_err(|e| cx.invalid(e))?;
+        plan.push((a, t));
+    }
     if p.mode == "nearest" && !p.antialias && !p.exclude_outside {
         // Each output element is one input element: gather them in the tensor's own type.
         let mut index: Vec<Vec<usize>> = x.shape.iter().map(|&d| (0..d).collect()).collect();
-        let mut copy = true;
-        for &a in &axes {
-            let ax_roi = roi_full.as_ref().map_or((0.0, 1.0), |f| (f[a], f[r + a]));
-            if shape_unchanged(scale[a], out_shape[a], x.shape[a], ax_roi) {
-                continue;
-            }
-            if x.shape[a] == 0 && out_shape[a] > 0 {
-                return Err(cx.invalid(format!("cannot resize the empty axis {a}")));
-            }
-            let t =
-                taps(&p, x.shape[a], out_shape[a], scale[a], ax_roi).map_err(|e| cx.invalid(e))?;
-            let picked: Option<Vec<usize>> = t
+        let picked = plan.iter().all(|(a, t)| {
+            let one: Option<Vec<usize>> = t
                 .iter()
                 .map(|tap| match tap {
                     Tap::Weights(w) => w.iter().find(|(_, c)| *c == 1.0).map(|&(i, _)| i),
                     Tap::Extrapolate => None,
                 })
                 .collect();
-            match picked {
-                Some(i) => index[a] = i,
-                None => copy = false,
-            }
-        }
-        if copy {
+            one.map(|i| index[*a] = i).is_some()
+        });
+        if picked {
             let data = map_any!(&x.data, |v| nearest_gather(v, &x.shape, &index));
             return single(Tensor::new(x.dtype, out_shape, data)?);
         }
     }
     let mut buf = x.to_f64()?;
     let mut shape = x.shape.clone();
-    for &a in &axes {
-        let ax_roi = roi_full.as_ref().map_or((0.0, 1.0), |f| (f[a], f[r + a]));
-        if shape_unchanged(scale[a], out_shape[a], shape[a], ax_roi) {
-            continue;
-        }
-        if shape[a] == 0 && out_shape[a] > 0 {
-            return Err(cx.invalid(format!("cannot resize the empty axis {a}")));
-        }
-        let t = taps(&p, shape[a], out_shape[a], scale[a], ax_roi).map_err(|e| cx.invalid(e))?;
-        buf = apply_axis(&buf, &shape, a, &t, p.extrapolation);
-        shape[a] = out_shape[a];
+    for (a, t) in &plan {
+        buf = apply_axis(&buf, &shape, *a, t, p.extrapolation);
+        shape[*a] = out_shape[*a];
     }
     single(saturate(x.dtype, out_shape, buf)?)
 }
