@@ -123,6 +123,10 @@ enum Command {
         /// Print the time spent per op and the peak of live tensor bytes.
         #[arg(long)]
         stats: bool,
+        /// Run N more times after the first and report the mean time per op of those warm
+        /// runs (with --stats); the outputs are the last run's.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        repeat: usize,
     },
     /// Parse and verify a `.mmir` file (or an ONNX model).
     Verify {
@@ -457,12 +461,14 @@ fn main() -> ExitCode {
             input,
             output,
             stats,
+            repeat,
         } => run::run(&run::RunArgs {
             model,
             inputs,
             input,
             output,
             stats,
+            repeat,
         })
         .and_then(|text| emit(&text)),
         Command::Opt {

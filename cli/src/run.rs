@@ -21,6 +21,8 @@ pub struct RunArgs {
     pub output: Option<PathBuf>,
     /// Print per-op times and the peak of live tensor bytes.
     pub stats: bool,
+    /// Runs after the first; with `stats`, the times reported are their mean.
+    pub repeat: usize,
 }
 
 fn user(msg: impl std::fmt::Display) -> Failure {
@@ -71,7 +73,15 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
     } else {
         Interpreter::new(m)
     };
-    let outputs = interp.run(entry.graph, &feeds).map_err(user)?;
+    let mut outputs = interp.run(entry.graph, &feeds).map_err(user)?;
+    if args.repeat > 0 {
+        // The first run decoded the constants and kept the constant subexpressions; what the
+        // warm runs take is what a calibration pass over many samples pays per sample.
+        interp.reset_stats();
+        for _ in 0..args.repeat {
+            outputs = interp.run(entry.graph, &feeds).map_err(user)?;
+        }
+    }
 
     let mut text = String::new();
     match &args.output {
@@ -110,12 +120,18 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
     if let Some(stats) = interp.stats() {
         let mut ops: Vec<_> = stats.per_op.iter().collect();
         ops.sort_by(|a, b| b.1.1.cmp(&a.1.1).then(a.0.cmp(b.0)));
-        let total: f64 = ops.iter().map(|(_, (_, d))| d.as_secs_f64()).sum();
-        let _ = writeln!(text, "time per op:");
+        let runs = args.repeat.max(1);
+        let total: f64 = ops.iter().map(|(_, (_, d))| d.as_secs_f64()).sum::<f64>() / runs as f64;
+        if args.repeat > 0 {
+            let _ = writeln!(text, "time per op (mean of {runs} runs after the first):");
+        } else {
+            let _ = writeln!(text, "time per op:");
+        }
         for (op, (calls, d)) in ops {
-            let ms = d.as_secs_f64() * 1e3;
+            let calls = calls / runs;
+            let ms = d.as_secs_f64() * 1e3 / runs as f64;
             let share = if total > 0.0 {
-                100.0 * d.as_secs_f64() / total
+                100.0 * ms / (total * 1e3)
             } else {
                 0.0
             };

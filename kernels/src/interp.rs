@@ -106,6 +106,16 @@ impl<'m> Interpreter<'m> {
         self
     }
 
+    /// Forgets the statistics recorded so far (per-op times and the peak), so that the next
+    /// runs are measured alone: after a first run that decoded the constants, the warm runs.
+    pub fn reset_stats(&self) {
+        if let Some(stats) = &self.stats
+            && let Ok(mut s) = stats.lock()
+        {
+            *s = RunStats::default();
+        }
+    }
+
     /// The module.
     pub fn module(&self) -> &'m Module {
         self.module

@@ -894,13 +894,13 @@ impl BlockStats {
 /// The code of `v` (`QuantizeLinear` to u4); a zero scale gives the zero point.
 #[inline(always)]
 fn code(v: f32, scale: f32, zp: u8) -> u8 {
-    if scale == 0.0 {
-        zp
-    } else {
-        // The interpreter's `quantize_value` (f32 quotient, half to even, saturation), without
-        // its libm rounding call: 40 % of INT4 time on a 32-layer model went to it.
-        search_code(v, scale, f32::from(zp)) as u8
-    }
+    // The interpreter's `quantize_value` (f32 quotient, half to even, saturation), without
+    // its libm rounding call: 40 % of INT4 time on a 32-layer model went to it. The code, a
+    // whole number in 0..=15, is read from the low bits of `code + 2^23` (whose last mantissa
+    // bit weighs 1): `as u8`, which saturates and maps NaN to 0, compiles to scalar
+    // conversions, a third of the tile's time.
+    let c = ((search_code(v, scale, f32::from(zp)) + 8_388_608.0).to_bits() & 0xf) as u8;
+    if scale == 0.0 { zp } else { c }
 }
 
 /// The code of `v` as an f32, the way the scale search computes it: the f32 quotient clamped
@@ -917,13 +917,26 @@ fn search_code(v: f32, scale: f32, z: f32) -> f32 {
 
 /// The squared error of `v` coded with `scale` (`inv` its reciprocal) and zero point `z`, as
 /// the scale search ranks candidates: a multiplication by the reciprocal instead of a division
-/// (the codes written are computed exactly, by division, in `code`).
+/// (the codes written are computed exactly, by division, in `code`), and the code less its
+/// zero point clamped to `[lo, hi] = [-z, 15 - z]`. That is `search_code(v) - z` with fewer
+/// steps: both roundings give the same integer where `|v * inv| <= 16`, and beyond it both
+/// saturate (an integer past ±16 lies outside `[-z, 15 - z]` for every zero point).
 #[inline(always)]
-fn code_error(v: f32, inv: f32, scale: f32, z: f32) -> f32 {
+fn code_error(v: f32, inv: f32, scale: f32, (lo, hi): (f32, f32)) -> f32 {
     const MAGIC: f32 = 12_582_912.0;
-    let q = ((v * inv).clamp(-16.0, 16.0) + MAGIC) - MAGIC;
-    let d = ((q + z).clamp(0.0, 15.0) - z) * scale - v;
+    // `clamp` as comparisons: `f32::clamp` checks `lo <= hi` at every call.
+    let q = (v * inv + MAGIC) - MAGIC;
+    let q = if q < lo { lo } else { q };
+    let q = if q > hi { hi } else { q };
+    let d = q * scale - v;
     d * d
+}
+
+/// The `[lo, hi]` of [`code_error`] for zero point `zp`.
+#[inline(always)]
+fn code_range(zp: u8) -> (f32, f32) {
+    let z = f32::from(zp);
+    (-z, 15.0 - z)
 }
 
 /// Squared error of a block quantized with `scale` and `zp` (eight partial sums, so the loop
@@ -933,8 +946,8 @@ fn block_error(vals: &[f32], scale: f32, zp: u8) -> f32 {
     if scale == 0.0 {
         return vals.iter().map(|v| v * v).sum();
     }
-    let (inv, z) = (1.0 / scale, f32::from(zp));
-    let err = |v: f32| code_error(v, inv, scale, z);
+    let (inv, range) = (1.0 / scale, code_range(zp));
+    let err = |v: f32| code_error(v, inv, scale, range);
     let mut acc = [0f32; 8];
     let chunks = vals.chunks_exact(8);
     let rest = chunks.remainder();
@@ -1069,24 +1082,44 @@ fn quantize_tile(
 
 /// `block_error` of each column of a tile (as [`quantize_tile`] lays it out, `scale.len()`
 /// columns): eight partial sums by position, added in order, the columns as SIMD lanes.
+/// Sixteen columns at a time, so that their parameters and the eight partial sums stay in
+/// registers while the rows stream past.
 #[inline(always)]
 fn tile_errors(tile: &[f32], len: usize, scale: &[f32], zp: &[u8], e: &mut [f32]) {
+    const L: usize = 16;
     let w = scale.len();
-    let (mut inv, mut z) = ([0f32; TILE], [0f32; TILE]);
-    let (inv, z) = (&mut inv[..w], &mut z[..w]);
-    for (((i, zz), &s), &p) in inv.iter_mut().zip(z.iter_mut()).zip(scale).zip(zp) {
-        *i = 1.0 / s;
-        *zz = f32::from(p);
-    }
-    let mut acc = [[0f32; TILE]; 8];
-    for (i, row) in tile.chunks_exact(w).take(len).enumerate() {
-        let a = &mut acc[i % 8][..w];
-        for ((((a, &v), &iv), &s), &zz) in a.iter_mut().zip(row).zip(&*inv).zip(scale).zip(&*z) {
-            *a += code_error(v, iv, s, zz);
+    for c0 in (0..w).step_by(L) {
+        let n = L.min(w - c0);
+        // Lanes past `n` see zeros with a zero scale: finite, and never read back.
+        let (mut inv, mut s, mut lo, mut hi) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
+        for j in 0..n {
+            s[j] = scale[c0 + j];
+            inv[j] = 1.0 / s[j];
+            (lo[j], hi[j]) = code_range(zp[c0 + j]);
         }
-    }
-    for (c, e) in e.iter_mut().enumerate() {
-        *e = acc.iter().fold(0.0, |s, a| s + a[c]);
+        let row = |i: usize| -> [f32; L] {
+            let at = i * w + c0;
+            let mut v = [0f32; L];
+            v[..n].copy_from_slice(&tile[at..at + n]);
+            v
+        };
+        let add = |a: &mut [f32; L], v: [f32; L]| {
+            for j in 0..L {
+                a[j] += code_error(v[j], inv[j], s[j], (lo[j], hi[j]));
+            }
+        };
+        let mut acc = [[0f32; L]; 8];
+        for q in 0..len / 8 {
+            for (r, a) in acc.iter_mut().enumerate() {
+                add(a, row(8 * q + r));
+            }
+        }
+        for (r, a) in acc.iter_mut().enumerate().take(len % 8) {
+            add(a, row(len / 8 * 8 + r));
+        }
+        for j in 0..n {
+            e[c0 + j] = acc.iter().fold(0.0, |t, a| t + a[j]);
+        }
     }
 }
 
