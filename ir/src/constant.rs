@@ -225,7 +225,6 @@ impl ConstData {
     /// (the file's pages stay out of the process's resident memory, unlike [`Self::raw_bytes`]),
     /// inline bytes are borrowed. `None` for string tensors and absent data.
     pub fn read_bytes(&self) -> Option<std::io::Result<std::borrow::Cow<'_, [u8]>>> {
-        use std::os::unix::fs::FileExt;
         match &self.storage {
             Storage::Inline(b) => Some(Ok(std::borrow::Cow::Borrowed(b))),
             Storage::Strings(_) | Storage::Absent => None,
@@ -241,15 +240,8 @@ impl ConstData {
                 }
                 let mut buf = vec![0u8; *len as usize];
                 Some(
-                    file.file()
-                        .read_exact_at(&mut buf, *offset)
-                        .map(|()| std::borrow::Cow::Owned(buf))
-                        .map_err(|e| {
-                            std::io::Error::new(
-                                e.kind(),
-                                format!("cannot read {}: {e}", file.path.display()),
-                            )
-                        }),
+                    self.read_at(0, &mut buf)
+                        .map(|()| std::borrow::Cow::Owned(buf)),
                 )
             }
         }
@@ -257,14 +249,13 @@ impl ConstData {
 
     /// Reads the little-endian f32 elements `start..start + out.len()` into `out` (the caller
     /// knows the constant holds f32); external data by positional reads, like
-    /// [`Self::read_bytes`]. `scratch` holds the bytes in between.
+    /// [`Self::read_bytes`]. On a big-endian machine `scratch` holds the bytes in between.
     pub fn read_f32(
         &self,
         start: usize,
         out: &mut [f32],
         scratch: &mut Vec<u8>,
     ) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
         let (from, len) = (start as u64 * 4, out.len() as u64 * 4);
         if from
             .checked_add(len)
@@ -276,24 +267,35 @@ impl ConstData {
                 self.byte_len()
             )));
         }
+        if cfg!(target_endian = "little") {
+            // The file's bytes are the values' bytes: read them in place.
+            return self.read_at(from, bytemuck::cast_slice_mut(out));
+        }
         scratch.resize(len as usize, 0);
+        self.read_at(from, scratch)?;
+        for (o, b) in out.iter_mut().zip(scratch.chunks_exact(4)) {
+            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        Ok(())
+    }
+
+    /// Fills `dst` with the stored bytes from byte `from` on (checked by the caller).
+    fn read_at(&self, from: u64, dst: &mut [u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let len = dst.len() as u64;
         match &self.storage {
-            Storage::Inline(b) => scratch.copy_from_slice(&b[from as usize..(from + len) as usize]),
-            Storage::External { file, offset, .. } => file
-                .file()
-                .read_exact_at(scratch, offset + from)
-                .map_err(|e| {
+            Storage::Inline(b) => dst.copy_from_slice(&b[from as usize..(from + len) as usize]),
+            Storage::External { file, offset, .. } => {
+                file.file().read_exact_at(dst, offset + from).map_err(|e| {
                     std::io::Error::new(
                         e.kind(),
                         format!("cannot read {}: {e}", file.path.display()),
                     )
-                })?,
-            Storage::Strings(_) | Storage::Absent => {
-                return Err(std::io::Error::other("the constant has no f32 data"));
+                })?
             }
-        }
-        for (o, b) in out.iter_mut().zip(scratch.chunks_exact(4)) {
-            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            Storage::Strings(_) | Storage::Absent => {
+                return Err(std::io::Error::other("the constant has no stored bytes"));
+            }
         }
         Ok(())
     }

@@ -390,23 +390,30 @@ impl Pass for WeightOnlyPass {
                     keys.len() - 1
                 });
         }
-        let results: Vec<Result<Quantized, String>> = keys
-            .par_iter()
-            .map(|&(c, trans, alpha, k, n)| {
-                let cd = &m.consts[c];
-                let src = Source::of(cd)?;
-                let alpha = f32::from_bits(alpha);
-                match self.config.scheme {
-                    WeightScheme::Int4 => {
-                        quantize_int4(&src, k, n, trans, alpha, &self.config, block_dq)
-                    }
-                    WeightScheme::Fp8 => quantize_fp8(&src, k, n, trans),
+        // Largest weights first, one task each, so that no large weight (an LM head) is left
+        // to one thread at the end while the others idle.
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(keys[i].3.saturating_mul(keys[i].4)));
+        let quantize = |(c, trans, alpha, k, n): (Const, bool, u32, usize, usize)| {
+            let cd = &m.consts[c];
+            let src = Source::of(cd)?;
+            let alpha = f32::from_bits(alpha);
+            match self.config.scheme {
+                WeightScheme::Int4 => {
+                    quantize_int4(&src, k, n, trans, alpha, &self.config, block_dq)
                 }
-                .map_err(|e| format!("weight '{}': {e}", cd.name.as_deref().unwrap_or("?")))
-            })
+                WeightScheme::Fp8 => quantize_fp8(&src, k, n, trans),
+            }
+            .map_err(|e| format!("weight '{}': {e}", cd.name.as_deref().unwrap_or("?")))
+        };
+        let mut results: Vec<(usize, Result<Quantized, String>)> = order
+            .par_iter()
+            .with_max_len(1)
+            .map(|&i| (i, quantize(keys[i])))
             .collect();
+        results.sort_by_key(|r| r.0);
         let mut quantized = Vec::with_capacity(results.len());
-        for r in results {
+        for (_, r) in results {
             quantized.push(Some(r.map_err(|e| self.fail(e))?));
         }
         // Constants of each distinct quantized weight, created on first use.
