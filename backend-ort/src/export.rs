@@ -49,7 +49,10 @@ pub(crate) fn export_model(
         m,
         sink: ext,
         names: assign_names(m, &tree)?,
+        homes: const_homes(m, &tree),
+        top: graph,
         initializers: Vec::new(),
+        sub_initializers: HashMap::new(),
         emitted: HashSet::new(),
         min_ir: 3,
         domains: Vec::new(),
@@ -72,6 +75,57 @@ pub(crate) fn export_model(
 /// ONNX Runtime reject the model).
 fn untyped(ty: &Type) -> bool {
     matches!(ty, Type::Unknown) || matches!(ty, Type::Tensor(t) if t.dtype.is_none())
+}
+
+/// The graph each constant operand is written in: the innermost graph of `tree` that holds
+/// every use of it (subgraphs see their ancestors' initializers). A weight only an `If` branch
+/// or a `Loop` body reads stays in that graph, as exporters write it; ONNX Runtime pre-packs
+/// a subgraph's own initializers (an `LSTM`'s weights), not those it reads from outer scopes,
+/// and feeds every outer-scope value into the subgraph at each run.
+fn const_homes(m: &Module, tree: &[GraphId]) -> HashMap<Value, GraphId> {
+    let parent = |g: GraphId| {
+        m.graphs[g]
+            .parent
+            .and_then(|n| m.nodes.get(n))
+            .map(|n| n.graph)
+    };
+    let mut depth: HashMap<GraphId, usize> = HashMap::new();
+    for &g in tree {
+        // `tree` lists parents first.
+        let d = parent(g).and_then(|p| depth.get(&p)).map_or(0, |d| d + 1);
+        depth.insert(g, d);
+    }
+    let depth_of = |g: GraphId| depth.get(&g).copied().unwrap_or(0);
+    // The innermost graph holding both `a` and `b`.
+    let common = |mut a: GraphId, mut b: GraphId| {
+        while a != b {
+            let (step, other) = if depth_of(a) >= depth_of(b) {
+                (&mut a, b)
+            } else {
+                (&mut b, a)
+            };
+            match parent(*step) {
+                Some(p) => *step = p,
+                None => return other,
+            }
+        }
+        a
+    };
+    let mut homes: HashMap<Value, GraphId> = HashMap::new();
+    for &g in tree {
+        let gd = &m.graphs[g];
+        let nodes = gd.nodes.iter().filter_map(|&n| m.nodes.get(n));
+        let used = nodes
+            .flat_map(|nd| nd.inputs.iter().flatten())
+            .chain(&gd.outputs);
+        for &v in used {
+            if matches!(m.values[v].def, ValueDef::Const(_)) {
+                let home = homes.get(&v).map_or(g, |&h| common(h, g));
+                homes.insert(v, home);
+            }
+        }
+    }
+    homes
 }
 
 fn graph_tree(m: &Module, top: GraphId) -> Result<Vec<GraphId>, ExportError> {
@@ -250,8 +304,14 @@ struct Exporter<'m, 's> {
     m: &'m Module,
     sink: &'s mut dyn ExternalSink,
     names: HashMap<Value, String>,
-    /// Initializers of the top-level graph (constants used as operands anywhere).
+    /// The graph each constant operand is written in ([`const_homes`]).
+    homes: HashMap<Value, GraphId>,
+    /// The top-level graph.
+    top: GraphId,
+    /// Initializers of the top-level graph.
     initializers: Vec<pb::TensorProto>,
+    /// Initializers of subgraphs, collected while their nodes are written.
+    sub_initializers: HashMap<GraphId, Vec<pb::TensorProto>>,
     emitted: HashSet<Value>,
     min_ir: i64,
     /// Operator domains used by nodes, in first-use order.
@@ -367,16 +427,28 @@ impl Exporter<'_, '_> {
             gp.output
                 .push(self.io_info(v, &m.types[m.values[v].ty], sub));
         }
+        if let Some(inits) = self.sub_initializers.remove(&gid) {
+            gp.initializer.extend(inits);
+        }
         Ok(gp)
     }
 
-    /// Records that `v` is used; a constant becomes a top-level initializer on first use.
+    /// Records that `v` is used; a constant becomes an initializer of its home graph on first
+    /// use.
     fn use_value(&mut self, v: Value) -> Result<(), ExportError> {
         if let ValueDef::Const(c) = self.m.values[v].def
             && self.emitted.insert(v)
         {
             let t = self.tensor(c, Some(self.name(v)))?;
-            self.initializers.push(t);
+            match self.homes.get(&v) {
+                Some(&g) if g != self.top => {
+                    // IR 3 wants every initializer listed as a graph input, which a branch
+                    // (no inputs) cannot do.
+                    self.min_ir = self.min_ir.max(4);
+                    self.sub_initializers.entry(g).or_default().push(t);
+                }
+                _ => self.initializers.push(t),
+            }
         }
         Ok(())
     }

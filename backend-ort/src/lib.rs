@@ -16,9 +16,11 @@
 //!   value gets a generated name (`mmq_v0`, `mmq_v1`, ...) that collides with no source name in
 //!   the module. Top-level inputs and outputs claim their names first. Omitted optional operands
 //!   and results are `""`.
-//! - Every constant used as an operand, anywhere in the graph or its subgraphs, becomes an
-//!   initializer of the top-level graph (subgraphs see it as an outer-scope value). A graph input
-//!   with a default gets an initializer of the same name in its own graph.
+//! - Every constant used as an operand becomes an initializer of the innermost graph that holds
+//!   all its uses: the top-level graph for a constant it reads, an `If` branch or `Loop` body
+//!   for a weight only that subgraph reads (nested subgraphs see it as an outer-scope value).
+//!   Subgraph initializers need IR 4. A graph input with a default gets an initializer of the
+//!   same name in its own graph.
 //! - Graph inputs and outputs always carry a type (`elem_type` 0 and no shape when unknown);
 //!   intermediate values whose type is known are listed in `value_info`. Symbolic dims become
 //!   `dim_param` strings (`past + seq`); unknown dims have neither `dim_value` nor `dim_param`.

@@ -381,17 +381,103 @@ fn attributes_subgraphs_and_domains() {
         then_gp.output[0].name,
         Some(then_gp.node[0].output[0].clone())
     );
-    assert!(then_gp.initializer.is_empty());
     let else_gp = attr(if_n, "else_branch").g.expect("graph set");
     assert_eq!(else_gp.node[0].output, ["neg"]);
 
-    // A constant used only in a subgraph is a top-level initializer (outer scope).
-    let inits: Vec<&str> = gp
-        .initializer
+    // A constant used only in a subgraph is that subgraph's initializer.
+    assert_eq!(init_names(gp), ["wt"]);
+    assert_eq!(init_names(&then_gp), ["bias"]);
+    assert!(
+        model.ir_version >= Some(4),
+        "IR 3 cannot hold branch initializers"
+    );
+}
+
+fn init_names(g: &proto::GraphProto) -> Vec<&str> {
+    g.initializer
         .iter()
         .filter_map(|t| t.name.as_deref())
-        .collect();
-    assert_eq!(inits, ["wt", "bias"]);
+        .collect()
+}
+
+#[test]
+fn constants_live_in_the_innermost_graph_using_them() {
+    let (mut m, g) = module("main");
+    let sq = || f32_ty(vec![Dim::known(2)]);
+    let x = m.add_input(g, Some("x".into()), sq());
+    let cond = m.add_input(g, Some("cond".into()), Type::tensor(DType::Bool, vec![]));
+    let konst = |m: &mut mmq_ir::Module, name: &str| {
+        m.add_const(f32_const(Some(name), vec![2], &[1.0, 2.0]))
+    };
+    let (top_c, shared, only_then, deep, deep_and_else) = (
+        konst(&mut m, "top_and_deep"),
+        konst(&mut m, "shared"),
+        konst(&mut m, "only_then"),
+        konst(&mut m, "deep"),
+        konst(&mut m, "deep_and_else"),
+    );
+    let a = unary(&mut m, g, Op::Add {}, vec![x, top_c], None, sq());
+    // then: uses `shared` and `only_then`.
+    let (_, y, then_g, else_g) = if_node(&mut m, g, cond, "y", sq(), None);
+    let t1 = unary(&mut m, then_g, Op::Add {}, vec![a, shared], None, sq());
+    let t2 = unary(&mut m, then_g, Op::Mul {}, vec![t1, only_then], None, sq());
+    m.graphs[then_g].outputs = vec![t2];
+    // else: uses `shared` and `deep_and_else`, and holds an If whose then-branch uses `deep`,
+    // `deep_and_else` and `top_and_deep`, and whose else-branch returns `deep` itself.
+    let e1 = unary(&mut m, else_g, Op::Sub {}, vec![a, shared], None, sq());
+    let e2 = unary(
+        &mut m,
+        else_g,
+        Op::Mul {},
+        vec![e1, deep_and_else],
+        None,
+        sq(),
+    );
+    let (_, z, inner_then, inner_else) = if_node(&mut m, else_g, cond, "z", sq(), None);
+    let i1 = unary(&mut m, inner_then, Op::Add {}, vec![e2, deep], None, sq());
+    let i2 = unary(
+        &mut m,
+        inner_then,
+        Op::Add {},
+        vec![i1, deep_and_else],
+        None,
+        sq(),
+    );
+    let i3 = unary(&mut m, inner_then, Op::Add {}, vec![i2, top_c], None, sq());
+    m.graphs[inner_then].outputs = vec![i3];
+    m.graphs[inner_else].outputs = vec![deep];
+    m.graphs[else_g].outputs = vec![z];
+    m.graphs[g].outputs = vec![y];
+
+    let model = to_model_proto(&m, g, &mut InlineSink).expect("export succeeds");
+    let gp = graph(&model);
+    let branch = |n: &proto::NodeProto, name: &str| -> proto::GraphProto {
+        n.attribute
+            .iter()
+            .find(|a| a.name.as_deref() == Some(name))
+            .and_then(|a| a.g.clone())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    let outer_if = &gp.node[1];
+    let (then_gp, else_gp) = (
+        branch(outer_if, "then_branch"),
+        branch(outer_if, "else_branch"),
+    );
+    let inner_if = else_gp
+        .node
+        .iter()
+        .find(|n| n.op_type.as_deref() == Some("If"))
+        .expect("inner If");
+    let (inner_then_gp, inner_else_gp) = (
+        branch(inner_if, "then_branch"),
+        branch(inner_if, "else_branch"),
+    );
+    assert_eq!(init_names(gp), ["top_and_deep", "shared"]);
+    assert_eq!(init_names(&then_gp), ["only_then"]);
+    assert_eq!(init_names(&else_gp), ["deep_and_else", "deep"]);
+    assert!(init_names(&inner_then_gp).is_empty());
+    assert!(init_names(&inner_else_gp).is_empty());
+    assert_eq!(inner_else_gp.output[0].name.as_deref(), Some("deep"));
 }
 
 #[test]
