@@ -99,6 +99,10 @@ pub(crate) trait Real:
     fn load(t: &Tensor) -> Result<Cow<'_, [Self]>, KernelError>;
     /// A tensor of `dtype` from values of this type (rounded once).
     fn store(dtype: DType, shape: Vec<usize>, v: Vec<Self>) -> Result<Tensor, KernelError>;
+    /// Runs `f` with this thread's scratch vector of this type (its length is whatever the
+    /// last user left: callers resize it). Kept between calls, so that a buffer every call
+    /// overwrites (a convolution's im2col band) is not allocated and zero-filled each time.
+    fn with_scratch<R>(f: impl FnOnce(&mut Vec<Self>) -> R) -> R;
     /// `C = alpha * A B + beta * C` with element strides; `beta == 0` ignores the old `C`.
     ///
     /// # Safety
@@ -142,6 +146,18 @@ macro_rules! real_impl {
             }
             fn store(dtype: DType, shape: Vec<usize>, v: Vec<Self>) -> Result<Tensor, KernelError> {
                 store_from::<$t>(dtype, shape, v)
+            }
+            fn with_scratch<R>(f: impl FnOnce(&mut Vec<Self>) -> R) -> R {
+                thread_local! {
+                    static SCRATCH: std::cell::RefCell<Vec<$t>> = const {
+                        std::cell::RefCell::new(Vec::new())
+                    };
+                }
+                SCRATCH.with(|s| match s.try_borrow_mut() {
+                    Ok(mut v) => f(&mut v),
+                    // A nested user (none today) gets a fresh vector.
+                    Err(_) => f(&mut Vec::new()),
+                })
             }
             unsafe fn gemm_raw(
                 m: usize,
@@ -619,9 +635,26 @@ fn fill_bias<T: Real>(
             "C of shape {cshape:?} does not broadcast to [{m}, {n}]"
         )));
     }
-    let idx = broadcast_indices(cshape, &target);
-    for (o, &i) in out.iter_mut().zip(&idx) {
-        *o = beta * c[i];
+    // The common shapes row by row: a bias per column (`[n]`, `[1, n]`), one value, or the
+    // whole `[m, n]`; any other broadcast through an index per element.
+    let numel: usize = cshape.iter().product();
+    if numel == n && cshape.last() == Some(&n) {
+        for row in out.chunks_exact_mut(n.max(1)) {
+            for (o, &v) in row.iter_mut().zip(c) {
+                *o = beta * v;
+            }
+        }
+    } else if numel == 1 {
+        out.fill(beta * c[0]);
+    } else if numel == m * n && cshape.len() == 2 {
+        for (o, &v) in out.iter_mut().zip(c) {
+            *o = beta * v;
+        }
+    } else {
+        let idx = broadcast_indices(cshape, &target);
+        for (o, &i) in out.iter_mut().zip(&idx) {
+            *o = beta * c[i];
+        }
     }
     Ok(())
 }

@@ -241,12 +241,31 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
         match w32 {
             // (An input or hidden size of 0 leaves no product to take.)
             Some(w32) if isz > 0 && gh > 0 => {
-                mat_rows(
-                    &w32[d * gh * isz..(d + 1) * gh * isz],
-                    &xv,
-                    isz,
-                    &mut xw_all,
-                );
+                let wd = &w32[d * gh * isz..(d + 1) * gh * isz];
+                match &x.data {
+                    // Many steps of an f32 X: one SGEMM, as MatMul computes X Wᵀ (f32 sums;
+                    // the f64 dot products took as long as the recurrence on ddddocr).
+                    Data::F32(x32) if seq * batch >= SGEMM_MIN_ROWS => {
+                        let mut p = vec![0f32; seq * batch * gh];
+                        gemm(
+                            seq * batch,
+                            isz,
+                            gh,
+                            1.0f32,
+                            x32,
+                            (isz, 1),
+                            wd,
+                            (1, isz),
+                            0.0,
+                            &mut p,
+                            (gh, 1),
+                        );
+                        for (o, &v) in xw_all.iter_mut().zip(&p) {
+                            *o = f64::from(v);
+                        }
+                    }
+                    _ => mat_rows(wd, &xv, isz, &mut xw_all),
+                }
             }
             Some(_) => {}
             None => gemm(
@@ -404,6 +423,10 @@ fn mat_vec<M: Copy + Into<f64>>(m: &[M], v: &[f64], bias: &[f64], out: &mut [f64
         *o = dot(&m[g * k..(g + 1) * k], v) + bias.get(g).copied().unwrap_or(0.0);
     }
 }
+
+/// Steps × batch from which an f32 X Wᵀ is one SGEMM: below it, packing W for the GEMM costs
+/// more than the few dot products per row of W that [`mat_rows`] takes.
+const SGEMM_MIN_ROWS: usize = 16;
 
 /// Rows of X a pass over `m` serves in [`mat_rows`].
 const ROWS_PER_PASS: usize = 8;

@@ -512,15 +512,25 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
     };
     let chunk = mg * out_size;
     let flops = s.n * s.m * out_size * kdim;
+    // The im2col band lives in the thread's scratch vector: `resize` zero-fills only what
+    // grows, and `im2col` writes every element of the band.
+    let work = |item, col: &mut Vec<T>| {
+        work(item, col);
+        if col.capacity() > 4 * BAND_ELEMS {
+            // A band of one very wide output row: not kept.
+            *col = Vec::new();
+        }
+    };
     if s.n * s.group > 1 && flops >= 1 << 20 {
         y.par_chunks_mut(chunk)
             .enumerate()
-            .for_each_init(Vec::new, |col, item| work(item, col));
+            .for_each(|item| T::with_scratch(|col| work(item, col)));
     } else {
-        let mut col = Vec::new();
-        y.chunks_mut(chunk)
-            .enumerate()
-            .for_each(|item| work(item, &mut col));
+        T::with_scratch(|col| {
+            y.chunks_mut(chunk)
+                .enumerate()
+                .for_each(|item| work(item, col))
+        });
     }
     y
 }
