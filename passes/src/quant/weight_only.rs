@@ -257,6 +257,22 @@ impl WeightOnlyPass {
                 }
                 (1, trans_b.unwrap_or(0) != 0, alpha.unwrap_or(1.0))
             }
+            // A MatMul whose scale or transposed weight the rewrites absorbed.
+            Op::FusedMatMul {
+                alpha,
+                trans_a,
+                trans_b,
+                trans_batch_a,
+                trans_batch_b,
+            } => {
+                if [trans_a, trans_batch_a, trans_batch_b]
+                    .iter()
+                    .any(|t| t.unwrap_or(0) != 0)
+                {
+                    return Some(Err("fused-matmul-trans-a"));
+                }
+                (1, trans_b.unwrap_or(0) != 0, alpha.unwrap_or(1.0))
+            }
             _ => return None,
         };
         let a = nd.inputs.first().copied().flatten()?;
@@ -632,7 +648,8 @@ fn insert_weight_dq(
 
 impl WeightOnlyPass {
     /// The weight operand becomes `DequantizeLinear(codes, scales, axis = K axis, block_size)`;
-    /// a `Gemm` keeps its bias and transposes, its `alpha` is in the scales.
+    /// a `Gemm` keeps its bias and transposes, its `alpha` (and a `FusedMatMul`'s) is in the
+    /// scales.
     fn rewrite_int4_block_dq(
         &self,
         m: &mut Module,
@@ -642,11 +659,16 @@ impl WeightOnlyPass {
     ) {
         let axis = if job.trans { 1 } else { 0 };
         let w = insert_weight_dq(m, job, consts, axis, Some(self.config.block_size as i64));
-        let is_gemm = if let Op::Gemm { alpha, .. } = &mut m.nodes[job.node].op {
-            *alpha = None;
-            true
-        } else {
-            false
+        let is_gemm = match &mut m.nodes[job.node].op {
+            Op::Gemm { alpha, .. } => {
+                *alpha = None;
+                true
+            }
+            Op::FusedMatMul { alpha, .. } => {
+                *alpha = None;
+                false
+            }
+            _ => false,
         };
         m.nodes[job.node].inputs[1] = Some(w);
         report.count(
@@ -1649,6 +1671,54 @@ mod tests {
         // beta * C lands in the bias exactly: with a zero input only the bias remains.
         let got0 = run(&m, g, &[0.0; 128], &[2, k as usize]);
         assert_eq!(got0[..4], [1.0, -2.0, 4.0, 0.0]);
+    }
+
+    #[test]
+    fn int4_fused_matmul_folds_alpha_and_refuses_transposed_activations() {
+        // FusedMatMul(x, W [N, K]) alpha 0.5, transB 1: the form -O2 leaves when it absorbs a
+        // scale (GELU's 0.5) into the product after it.
+        let (k, n) = (64i64, 6i64);
+        for trans_a in [0, 1] {
+            let (mut m, g) = module(21);
+            let xs = if trans_a == 1 { [k, 3] } else { [3, k] };
+            let x = m.add_input(g, Some("x".into()), f32_ty(&xs));
+            let w = f32_const(&mut m, "w", vec![n, k], &weights((k * n) as usize, 11));
+            let node = m.add_node(
+                g,
+                Op::FusedMatMul {
+                    alpha: Some(0.5),
+                    trans_a: Some(trans_a),
+                    trans_b: Some(1),
+                    trans_batch_a: None,
+                    trans_batch_b: None,
+                },
+                vec![Some(x), Some(w)],
+                vec![Some((Some("y".into()), f32_ty(&[3, n])))],
+                Some("fmm".into()),
+            );
+            m.graphs[g].outputs = vec![m.nodes[node].outputs[0].expect("output")];
+            let xv = weights(3 * k as usize, 13);
+            let shape = xs.map(|d| d as usize);
+            let want = run(&m, g, &xv, &shape);
+            let report = int4(32, true)
+                .run(&mut m, &PassOptions::default())
+                .expect("pass");
+            if trans_a == 1 {
+                assert_eq!(
+                    report.counters.get("skipped-fused-matmul-trans-a"),
+                    Some(&1)
+                );
+                assert_eq!(ops(&m, g), ["FusedMatMul"]);
+                continue;
+            }
+            assert_eq!(report.counters.get("int4-matmul"), Some(&1));
+            assert_eq!(ops(&m, g), ["MatMulNBits"]);
+            let got = run(&m, g, &xv, &shape);
+            // alpha is in the scales: without it the result would be twice the reference.
+            assert!(cosine(&got, &want) > 0.99, "{got:?} vs {want:?}");
+            let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm(&got) / norm(&want) - 1.0).abs() < 0.05);
+        }
     }
 
     #[test]
