@@ -946,10 +946,11 @@ fn search_code(v: f32, scale: f32, z: f32) -> f32 {
 
 /// The squared error of `v` coded with `scale` (`inv` its reciprocal) and zero point `z`, as
 /// the scale search ranks candidates: a multiplication by the reciprocal instead of a division
-/// (the codes written are computed exactly, by division, in `code`), and the code less its
-/// zero point clamped to `[lo, hi] = [-z, 15 - z]`. That is `search_code(v) - z` with fewer
-/// steps: both roundings give the same integer where `|v * inv| <= 16`, and beyond it both
-/// saturate (an integer past ±16 lies outside `[-z, 15 - z]` for every zero point).
+/// (the codes written are computed exactly, by division, in `code`). The rounded quotient is
+/// clamped to `[lo, hi] = [-z, 15 - z]` in one step, which gives what clamping it to ±16,
+/// adding `z`, clamping to 0..=15 and subtracting `z` gives: the same integer where
+/// `|v * inv| <= 16`, and beyond it both saturate (an integer past ±16 lies outside
+/// `[-z, 15 - z]` for every zero point).
 #[inline(always)]
 fn code_error(v: f32, inv: f32, scale: f32, (lo, hi): (f32, f32)) -> f32 {
     const MAGIC: f32 = 12_582_912.0;

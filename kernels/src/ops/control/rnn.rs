@@ -105,9 +105,9 @@ fn recurrent(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>], kind: Kin
         )));
     }
     let xv = x.to_f64()?;
-    // An f32 W: X Wᵀ over W's f32 rows (`mat_rows`), with no f64 copy of W, which cost more
-    // than the products (a 2048 x 512 W: 8 MB written and faulted in at every run); other
-    // types: one f64 GEMM.
+    // An f32 W: X Wᵀ as one SGEMM (an f32 X over many steps) or over W's f32 rows
+    // (`mat_rows`), with no f64 copy of W, which cost more than the products (a 2048 x 512 W:
+    // 8 MB written and faulted in at every run); other types: one f64 GEMM.
     let w32 = match &w.data {
         Data::F32(v) => Some(v.as_slice()),
         _ => None,

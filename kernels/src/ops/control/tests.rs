@@ -287,3 +287,46 @@ fn lstm_over_an_empty_input_runs() {
     // h0 = c0 = 0: every gate sees 0, so c = 0.5 * tanh(0) = 0 and h = 0.
     assert_eq!(out(&m, &y[0]), (vec![1, 1, 1, 1], Data::F32(vec![0.0])));
 }
+
+/// An f32 LSTM over many steps takes X Wᵀ as one SGEMM, over few steps as dot products: the
+/// first steps of a long sequence agree with the same steps run alone.
+#[test]
+fn lstm_input_products_agree_across_paths() {
+    let (isz, hs) = (8usize, 4usize);
+    let lstm = |seq: usize| {
+        let src = format!(
+            "graph @g(%x: f32[{seq}, 1, {isz}], %w: f32[1, {g}, {isz}], %r: f32[1, {g}, {hs}]) -> (f32[{seq}, 1, 1, {hs}]) {{\n  %y = \"\".LSTM(%x, %w, %r) {{hidden_size = {hs}}} : f32[{seq}, 1, 1, {hs}]\n  return %y\n}}\n",
+            g = 4 * hs
+        );
+        mmq_ir::text::parse(&src).expect("parses").0
+    };
+    let vals = |n: usize, seed: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0) * 0.7)
+            .collect()
+    };
+    let (w, r) = (vals(4 * hs * isz, 1), vals(4 * hs * hs, 2));
+    let x = vals(24 * isz, 3);
+    let t = |shape: Vec<usize>, v: Vec<f32>| Tensor::from_f32(shape, v).expect("tensor");
+    let y = |seq: usize| -> Vec<f32> {
+        let m = lstm(seq);
+        let res = run(
+            &m,
+            m.entries[0].graph,
+            vec![
+                ("x", t(vec![seq, 1, isz], x[..seq * isz].to_vec())),
+                ("w", t(vec![1, 4 * hs, isz], w.clone())),
+                ("r", t(vec![1, 4 * hs, hs], r.clone())),
+            ],
+        );
+        match out(&m, &res[0]).1 {
+            Data::F32(v) => v,
+            other => panic!("f32 expected, got {other:?}"),
+        }
+    };
+    let (long, short) = (y(24), y(5));
+    for (i, (a, b)) in long.iter().zip(&short).enumerate() {
+        assert!((a - b).abs() <= 1e-6, "element {i}: {a} vs {b}");
+    }
+    assert!(long.iter().any(|v| v.abs() > 0.05), "the state moves");
+}
