@@ -435,6 +435,70 @@ fn depthwise_2d<T: Real>(x: &[T], w: &[T], g: &Geometry, y: &mut [T]) {
     }
 }
 
+/// Output columns up to which [`weights_times`] takes dot products of W's rows and the
+/// columns of B instead of a GEMM: packing W for a GEMM over a few columns costs more than the
+/// products (silero-vad's 1-D convolutions: 258 × 256 × 4, 64 × 128 × 2, …).
+const DOT_MAX_COLS: usize = 8;
+
+/// `y[i, j] = Σ_p w[i, p] · b[p, j]` for `i < m`, `j < n`: `w` is `m × k`, `b` is `k × n`,
+/// both row-major; row `i` of `y` starts at `i · ystride`.
+fn weights_times<T: Real>(
+    m: usize,
+    k: usize,
+    n: usize,
+    w: &[T],
+    b: &[T],
+    y: &mut [T],
+    ystride: usize,
+) {
+    if n > DOT_MAX_COLS {
+        gemm(
+            m,
+            k,
+            n,
+            T::ONE,
+            w,
+            (k, 1),
+            b,
+            (n, 1),
+            T::ZERO,
+            y,
+            (ystride, 1),
+        );
+        return;
+    }
+    // B's columns as contiguous rows, then one dot product per output.
+    let mut bt = vec![T::ZERO; n * k];
+    for (p, row) in b.chunks_exact(n.max(1)).enumerate().take(k) {
+        for (j, &v) in row.iter().enumerate() {
+            bt[j * k + p] = v;
+        }
+    }
+    for (i, wrow) in w.chunks_exact(k.max(1)).enumerate().take(m) {
+        let yrow = &mut y[i * ystride..i * ystride + n];
+        for (j, o) in yrow.iter_mut().enumerate() {
+            *o = dot(wrow, &bt[j * k..(j + 1) * k]);
+        }
+    }
+}
+
+/// `a · b` over eight partial sums (they vectorize), then the rest in order.
+fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let mut acc = [T::ZERO; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = acc.iter().fold(T::ZERO, |s, &v| s + v);
+    for (&x, &y) in ar.iter().zip(br) {
+        s += x * y;
+    }
+    s
+}
+
 /// Runs a convolution on typed data: `y[n, m, out...]` (bias added when given).
 pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Option<&[T]>) -> Vec<T> {
     let g = &squeeze_unit_dims(&s.geo);
@@ -461,19 +525,7 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
             }
         } else {
             if pointwise {
-                gemm(
-                    mg,
-                    kdim,
-                    out_size,
-                    T::ONE,
-                    wg,
-                    (kdim, 1),
-                    xg,
-                    (out_size, 1),
-                    T::ZERO,
-                    yg,
-                    (out_size, 1),
-                );
+                weights_times(mg, kdim, out_size, wg, xg, yg, out_size);
             } else {
                 // im2col a band of output rows at a time, sized to stay in cache, and multiply
                 // it into the band's columns of the output.
@@ -486,18 +538,14 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
                     let cols = (r1 - r0) * ow;
                     col.resize(kdim * cols, T::ZERO);
                     im2col(xg, cg, g, r0..r1, &mut col[..kdim * cols]);
-                    gemm(
+                    weights_times(
                         mg,
                         kdim,
                         cols,
-                        T::ONE,
                         wg,
-                        (kdim, 1),
                         &col[..kdim * cols],
-                        (cols, 1),
-                        T::ZERO,
                         &mut yg[r0 * ow..],
-                        (out_size, 1),
+                        out_size,
                     );
                     r0 = r1;
                 }
@@ -878,6 +926,10 @@ mod tests {
             ((1, 4, 9, 9), 4, (7, 7), 4, (1, 1), (1, 1), (3, 3, 3, 3)),
             ((1, 6, 17, 1), 4, (5, 1), 1, (1, 1), (1, 1), (0, 0, 0, 0)),
             ((2, 3, 8, 9), 5, (3, 3), 1, (2, 2), (1, 1), (1, 1, 1, 1)),
+            // At most `DOT_MAX_COLS` output columns: dot products, not the GEMM (im2col,
+            // then pointwise).
+            ((1, 5, 9, 1), 6, (3, 1), 1, (2, 1), (1, 1), (1, 0, 1, 0)),
+            ((2, 7, 2, 3), 5, (1, 1), 1, (1, 1), (1, 1), (0, 0, 0, 0)),
         ];
         for (xd, m, (kh, kw), group, st, dl, pads) in cases {
             let (n, c, h, w) = xd;
