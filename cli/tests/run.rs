@@ -71,6 +71,52 @@ fn vit_outputs_match_onnx_runtime() {
     assert_eq!(left, ["out.npz"]);
 }
 
+/// `--repeat N`: the times are the mean of N warm runs (calls per run, not summed), and the
+/// outputs the last run's, equal to one run's.
+#[test]
+fn repeat_reports_warm_runs_per_run() {
+    let dir = scratch("run-repeat");
+    let model = vit().join("model.onnx");
+    let inputs = vit().join("inputs.npz");
+    let args = |extra: &[&'static str], out: &'static str| {
+        let mut a = vec![
+            "run".to_owned(),
+            model.to_str().expect("utf-8 path").to_owned(),
+            "--inputs".to_owned(),
+            inputs.to_str().expect("utf-8 path").to_owned(),
+            "--stats".to_owned(),
+            "-o".to_owned(),
+            out.to_owned(),
+        ];
+        a.extend(extra.iter().map(|s| (*s).to_owned()));
+        a
+    };
+    let calls = |stdout: &str, op: &str| -> String {
+        stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{op} ")))
+            .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+            .unwrap_or_else(|| panic!("no {op} line in {stdout}"))
+    };
+    let run = |a: Vec<String>| {
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        let (code, stdout, stderr) = run_in(&dir, &refs);
+        assert_eq!(code, 0, "stderr: {stderr}");
+        stdout
+    };
+    let once = run(args(&[], "once.npz"));
+    let many = run(args(&["--repeat", "3"], "many.npz"));
+    assert!(once.contains("time per op:\n"), "{once}");
+    assert!(
+        many.contains("time per op (mean of 3 runs after the first):"),
+        "{many}"
+    );
+    assert_eq!(calls(&once, "MatMul"), calls(&many, "MatMul"));
+    let a = read_npz(&dir.join("once.npz")).expect("npz");
+    let b = read_npz(&dir.join("many.npz")).expect("npz");
+    assert_eq!(a, b);
+}
+
 #[test]
 fn summary_without_output_file() {
     let dir = scratch("run-summary");
