@@ -7,9 +7,10 @@ docs/benchmarks.md (run under /usr/bin/time for wall time and peak RSS):
         --calib DIR/inputs.npz --samples 2
 
 int4: `MatMulNBitsQuantizer` (block 32, symmetric). int8-dynamic: `quantize_dynamic` (QInt8
-weights). int8: `quantize_static` (QDQ, per-tensor, MinMax) calibrated on `--samples` copies of
-the `--calib` arrays, each with a different seed's noise added to its float inputs, the way
-`mmq compile --calib-random N` draws N samples. Prints the seconds of the tool call alone.
+weights). int8: `quantize_static` (QDQ, MinMax) calibrated on `--samples` copies of the
+`--calib` arrays, each with a different seed's noise added to its float inputs (as many samples
+as `mmq compile --calib-random N` draws, not the same values). Prints the seconds of the tool
+call alone.
 """
 import argparse
 import time
