@@ -554,21 +554,15 @@ fn gemm_float<T: Real>(
     let (m, k, n) = gemm_dims(cx, a, b, ta, tb)?;
     let av = T::load(a)?;
     let bv = T::load(b)?;
-    let mut out = vec![T::ZERO; m * n];
-    let mut gbeta = T::ZERO;
-    if let Some(c) = c {
-        let cv = T::load(c)?;
-        fill_bias(
-            cx,
-            &mut out,
-            &cv,
-            &c.shape,
-            m,
-            n,
-            T::from_f64(f64::from(beta)),
-        )?;
-        gbeta = T::ONE;
-    }
+    // `beta * C` broadcast is where the product is added (GEMM beta 1).
+    let (mut out, gbeta) = match c {
+        Some(c) => {
+            let cv = T::load(c)?;
+            let beta = T::from_f64(f64::from(beta));
+            (bias_matrix(cx, &cv, &c.shape, m, n, beta)?, T::ONE)
+        }
+        None => (vec![T::ZERO; m * n], T::ZERO),
+    };
     let sa = if ta { (1, m) } else { (k, 1) };
     let sb = if tb { (1, k) } else { (n, 1) };
     gemm(
@@ -619,44 +613,34 @@ fn gemm_dims(
     Ok((m, k, n))
 }
 
-/// Fills `out[m×n]` with `beta * c` broadcast unidirectionally.
-fn fill_bias<T: Real>(
+/// `beta * c` broadcast unidirectionally to `[m, n]`, row-major.
+fn bias_matrix<T: Real>(
     cx: &OpCtx<'_>,
-    out: &mut [T],
     c: &[T],
     cshape: &[usize],
     m: usize,
     n: usize,
     beta: T,
-) -> Result<(), KernelError> {
+) -> Result<Vec<T>, KernelError> {
     let target = [m, n];
     if cshape.len() > 2 || broadcast_shapes(&[cshape, &target]).as_deref() != Some(&target[..]) {
         return Err(cx.invalid(format!(
             "C of shape {cshape:?} does not broadcast to [{m}, {n}]"
         )));
     }
-    // The common shapes row by row: a bias per column (`[n]`, `[1, n]`), one value, or the
-    // whole `[m, n]`; any other broadcast through an index per element.
-    let numel: usize = cshape.iter().product();
-    if numel == n && cshape.last() == Some(&n) {
-        for row in out.chunks_exact_mut(n.max(1)) {
-            for (o, &v) in row.iter_mut().zip(c) {
-                *o = beta * v;
-            }
-        }
-    } else if numel == 1 {
-        out.fill(beta * c[0]);
-    } else if numel == m * n && cshape.len() == 2 {
-        for (o, &v) in out.iter_mut().zip(c) {
-            *o = beta * v;
-        }
-    } else {
-        let idx = broadcast_indices(cshape, &target);
-        for (o, &i) in out.iter_mut().zip(&idx) {
-            *o = beta * c[i];
-        }
+    // C's strides over `[m, n]`, 0 along the dims it broadcasts: a bias per column is copied
+    // row by row.
+    let mut full = [1usize; 2];
+    full[2 - cshape.len()..].copy_from_slice(cshape);
+    let strides = [
+        if full[0] == 1 { 0 } else { full[1] },
+        usize::from(full[1] != 1),
+    ];
+    let mut out = gather_strided(c, &target, &strides);
+    if beta != T::ONE {
+        out.iter_mut().for_each(|v| *v = beta * *v);
     }
-    Ok(())
+    Ok(out)
 }
 
 fn gemm_op(
