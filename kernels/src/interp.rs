@@ -84,6 +84,22 @@ struct Plan {
     /// Node position → whether the node computes a constant: a deterministic modeled op
     /// without subgraphs whose operands are all constants or results of such nodes.
     constant: Vec<bool>,
+    /// `Sigmoid` node position → the `Mul` that multiplies its result by its operand (SiLU):
+    /// both run as one pass at the `Sigmoid`.
+    swish: HashMap<usize, Swish>,
+}
+
+/// `y = Mul(x, Sigmoid(x))`, run as one pass over `x` (`x · σ(x)`, the same product the two
+/// nodes compute) at the `Sigmoid`'s position, the `Mul` skipped: one pass and one buffer
+/// instead of two of each, and none at all when `x` is used nowhere else (it is overwritten).
+#[derive(Clone, Copy, Debug)]
+struct Swish {
+    x: Value,
+    /// The `Mul`'s position and result.
+    mul: usize,
+    y: Value,
+    /// `x` is read by these two nodes only: its buffer may become `y`'s.
+    consume: bool,
 }
 
 impl<'m> Interpreter<'m> {
@@ -385,8 +401,27 @@ impl<'m> Interpreter<'m> {
             env.vals.insert(v, val);
         }
         let plan = self.plan(graph);
+        // `Mul`s whose result a fused node already computed.
+        let mut done: HashSet<usize> = HashSet::new();
         for (i, &n) in g.nodes.iter().enumerate() {
             let node = &m.nodes[n];
+            if done.remove(&i) {
+                self.free_after(&plan, i, node, &mut env);
+                continue;
+            }
+            if let Some(f) = plan.swish.get(&i)
+                && !plan.constant[i]
+            {
+                let start = self.stats.as_ref().map(|_| Instant::now());
+                if let Some(y) = self.swish(f, &mut env) {
+                    self.record(start, "Sigmoid·Mul (fused)");
+                    self.track(y.byte_size() as isize);
+                    env.vals.insert(f.y, y);
+                    done.insert(f.mul);
+                    self.free_after(&plan, i, node, &mut env);
+                    continue;
+                }
+            }
             let args = node
                 .inputs
                 .iter()
@@ -409,13 +444,7 @@ impl<'m> Interpreter<'m> {
                     check_results(&cx, &args)?;
                     let start = self.stats.as_ref().map(|_| Instant::now());
                     let outs = ops::eval(&cx, &args)?;
-                    if let (Some(stats), Some(start)) = (&self.stats, start)
-                        && let Ok(mut s) = stats.lock()
-                    {
-                        let e = s.per_op.entry(node.op.op_type().to_owned()).or_default();
-                        e.0 += 1;
-                        e.1 += start.elapsed();
-                    }
+                    self.record(start, node.op.op_type());
                     if plan.constant[i] {
                         self.keep_folded(node, &outs);
                     }
@@ -429,19 +458,7 @@ impl<'m> Interpreter<'m> {
                     env.vals.insert(*v, val);
                 }
             }
-            // Free what this node was the last user of, and results nobody uses.
-            let dead = node
-                .outputs
-                .iter()
-                .flatten()
-                .filter(|v| !plan.used.contains(v));
-            for v in plan.last_use.get(&i).into_iter().flatten().chain(dead) {
-                if !plan.keep.contains(v)
-                    && let Some(val) = env.vals.remove(v)
-                {
-                    self.track(-(val.byte_size() as isize));
-                }
-            }
+            self.free_after(&plan, i, node, &mut env);
         }
         let outs = g
             .outputs
@@ -490,6 +507,68 @@ impl<'m> Interpreter<'m> {
         Ok(outs)
     }
 
+    /// Frees what the node at position `i` was the last user of, and its results nobody uses.
+    fn free_after(&self, plan: &Plan, i: usize, node: &mmq_ir::NodeData, env: &mut Env<'_>) {
+        let dead = node
+            .outputs
+            .iter()
+            .flatten()
+            .filter(|v| !plan.used.contains(v));
+        for v in plan.last_use.get(&i).into_iter().flatten().chain(dead) {
+            if !plan.keep.contains(v)
+                && let Some(val) = env.vals.remove(v)
+            {
+                self.track(-(val.byte_size() as isize));
+            }
+        }
+    }
+
+    /// Adds the time since `start` to `op`'s entry of the statistics.
+    fn record(&self, start: Option<Instant>, op: &str) {
+        if let (Some(stats), Some(start)) = (&self.stats, start)
+            && let Ok(mut s) = stats.lock()
+        {
+            let e = s.per_op.entry(op.to_owned()).or_default();
+            e.0 += 1;
+            e.1 += start.elapsed();
+        }
+    }
+
+    /// `x · σ(x)` for a local `f32` tensor `x` (in `x`'s buffer when nothing else holds it);
+    /// `None` for anything else, which the two nodes then compute one after the other.
+    fn swish(&self, f: &Swish, env: &mut Env<'_>) -> Option<RtValue> {
+        let t = env.vals.get(&f.x)?.as_tensor()?;
+        if !matches!(t.data, Data::F32(_)) {
+            return None;
+        }
+        let silu = |v: f32| v * crate::vmath::sigmoid(v);
+        if f.consume
+            && let Some(RtValue::Tensor(t)) = env.vals.remove(&f.x)
+        {
+            match Arc::try_unwrap(t) {
+                Ok(mut t) => {
+                    self.track(-(t.byte_size() as isize));
+                    if let Data::F32(v) = &mut t.data {
+                        crate::vmath::map_in_place(v, silu);
+                    }
+                    return Some(RtValue::Tensor(Arc::new(t)));
+                }
+                Err(t) => {
+                    env.vals.insert(f.x, RtValue::Tensor(t));
+                }
+            }
+        }
+        let t = env.vals.get(&f.x)?.as_tensor()?;
+        let Data::F32(v) = &t.data else { return None };
+        let y = Tensor::new(
+            t.dtype,
+            t.shape.clone(),
+            Data::F32(crate::vmath::map_vec(v, silu)),
+        )
+        .ok()?;
+        Some(RtValue::Tensor(Arc::new(y)))
+    }
+
     fn plan(&self, graph: GraphId) -> Arc<Plan> {
         if let Some(p) = self.plans.lock().ok().and_then(|p| p.get(&graph).cloned()) {
             return p;
@@ -502,6 +581,7 @@ impl<'m> Interpreter<'m> {
             keep: m.graphs[graph].outputs.iter().copied().collect(),
             opset: m.onnx_opset(graph).unwrap_or(23),
             constant: constant_nodes(m, graph),
+            swish: swish_pairs(m, graph),
         });
         if let Ok(mut p) = self.plans.lock() {
             p.insert(graph, plan.clone());
@@ -591,6 +671,54 @@ fn constant_nodes(m: &Module, graph: GraphId) -> Vec<bool> {
             yes
         })
         .collect()
+}
+
+/// The `Sigmoid`s of `graph` whose result only a `Mul` by the `Sigmoid`'s own operand reads
+/// ([`Plan::swish`]).
+fn swish_pairs(m: &Module, graph: GraphId) -> HashMap<usize, Swish> {
+    let nodes = &m.graphs[graph].nodes;
+    let outputs: HashSet<Value> = m.graphs[graph].outputs.iter().copied().collect();
+    let mut uses: HashMap<Value, Vec<usize>> = HashMap::new();
+    for (i, &n) in nodes.iter().enumerate() {
+        for v in uses_of(m, n) {
+            uses.entry(v).or_default().push(i);
+        }
+    }
+    let mut pairs = HashMap::new();
+    for (i, &n) in nodes.iter().enumerate() {
+        let node = &m.nodes[n];
+        let (mmq_ir::Op::Sigmoid {}, [Some(x)], [Some(s)]) =
+            (&node.op, node.inputs.as_slice(), node.outputs.as_slice())
+        else {
+            continue;
+        };
+        let (x, s) = (*x, *s);
+        let Some(&[j]) = uses.get(&s).map(Vec::as_slice) else {
+            continue;
+        };
+        let mul = &m.nodes[nodes[j]];
+        let operands: Vec<Value> = mul.inputs.iter().flatten().copied().collect();
+        let (mmq_ir::Op::Mul {}, [Some(y)]) = (&mul.op, mul.outputs.as_slice()) else {
+            continue;
+        };
+        if outputs.contains(&s) || !(operands == [x, s] || operands == [s, x]) {
+            continue;
+        }
+        let consume = !outputs.contains(&x)
+            && uses
+                .get(&x)
+                .is_some_and(|u| u.iter().all(|&k| k == i || k == j));
+        pairs.insert(
+            i,
+            Swish {
+                x,
+                mul: j,
+                y: *y,
+                consume,
+            },
+        );
+    }
+    pairs
 }
 
 /// For each node position in `graph`, the values whose last use it is (a use inside a node's
@@ -759,6 +887,68 @@ mod tests {
         let stats = it.stats().expect("stats");
         let calls = |op: &str| stats.per_op.get(op).map_or(0, |e| e.0);
         assert_eq!((calls("Add"), calls("Neg"), calls("Mul")), (1, 1, 2));
+    }
+
+    /// `Mul(x, Sigmoid(x))` runs as one pass with the two nodes' results, bit for bit: in `x`'s
+    /// buffer when nothing else reads `x`, into a new one when something does (and `x` is left
+    /// as it was), and not at all when the `Sigmoid`'s result is itself an output or the
+    /// operands are not `f32`.
+    #[test]
+    fn sigmoid_times_operand_runs_fused() {
+        let src = "graph @g(%x: f32[7], %h: f16[2]) -> (f32[7], f32[7], f32[7], f32[7], f16[2]) {\n  %a = Neg(%x) : f32[7]\n  %sa = Sigmoid(%a) : f32[7]\n  %ya = Mul(%sa, %a) : f32[7]\n  %b = Abs(%x) : f32[7]\n  %sb = Sigmoid(%b) : f32[7]\n  %yb = Mul(%b, %sb) : f32[7]\n  %zb = Add(%b, %yb) : f32[7]\n  %sx = Sigmoid(%x) : f32[7]\n  %yx = Mul(%x, %sx) : f32[7]\n  %sh = Sigmoid(%h) : f16[2]\n  %yh = Mul(%h, %sh) : f16[2]\n  return %ya, %zb, %yx, %sx, %yh\n}\n";
+        let (m, _) = mmq_ir::text::parse(src).expect("parses");
+        let g = m.entries[0].graph;
+        let x = [-30.0f32, -2.5, -0.0, 0.1, 1.0, 7.25, 90.0];
+        let h = [half::f16::from_f32(-1.5), half::f16::from_f32(2.0)];
+        let inputs: HashMap<String, RtValue> = [
+            (
+                "x".to_owned(),
+                Tensor::new(DType::F32, vec![7], Data::F32(x.to_vec()))
+                    .expect("tensor")
+                    .into(),
+            ),
+            (
+                "h".to_owned(),
+                Tensor::new(DType::F16, vec![2], Data::F16(h.to_vec()))
+                    .expect("tensor")
+                    .into(),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let it = Interpreter::new(&m).with_stats();
+        let outs = it.run(g, &inputs).expect("runs");
+        let f32s = |i: usize| match &outs[i].1.as_tensor().expect("tensor").data {
+            Data::F32(v) => v.clone(),
+            d => panic!("{d:?}"),
+        };
+        let silu = |v: f32| v * crate::vmath::sigmoid(v);
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        let want_a: Vec<f32> = x.iter().map(|&v| silu(-v)).collect();
+        let want_zb: Vec<f32> = x.iter().map(|&v| v.abs() + silu(v.abs())).collect();
+        let want_x: Vec<f32> = x.iter().map(|&v| silu(v)).collect();
+        assert_eq!(bits(f32s(0)), bits(want_a));
+        assert_eq!(bits(f32s(1)), bits(want_zb));
+        assert_eq!(bits(f32s(2)), bits(want_x));
+        let sx: Vec<f32> = x.iter().map(|&v| crate::vmath::sigmoid(v)).collect();
+        assert_eq!(bits(f32s(3)), bits(sx));
+        let Data::F16(yh) = &outs[4].1.as_tensor().expect("tensor").data else {
+            panic!("f16 result");
+        };
+        let want_h: Vec<f32> = h
+            .iter()
+            .map(|&v| {
+                let s = half::f16::from_f32(crate::vmath::sigmoid(v.to_f32()));
+                (v * s).to_f32()
+            })
+            .collect();
+        assert_eq!(yh.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), want_h);
+        let stats = it.stats().expect("stats");
+        let calls = |op: &str| stats.per_op.get(op).map_or(0, |e| e.0);
+        assert_eq!(
+            (calls("Sigmoid·Mul (fused)"), calls("Sigmoid"), calls("Mul")),
+            (2, 2, 2)
+        );
     }
 
     /// A symbol the model declares equal to an expression is checked once its inputs bind both.

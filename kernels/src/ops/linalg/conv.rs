@@ -234,6 +234,53 @@ fn im2col<T: Real>(
     }
 }
 
+/// [`im2col`] for two spatial dims, the common case: the kernel row's valid span and the input
+/// row of each output row computed once, not through a multi-index per output row.
+fn im2col_2d<T: Real>(
+    x: &[T],
+    channels: usize,
+    g: &Geometry,
+    band: std::ops::Range<usize>,
+    col: &mut [T],
+) {
+    let (ih, iw) = (g.input[0], g.input[1]);
+    let ow = g.output[1];
+    let (kh, kw) = (g.kernel[0], g.kernel[1]);
+    let (sh, sw) = (g.strides[0], g.strides[1]);
+    let (dh, dw) = (g.dilations[0], g.dilations[1]);
+    let (ph, pw) = (g.pad_begin[0] as isize, g.pad_begin[1] as isize);
+    let out_size = band.len() * ow;
+    let mut rows = col.chunks_exact_mut(out_size.max(1));
+    for xc in x.chunks_exact(ih * iw).take(channels) {
+        for a in 0..kh {
+            for b in 0..kw {
+                let Some(row) = rows.next() else { return };
+                let off = (b * dw) as isize - pw;
+                let (j0, j1) = valid_span(off, sw, iw, ow);
+                let start = (j0 * sw) as isize + off;
+                for (seg, o) in row.chunks_exact_mut(ow).zip(band.clone()) {
+                    let p = (o * sh + a * dh) as isize - ph;
+                    if p < 0 || p >= ih as isize || j1 == j0 {
+                        seg.fill(T::ZERO);
+                        continue;
+                    }
+                    seg[..j0].fill(T::ZERO);
+                    seg[j1..].fill(T::ZERO);
+                    let src = &xc[p as usize * iw + start as usize..];
+                    let dst = &mut seg[j0..j1];
+                    if sw == 1 {
+                        dst.copy_from_slice(&src[..dst.len()]);
+                    } else {
+                        for (j, d) in dst.iter_mut().enumerate() {
+                            *d = src[j * sw];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Scatter-adds `col[(m, k...), in...]` into one image `y[m, out...]` (ConvTranspose); here
 /// `g.input` is the transposed conv's input and `g.output` its output.
 fn col2im<T: Real>(col: &[T], channels: usize, g: &Geometry, y: &mut [T]) {
@@ -537,7 +584,11 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
                     let r1 = (r0 + rows).min(outer);
                     let cols = (r1 - r0) * ow;
                     col.resize(kdim * cols, T::ZERO);
-                    im2col(xg, cg, g, r0..r1, &mut col[..kdim * cols]);
+                    if g.input.len() == 2 {
+                        im2col_2d(xg, cg, g, r0..r1, &mut col[..kdim * cols]);
+                    } else {
+                        im2col(xg, cg, g, r0..r1, &mut col[..kdim * cols]);
+                    }
                     weights_times(
                         mg,
                         kdim,
@@ -926,6 +977,10 @@ mod tests {
             ((1, 4, 9, 9), 4, (7, 7), 4, (1, 1), (1, 1), (3, 3, 3, 3)),
             ((1, 6, 17, 1), 4, (5, 1), 1, (1, 1), (1, 1), (0, 0, 0, 0)),
             ((2, 3, 8, 9), 5, (3, 3), 1, (2, 2), (1, 1), (1, 1, 1, 1)),
+            // Two channels per group, dilated, uneven strides and pads.
+            ((1, 4, 11, 13), 6, (3, 2), 2, (1, 2), (2, 1), (2, 0, 1, 3)),
+            // Pads wider than the image: whole rows and columns of padding.
+            ((1, 2, 3, 4), 3, (3, 3), 1, (2, 3), (1, 1), (2, 3, 2, 3)),
             // At most `DOT_MAX_COLS` output columns: dot products, not the GEMM (im2col,
             // then pointwise).
             ((1, 5, 9, 1), 6, (3, 1), 1, (2, 1), (1, 1), (1, 0, 1, 0)),
