@@ -268,14 +268,33 @@ fn im2col_2d<T: Real>(
                     seg[j1..].fill(T::ZERO);
                     let src = &xc[p as usize * iw + start as usize..];
                     let dst = &mut seg[j0..j1];
-                    if sw == 1 {
-                        dst.copy_from_slice(&src[..dst.len()]);
-                    } else {
-                        for (j, d) in dst.iter_mut().enumerate() {
-                            *d = src[j * sw];
-                        }
-                    }
+                    strided_copy(src, sw, dst);
                 }
+            }
+        }
+    }
+}
+
+/// `dst[j] = src[j · stride]`, with the common strides as fixed-step loops the compiler
+/// vectorizes.
+fn strided_copy<T: Real>(src: &[T], stride: usize, dst: &mut [T]) {
+    let n = dst.len();
+    if n == 0 {
+        return;
+    }
+    let src = &src[..(n - 1) * stride + 1];
+    match stride {
+        1 => dst.copy_from_slice(src),
+        2 => {
+            let (head, last) = dst.split_at_mut(n - 1);
+            for (d, s) in head.iter_mut().zip(src.chunks_exact(2)) {
+                *d = s[0];
+            }
+            last[0] = src[(n - 1) * 2];
+        }
+        _ => {
+            for (d, s) in dst.iter_mut().zip(src.iter().step_by(stride)) {
+                *d = *s;
             }
         }
     }
