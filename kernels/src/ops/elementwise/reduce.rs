@@ -458,6 +458,10 @@ impl SmF for f64 {
 
 fn softmax_slice<T: SmF>(kind: Sm, x: &[T], (outer, red, inner): (usize, usize, usize)) -> Vec<T> {
     let mut out = vec![T::ZERO; x.len()];
+    if inner == 1 && red > 0 && kind != Sm::Hard {
+        softmax_rows(kind, x, red, &mut out);
+        return out;
+    }
     let mut row = vec![T::ZERO; red];
     let mut ex = vec![T::ZERO; red];
     for o in 0..outer {
@@ -501,6 +505,47 @@ fn softmax_slice<T: SmF>(kind: Sm, x: &[T], (outer, red, inner): (usize, usize, 
         }
     }
     out
+}
+
+/// [`softmax_slice`] over contiguous rows of `red` (the common last-axis case), in passes the
+/// compiler vectorizes: the maximum over eight running maxima (the same value), `x - max` and
+/// its `exp` in the output row, the sum in order, then the quotients.
+fn softmax_rows<T: SmF>(kind: Sm, x: &[T], red: usize, out: &mut [T]) {
+    for (row, o) in x.chunks_exact(red).zip(out.chunks_exact_mut(red)) {
+        let mut lanes = [T::NEG_INF; 8];
+        let chunks = row.chunks_exact(8);
+        let rest = chunks.remainder();
+        for c in chunks {
+            for (m, &e) in lanes.iter_mut().zip(c) {
+                *m = if e > *m { e } else { *m };
+            }
+        }
+        let mut m = T::NEG_INF;
+        for &e in lanes.iter().chain(rest) {
+            if e > m {
+                m = e;
+            }
+        }
+        let m = if m == T::NEG_INF { T::ZERO } else { m };
+        for (d, &e) in o.iter_mut().zip(row) {
+            *d = e - m;
+        }
+        T::exp_in_place(o);
+        let mut s = T::ZERO;
+        for &e in o.iter() {
+            s += e;
+        }
+        if kind == Sm::Soft {
+            for d in o.iter_mut() {
+                *d = *d / s;
+            }
+        } else {
+            let ls = s.ln();
+            for (d, &e) in o.iter_mut().zip(row) {
+                *d = (e - m) - ls;
+            }
+        }
+    }
 }
 
 fn softmax(cx: &OpCtx<'_>, kind: Sm, axis: Option<i64>, inputs: &[Option<RtValue>]) -> OpResult {

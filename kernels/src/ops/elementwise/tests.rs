@@ -304,6 +304,46 @@ fn softmax_opset_11_flattens_opset_13_uses_axis() {
     assert_eq!(h.to_f32().unwrap(), vec![0., 1., 0., 1., 0., 0.]);
 }
 
+/// Softmax and LogSoftmax over contiguous rows (the last axis) give bit for bit what the
+/// strided form gives over the same rows laid out as columns (axis 0 of the transpose): large
+/// and tiny values, infinities, a row of -inf, a NaN, and a row length off the eight lanes.
+#[test]
+fn softmax_rows_match_the_strided_form() {
+    let (rows, len) = (4, 19);
+    let mut x: Vec<f32> = (0..rows * len)
+        .map(|i| ((i * 37 % 23) as f32 - 11.0) * 1.7)
+        .collect();
+    x[3] = 80.0;
+    x[len + 5] = f32::NEG_INFINITY;
+    x[len + 18] = f32::INFINITY;
+    x[2 * len..3 * len].fill(f32::NEG_INFINITY);
+    x[3 * len + 7] = f32::NAN;
+    let xt: Vec<f32> = (0..len * rows)
+        .map(|i| x[(i % rows) * len + i / rows])
+        .collect();
+    for op in [
+        Op::Softmax { axis: Some(1) },
+        Op::LogSoftmax { axis: Some(1) },
+    ] {
+        let by_rows = one(13, op.clone(), vec![f32s(vec![rows, len], x.clone())]);
+        let by_cols = match op {
+            Op::Softmax { .. } => Op::Softmax { axis: Some(0) },
+            _ => Op::LogSoftmax { axis: Some(0) },
+        };
+        let by_cols = one(13, by_cols, vec![f32s(vec![len, rows], xt.clone())]);
+        let (a, b) = (by_rows.to_f32().unwrap(), by_cols.to_f32().unwrap());
+        let b: Vec<f32> = (0..rows * len)
+            .map(|i| b[(i % len) * rows + i / len])
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b), "{op:?}");
+        // Row 0 is a distribution.
+        if matches!(op, Op::Softmax { .. }) {
+            close(&[a[..len].iter().sum::<f32>()], &[1.0]);
+        }
+    }
+}
+
 fn red_op(make: fn(Option<i64>) -> Op, keepdims: Option<i64>) -> Op {
     make(keepdims)
 }
