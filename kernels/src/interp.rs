@@ -233,12 +233,22 @@ impl<'m> Interpreter<'m> {
             });
         }
         self.check_ranges(&bound)?;
-        let root = Env {
-            vals: HashMap::new(),
-            parent: None,
-            syms: bound,
+        // The whole run on one of rayon's threads: the kernels' parallel loops then start from a
+        // worker, which takes part in them, instead of handing each one over to the pool from
+        // outside and sleeping until it is done (a wake-up per convolution).
+        let run = || {
+            let root = Env {
+                vals: HashMap::new(),
+                parent: None,
+                syms: bound,
+            };
+            self.run_graph(graph, args, &root)
         };
-        let outs = self.run_graph(graph, args, &root)?;
+        let outs = if rayon::current_num_threads() > 1 {
+            rayon::scope(|_| run())?
+        } else {
+            run()?
+        };
         Ok(g.outputs
             .iter()
             .zip(outs)

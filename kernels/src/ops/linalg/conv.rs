@@ -501,19 +501,30 @@ fn depthwise_2d<T: Real>(x: &[T], w: &[T], g: &Geometry, y: &mut [T]) {
     }
 }
 
+/// The fewest multiply-adds of a convolution whose output columns [`conv_compute`] splits
+/// among threads: below it (a sixth of a millisecond on one core) waking the other threads
+/// costs more than they save.
+const SPLIT_MIN_MACS: usize = 1 << 24;
+
+/// The fewest output columns of a piece of a band computed on its own thread
+/// ([`conv_compute`]).
+const SPLIT_MIN_COLS: usize = 256;
+
 /// Output columns up to which [`weights_times`] takes dot products of W's rows and the
 /// columns of B instead of a GEMM: packing W for a GEMM over a few columns costs more than the
 /// products (silero-vad's 1-D convolutions: 258 × 256 × 4, 64 × 128 × 2, …).
 const DOT_MAX_COLS: usize = 8;
 
-/// `y[i, j] = Σ_p w[i, p] · b[p, j]` for `i < m`, `j < n`: `w` is `m × k`, `b` is `k × n`,
-/// both row-major; row `i` of `y` starts at `i · ystride`.
+/// `y[i, j] = Σ_p w[i, p] · b[p, j]` for `i < m`, `j < n`: `w` is `m × k` (row-major), row
+/// `p` of `b` starts at `p · ldb`, row `i` of `y` at `i · ystride`.
+#[allow(clippy::too_many_arguments, reason = "a GEMM's operands and layout")]
 fn weights_times<T: Real>(
     m: usize,
     k: usize,
     n: usize,
     w: &[T],
     b: &[T],
+    ldb: usize,
     y: &mut [T],
     ystride: usize,
 ) {
@@ -526,7 +537,7 @@ fn weights_times<T: Real>(
             w,
             (k, 1),
             b,
-            (n, 1),
+            (ldb, 1),
             T::ZERO,
             y,
             (ystride, 1),
@@ -535,8 +546,8 @@ fn weights_times<T: Real>(
     }
     // B's columns as contiguous rows, then one dot product per output.
     let mut bt = vec![T::ZERO; n * k];
-    for (p, row) in b.chunks_exact(n.max(1)).enumerate().take(k) {
-        for (j, &v) in row.iter().enumerate() {
+    for p in 0..k {
+        for (j, &v) in b[p * ldb..p * ldb + n].iter().enumerate() {
             bt[j * k + p] = v;
         }
     }
@@ -580,45 +591,136 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
     let pointwise = ksize == 1
         && g.strides.iter().all(|&v| v == 1)
         && g.pad_begin.iter().chain(&g.pad_end).all(|&p| p == 0);
+    let flops = s.n * s.m * out_size * kdim;
+    // Fewer images × groups than threads: each one's output columns are split among them (a
+    // batch-1 detector's convolutions would otherwise run on one core).
+    let threads = rayon::current_num_threads();
+    let split = threads > 1 && s.n * s.group < threads && flops >= SPLIT_MIN_MACS;
+    // The output columns computed at a time: bands of whole output rows whose im2col stays in
+    // cache (all columns at once for a pointwise convolution); when split, each band cut into
+    // pieces for two per thread. A band of at most `DOT_MAX_COLS` columns takes dot products
+    // instead of the GEMM, so a band is only cut into pieces wider than that: every output is
+    // computed as it is without the split, bit for bit.
+    let ow = if pointwise {
+        1
+    } else {
+        *g.output.last().unwrap_or(&1)
+    };
+    let outer = out_size / ow.max(1);
+    let rows = if pointwise {
+        outer
+    } else {
+        (BAND_ELEMS / (kdim * ow).max(1)).clamp(1, outer.max(1))
+    };
+    let mut bands: Vec<(usize, usize)> = (0..outer)
+        .step_by(rows.max(1))
+        .map(|r0| (r0, (r0 + rows).min(outer)))
+        .collect();
+    // Split among threads by output channels (W's rows: each thread packs the band's im2col
+    // again) when W has more rows than a band has columns, else by columns (each packs W
+    // again) when that makes several pieces, else by channels when there are enough of them.
+    let channels_ok = mg >= 32 * threads;
+    let mut by_channels =
+        split && channels_ok && mg >= bands.first().map_or(0, |b| (b.1 - b.0) * ow);
+    let mut by_columns = false;
+    if split && !by_channels {
+        let pieces = (2 * threads).div_ceil(bands.len().max(1));
+        // Pieces of at least `SPLIT_MIN_COLS` columns: each packs all of W again.
+        let min_rows = (DOT_MAX_COLS / ow.max(1) + 1).max(SPLIT_MIN_COLS.div_ceil(ow.max(1)));
+        let cut: Vec<(usize, usize)> = bands
+            .iter()
+            .flat_map(|&(r0, r1)| {
+                let len = r1 - r0;
+                let p = if len * ow > DOT_MAX_COLS {
+                    pieces.min(len / min_rows).max(1)
+                } else {
+                    1
+                };
+                (0..p).map(move |i| (r0 + i * len / p, r0 + (i + 1) * len / p))
+            })
+            .collect();
+        if cut.len() >= 2 {
+            bands = cut;
+            by_columns = true;
+        } else {
+            by_channels = channels_ok;
+        }
+    }
+    let bands: Vec<(usize, usize)> = bands.iter().map(|&(a, b)| (a * ow, b * ow)).collect();
+    // B of output columns `c0..c1` of image and group `xg` (the input itself for a pointwise
+    // convolution, else their im2col in `col`) and its row stride.
+    let matrix = |xg: &'_ [T], (c0, c1): (usize, usize), col: &mut Vec<T>| -> usize {
+        if pointwise {
+            return out_size;
+        }
+        let cols = c1 - c0;
+        col.resize(kdim * cols, T::ZERO);
+        let rows = c0 / ow..c1 / ow;
+        if g.input.len() == 2 {
+            im2col_2d(xg, cg, g, rows, &mut col[..kdim * cols]);
+        } else {
+            im2col(xg, cg, g, rows, &mut col[..kdim * cols]);
+        }
+        cols
+    };
+    // Output columns `c0..c1` of image and group `xg`, `wg`, into `out` (row stride `ld`).
+    let band = |xg: &[T],
+                wg: &[T],
+                (c0, c1): (usize, usize),
+                out: &mut [T],
+                ld: usize,
+                col: &mut Vec<T>| {
+        let ldb = matrix(xg, (c0, c1), col);
+        let b = if pointwise { &xg[c0..] } else { &col[..] };
+        weights_times(mg, kdim, c1 - c0, wg, b, ldb, out, ld);
+    };
     let work = |(ng, yg): (usize, &mut [T]), col: &mut Vec<T>| {
         let (img, grp) = (ng / s.group, ng % s.group);
         let xg = &x[(img * s.c + grp * cg) * in_size..(img * s.c + (grp + 1) * cg) * in_size];
         let wg = &w[grp * mg * kdim..(grp + 1) * mg * kdim];
         if cg == 1 && g.input.len() == 2 {
             // Depthwise: one input channel per group; taps accumulate straight into the output.
-            for (j, yo) in yg.chunks_mut(out_size).enumerate() {
-                depthwise_2d(xg, &wg[j * kdim..(j + 1) * kdim], g, yo);
+            let plane =
+                |(j, yo): (usize, &mut [T])| depthwise_2d(xg, &wg[j * kdim..(j + 1) * kdim], g, yo);
+            if split {
+                yg.par_chunks_mut(out_size).enumerate().for_each(plane);
+            } else {
+                yg.chunks_mut(out_size).enumerate().for_each(plane);
+            }
+        } else if by_channels {
+            // Each band's B once, then W's rows in pieces of whole panels, in parallel.
+            let rows = mg.div_ceil(2 * threads).next_multiple_of(16);
+            T::with_scratch(|col| {
+                for &(c0, c1) in &bands {
+                    let cols = c1 - c0;
+                    let ldb = matrix(xg, (c0, c1), col);
+                    let b = if pointwise { &xg[c0..] } else { &col[..] };
+                    yg.par_chunks_mut(rows * out_size)
+                        .zip(wg.par_chunks(rows * kdim))
+                        .for_each(|(yr, wr)| {
+                            let r = yr.len() / out_size;
+                            weights_times(r, kdim, cols, wr, b, ldb, &mut yr[c0..], out_size);
+                        });
+                }
+            });
+        } else if by_columns {
+            // Each band into its own buffer, in parallel, then into place.
+            let outs: Vec<Vec<T>> = bands
+                .par_iter()
+                .map(|&(c0, c1)| {
+                    let mut out = vec![T::ZERO; mg * (c1 - c0)];
+                    T::with_scratch(|col| band(xg, wg, (c0, c1), &mut out, c1 - c0, col));
+                    out
+                })
+                .collect();
+            for (&(c0, c1), out) in bands.iter().zip(&outs) {
+                for (j, row) in out.chunks_exact(c1 - c0).enumerate() {
+                    yg[j * out_size + c0..j * out_size + c1].copy_from_slice(row);
+                }
             }
         } else {
-            if pointwise {
-                weights_times(mg, kdim, out_size, wg, xg, yg, out_size);
-            } else {
-                // im2col a band of output rows at a time, sized to stay in cache, and multiply
-                // it into the band's columns of the output.
-                let ow = *g.output.last().unwrap_or(&1);
-                let outer = out_size / ow.max(1);
-                let rows = (BAND_ELEMS / (kdim * ow).max(1)).clamp(1, outer.max(1));
-                let mut r0 = 0;
-                while r0 < outer {
-                    let r1 = (r0 + rows).min(outer);
-                    let cols = (r1 - r0) * ow;
-                    col.resize(kdim * cols, T::ZERO);
-                    if g.input.len() == 2 {
-                        im2col_2d(xg, cg, g, r0..r1, &mut col[..kdim * cols]);
-                    } else {
-                        im2col(xg, cg, g, r0..r1, &mut col[..kdim * cols]);
-                    }
-                    weights_times(
-                        mg,
-                        kdim,
-                        cols,
-                        wg,
-                        &col[..kdim * cols],
-                        &mut yg[r0 * ow..],
-                        out_size,
-                    );
-                    r0 = r1;
-                }
+            for &(c0, c1) in &bands {
+                band(xg, wg, (c0, c1), &mut yg[c0..], out_size, col);
             }
         }
         if let Some(bias) = bias {
@@ -629,7 +731,6 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
         }
     };
     let chunk = mg * out_size;
-    let flops = s.n * s.m * out_size * kdim;
     // The im2col band lives in the thread's scratch vector: `resize` zero-fills only what
     // grows, and `im2col` writes every element of the band.
     let work = |item, col: &mut Vec<T>| {
@@ -639,10 +740,17 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
             *col = Vec::new();
         }
     };
-    if s.n * s.group > 1 && flops >= 1 << 20 {
+    let depthwise = cg == 1 && g.input.len() == 2;
+    let within = split && (depthwise || by_channels || by_columns);
+    if s.n * s.group > 1 && flops >= 1 << 20 && !within {
         y.par_chunks_mut(chunk)
             .enumerate()
             .for_each(|item| T::with_scratch(|col| work(item, col)));
+    } else if within {
+        // The bands take the threads' scratch vectors.
+        y.chunks_mut(chunk)
+            .enumerate()
+            .for_each(|item| work(item, &mut Vec::new()));
     } else {
         T::with_scratch(|col| {
             y.chunks_mut(chunk)
@@ -1028,6 +1136,70 @@ mod tests {
             let (want_shape, want) = reference_2d(&x, xd, &wt, (m, kh, kw), group, st, dl, pads);
             assert_eq!(shape, want_shape, "{xd:?} m {m} k {kh}x{kw} group {group}");
             close(&got, &want, 1e-5);
+        }
+    }
+
+    /// A batch-1 convolution large enough to be split among threads gives bit for bit what one
+    /// thread computes: split by columns (im2col bands of wide and narrow rows, stride 2,
+    /// pointwise), by channels (pointwise and 3 × 3), one input channel (the per-plane path)
+    /// and two groups (fewer images × groups than threads).
+    #[test]
+    fn split_among_threads_matches_one_thread() {
+        let vals = |len: usize, seed: u32| -> Vec<f32> {
+            (0..len as u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed) % 1013)
+                .map(|v| (v as f32 - 506.0) / 61.0)
+                .collect()
+        };
+        // (x dims, m, kernel, group, stride, pad)
+        let cases = [
+            ((1, 32, 40, 44), 48, (3, 3), 1, 1, 1),
+            ((1, 32, 81, 5), 48, (3, 3), 1, 1, 1),
+            ((1, 32, 40, 44), 48, (3, 3), 1, 2, 1),
+            ((1, 128, 30, 30), 96, (1, 1), 1, 1, 0),
+            ((1, 1, 200, 200), 32, (3, 3), 1, 1, 1),
+            ((1, 64, 33, 31), 64, (3, 3), 2, 1, 1),
+            // More output channels than columns: split by channels.
+            ((1, 384, 10, 10), 768, (1, 1), 1, 1, 0),
+            ((1, 128, 12, 12), 256, (3, 3), 1, 1, 1),
+        ];
+        for (xd, m, (kh, kw), group, st, pad) in cases {
+            let (n, c, h, w) = xd;
+            let x = vals(n * c * h * w, 7);
+            let wt = vals(m * (c / group) * kh * kw, 11);
+            let b = vals(m, 13);
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("pool");
+                let op = Op::Conv {
+                    auto_pad: None,
+                    dilations: None,
+                    group: Some(group as i64),
+                    kernel_shape: None,
+                    pads: Some(vec![pad; 4]),
+                    strides: Some(vec![st; 2]),
+                };
+                let inputs = vec![
+                    f32t(&[n, c, h, w], &x),
+                    f32t(&[m, c / group, kh, kw], &wt),
+                    f32t(&[m], &b),
+                ];
+                let r = pool.install(|| run_op(op, inputs, 1, 11)).expect("run");
+                match &r[0]
+                    .as_ref()
+                    .and_then(|v| v.as_tensor())
+                    .expect("tensor")
+                    .data
+                {
+                    crate::tensor::Data::F32(v) => {
+                        v.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
+                    }
+                    d => panic!("{d:?}"),
+                }
+            };
+            assert_eq!(run(1), run(3), "{xd:?} m {m} k {kh}x{kw} group {group}");
         }
     }
 
