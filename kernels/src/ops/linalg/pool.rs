@@ -178,9 +178,38 @@ fn pool_planes<T: Real>(
 /// general walk: the first element seeds the max, averages accumulate in f64.
 fn plane_2d<T: Real>(xp: &[T], yp: &mut [T], g: &Geometry, wins: &[DimWindows], kind: Kind) {
     let w = g.input[1];
+    // Max at stride 1 over the outputs whose window lies inside the row (all of the kernel's
+    // columns), a whole row of them per tap: the taps in the same order as below, so the same result
+    // (the first tap, then each later one that is greater).
+    let full = |ow: usize| wins[1].valid[ow].len() == g.kernel[1];
+    let a = (0..g.output[1]).find(|&o| full(o)).unwrap_or(g.output[1]);
+    let b = (a..g.output[1]).find(|&o| !full(o)).unwrap_or(g.output[1]);
+    let (sw, dw, pw) = (g.strides[1], g.dilations[1], g.pad_begin[1]);
     for (oh, yrow) in yp.chunks_mut(g.output[1].max(1)).enumerate() {
         let rows = &wins[0].valid[oh];
+        let inner = matches!(kind, Kind::Max) && sw == 1 && !rows.is_empty() && a < b;
+        if inner {
+            for (i, &r) in rows.iter().enumerate() {
+                let xr = &xp[r * w..(r + 1) * w];
+                for kc in 0..g.kernel[1] {
+                    // Column of output `a` at this tap (inside the row: `a` is full).
+                    let c0 = a + kc * dw - pw;
+                    let taps = &xr[c0..c0 + (b - a)];
+                    let ys = &mut yrow[a..b];
+                    if i == 0 && kc == 0 {
+                        ys.copy_from_slice(taps);
+                    } else {
+                        for (y, &v) in ys.iter_mut().zip(taps) {
+                            *y = if v > *y { v } else { *y };
+                        }
+                    }
+                }
+            }
+        }
         for (ow, yo) in yrow.iter_mut().enumerate() {
+            if inner && (a..b).contains(&ow) {
+                continue;
+            }
             let cols = &wins[1].valid[ow];
             *yo = match kind {
                 Kind::Max => {
@@ -373,17 +402,24 @@ mod tests {
         let mut x: Vec<f32> = (0..2 * 3 * 11 * 9)
             .map(|i| ((i * 37) % 23) as f32 - 11.0)
             .collect();
+        // NaN as the first tap of a window and as a later one, and -inf.
         x[17] = f32::NAN;
-        for (pads, dil, st, ceil) in [
-            (vec![0, 0, 0, 0], vec![1, 1], vec![1, 1], 0),
-            (vec![1, 2, 1, 0], vec![1, 1], vec![2, 2], 1),
-            (vec![2, 2, 2, 2], vec![2, 2], vec![1, 3], 0),
+        x[0] = f32::NAN;
+        x[40] = f32::NAN;
+        x[101] = f32::NEG_INFINITY;
+        for (k, pads, dil, st, ceil) in [
+            (3, vec![0, 0, 0, 0], vec![1, 1], vec![1, 1], 0),
+            (3, vec![1, 2, 1, 0], vec![1, 1], vec![2, 2], 1),
+            (3, vec![2, 2, 2, 2], vec![2, 2], vec![1, 3], 0),
+            (2, vec![0, 0, 1, 1], vec![1, 1], vec![1, 1], 0),
+            (5, vec![2, 2, 2, 2], vec![1, 1], vec![1, 1], 0),
+            (9, vec![0, 0, 0, 0], vec![1, 1], vec![1, 1], 0),
         ] {
             let op = Op::MaxPool {
                 auto_pad: None,
                 ceil_mode: Some(ceil),
                 dilations: Some(dil),
-                kernel_shape: Some(vec![3, 3]),
+                kernel_shape: Some(vec![k, k]),
                 pads: Some(pads),
                 storage_order: None,
                 strides: Some(st),
