@@ -1,4 +1,5 @@
-//! Conv and ConvTranspose: im2col / col2im around GEMM, parallel over images and groups.
+//! Conv and ConvTranspose: im2col / col2im around GEMM, parallel over images and groups, and
+//! within one image and group among threads when there are fewer of those than threads.
 
 use mmq_ir::Op;
 use rayon::prelude::*;
