@@ -593,8 +593,8 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
         && g.strides.iter().all(|&v| v == 1)
         && g.pad_begin.iter().chain(&g.pad_end).all(|&p| p == 0);
     let flops = s.n * s.m * out_size * kdim;
-    // Fewer images × groups than threads: each one's output columns are split among them (a
-    // batch-1 detector's convolutions would otherwise run on one core).
+    // Fewer images × groups than threads: each one's output is split among them (a batch-1
+    // detector's convolutions would otherwise run on one core).
     let threads = rayon::current_num_threads();
     let split = threads > 1 && s.n * s.group < threads && flops >= SPLIT_MIN_MACS;
     // The output columns computed at a time: bands of whole output rows whose im2col stays in
