@@ -221,14 +221,7 @@ fn im2col<T: Real>(
                 let start = (j0 * sw) as isize + kw_off;
                 if j1 > j0 {
                     let start = start as usize;
-                    if sw == 1 {
-                        seg[j0..j1].copy_from_slice(&xrow[start..start + (j1 - j0)]);
-                    } else {
-                        for (s, &v) in seg[j0..j1].iter_mut().zip(xrow[start..].iter().step_by(sw))
-                        {
-                            *s = v;
-                        }
-                    }
+                    strided_copy(&xrow[start..], sw, &mut seg[j0..j1]);
                 }
             }
         }
