@@ -585,6 +585,8 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
     let pointwise = ksize == 1
         && g.strides.iter().all(|&v| v == 1)
         && g.pad_begin.iter().chain(&g.pad_end).all(|&p| p == 0);
+    // One input channel per group: taps accumulate straight into the output planes.
+    let depthwise = cg == 1 && g.input.len() == 2;
     let flops = s.n * s.m * out_size * kdim;
     // Fewer images × groups than threads: each one's output is split among them (a batch-1
     // detector's convolutions would otherwise run on one core).
@@ -672,8 +674,7 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
         let (img, grp) = (ng / s.group, ng % s.group);
         let xg = &x[(img * s.c + grp * cg) * in_size..(img * s.c + (grp + 1) * cg) * in_size];
         let wg = &w[grp * mg * kdim..(grp + 1) * mg * kdim];
-        if cg == 1 && g.input.len() == 2 {
-            // Depthwise: one input channel per group; taps accumulate straight into the output.
+        if depthwise {
             let plane =
                 |(j, yo): (usize, &mut [T])| depthwise_2d(xg, &wg[j * kdim..(j + 1) * kdim], g, yo);
             if split {
@@ -734,7 +735,6 @@ pub(crate) fn conv_compute<T: Real>(s: &ConvShape, x: &[T], w: &[T], bias: Optio
             *col = Vec::new();
         }
     };
-    let depthwise = cg == 1 && g.input.len() == 2;
     let within = split && (depthwise || by_channels || by_columns);
     if s.n * s.group > 1 && flops >= 1 << 20 && !within {
         y.par_chunks_mut(chunk)

@@ -179,8 +179,8 @@ fn pool_planes<T: Real>(
 fn plane_2d<T: Real>(xp: &[T], yp: &mut [T], g: &Geometry, wins: &[DimWindows], kind: Kind) {
     let w = g.input[1];
     // Max at stride 1 over the outputs whose window lies inside the row (all of the kernel's
-    // columns), a whole row of them per tap: the taps in the same order as below, so the same result
-    // (the first tap, then each later one that is greater).
+    // columns), a whole row of them per tap: the taps in the same order as below, so the same
+    // result (the first tap, then each later one that is greater).
     let full = |ow: usize| wins[1].valid[ow].len() == g.kernel[1];
     let a = (0..g.output[1]).find(|&o| full(o)).unwrap_or(g.output[1]);
     let b = (a..g.output[1]).find(|&o| !full(o)).unwrap_or(g.output[1]);
@@ -413,6 +413,7 @@ mod tests {
             (3, vec![2, 2, 2, 2], vec![2, 2], vec![1, 3], 0),
             (2, vec![0, 0, 1, 1], vec![1, 1], vec![1, 1], 0),
             (5, vec![2, 2, 2, 2], vec![1, 1], vec![1, 1], 0),
+            (3, vec![2, 2, 2, 2], vec![2, 2], vec![1, 1], 0),
             (9, vec![0, 0, 0, 0], vec![1, 1], vec![1, 1], 0),
         ] {
             let op = Op::MaxPool {
