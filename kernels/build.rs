@@ -28,6 +28,7 @@ fn main() {
     println!("cargo::rerun-if-env-changed=MMQ_NVCC");
     println!("cargo::rerun-if-env-changed=CUDA_HOME");
     println!("cargo::rustc-check-cfg=cfg(mmq_host_cuh)");
+    println!("cargo::rustc-check-cfg=cfg(mmq_emu)");
 
     let source = combined_source();
     let cu = out.join("mmq_kernels.cu");
@@ -71,6 +72,59 @@ fn main() {
         Ok(()) => println!("cargo::rustc-cfg=mmq_host_cuh"),
         Err(e) => println!("cargo::warning=kernels/cuda not compiled for the host checks: {e}"),
     }
+    match emulator(&out) {
+        Ok(()) => println!("cargo::rustc-cfg=mmq_emu"),
+        Err(e) => println!("cargo::warning=kernels/cuda not compiled for the CPU emulator: {e}"),
+    }
+}
+
+/// The CPU emulator (`cuda/emu.h`): the combined source compiled as C++ with the emulator's
+/// prelude, a table of its kernels, and the fiber runtime.
+fn emulator(out: &Path) -> Result<(), String> {
+    let build = || {
+        let mut b = cc::Build::new();
+        b.cpp(true)
+            .include("cuda")
+            .include(out)
+            .flag_if_supported("-std=c++17")
+            .flag_if_supported("-fno-fast-math")
+            .flag_if_supported("-ffp-contract=off")
+            .flag_if_supported("-fno-strict-aliasing")
+            .flag_if_supported("-Wno-unknown-pragmas")
+            .warnings(true)
+            .extra_warnings(true)
+            .warnings_into_errors(true)
+            .opt_level(2);
+        b
+    };
+    // The kernels' names, from the preprocessed source (they come out of macros).
+    let expanded = build()
+        .file("cuda/emu_kernels.cpp")
+        .define("MMQ_EMU_SCAN", None)
+        .try_expand()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&expanded);
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut table = String::new();
+    for (i, _) in flat.match_indices("extern \"C\" void ") {
+        let rest = &flat[i + "extern \"C\" void ".len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if name.starts_with("mmq_") && rest[name.len()..].trim_start().starts_with('(') {
+            table.push_str(&format!("MMQ_EMU_KERNEL({name})\n"));
+        }
+    }
+    if table.is_empty() {
+        return Err("no kernels found in the preprocessed source".into());
+    }
+    fs::write(out.join("mmq_emu_kernels.inc"), table).map_err(|e| e.to_string())?;
+    build()
+        .file("cuda/emu_kernels.cpp")
+        .file("cuda/emu.cpp")
+        .try_compile("mmq_emu")
+        .map_err(|e| e.to_string())
 }
 
 /// The units with their local headers inlined once each.

@@ -66,7 +66,7 @@ fn main() {
 /// Quantize / dequantize at 64 and 256 MiB of binary16 input, against a copy of the bytes each
 /// kernel moves (read + written).
 fn bandwidth(dev: &Device) {
-    let s = dev.stream().clone();
+    let s = dev.stream().expect("a GPU").clone();
     println!("| kernel | input | GB/s | copy GB/s | ratio |");
     println!("|---|---|---|---|---|");
     for mib in [64usize, 256] {
@@ -135,10 +135,13 @@ fn report(dev: &Device, name: &str, mib: usize, moved: usize, ms: f64) {
     let half = moved / 2;
     let mut src = dev.zeros::<u8>(half).expect("alloc");
     let mut dst = dev.zeros::<u8>(half).expect("alloc");
-    let s = dev.stream().clone();
+    let s = dev.stream().expect("a GPU").clone();
     let copy_ms = time(&s, || {
-        s.memcpy_dtod(src.slice_mut(), dst.slice_mut())
-            .expect("copy")
+        s.memcpy_dtod(
+            src.slice_mut().expect("a GPU"),
+            dst.slice_mut().expect("a GPU"),
+        )
+        .expect("copy")
     });
     let (g, c) = (gbps(moved, ms), gbps(moved, copy_ms));
     println!(
@@ -157,7 +160,7 @@ fn copies(bytes: usize) -> usize {
 /// INT4 GEMV (block 128, no zero points) against binary16 GEMVs on LLaMA-7B shapes, every run on
 /// weights outside the L2 cache ([`copies`]).
 fn gemv(dev: &mut Device) {
-    let s = dev.stream().clone();
+    let s = dev.stream().expect("a GPU").clone();
     // SAFETY: only tries to load the library.
     let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
         CudaBlas::new(s.clone()).ok()
@@ -238,8 +241,15 @@ fn gemv(dev: &mut Device) {
                     let tb = time(&s, || {
                         let w16 = &w16s[next(w16s.len())];
                         // SAFETY: W is [N, K], A [M, K] and Y [M, N], as the config says.
-                        unsafe { blas.gemm(cfg, w16.slice(), a.slice(), y.slice_mut()) }
-                            .expect("cuBLAS")
+                        unsafe {
+                            blas.gemm(
+                                cfg,
+                                w16.slice().expect("a GPU"),
+                                a.slice().expect("a GPU"),
+                                y.slice_mut().expect("a GPU"),
+                            )
+                        }
+                        .expect("cuBLAS")
                     });
                     format!("{:.1} | {:.2}x", tb * 1e3, tb / t4)
                 }

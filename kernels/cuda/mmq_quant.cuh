@@ -28,6 +28,15 @@ typedef unsigned long long uint64_t;
 #define MMQ_HD inline
 #endif
 
+// Inline PTX: compiled for the device, except under the CPU emulator (`emu.h`, which defines
+// MMQ_EMULATE and __CUDA_ARCH__ so the device paths run on the host). There every `asm` below
+// has a C++ twin: the conversions take the software path, which is what the hardware computes.
+#if defined(__CUDA_ARCH__) && !defined(MMQ_EMULATE)
+#define MMQ_PTX 1
+#else
+#define MMQ_PTX 0
+#endif
+
 // The bits of an f32 and back.
 MMQ_HD uint32_t mmq_f32_bits(float x) {
 #if defined(__CUDA_ARCH__)
@@ -64,7 +73,7 @@ struct mmq_bf16 {
 // binary16 → f32 (exact). On the device this is the hardware conversion (the same value; a
 // NaN's payload may differ, and NaN is only ever tested as NaN).
 MMQ_HD float mmq_f16_to_f32(uint16_t h) {
-#if defined(__CUDA_ARCH__)
+#if MMQ_PTX
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
@@ -86,7 +95,7 @@ MMQ_HD float mmq_f16_to_f32(uint16_t h) {
 // f32 → binary16, round to nearest even; overflow becomes infinity; NaN stays NaN (quiet). On
 // the device, the hardware conversion (`cvt.rn`, the same rounding).
 MMQ_HD uint16_t mmq_f32_to_f16(float x) {
-#if defined(__CUDA_ARCH__)
+#if MMQ_PTX
     uint16_t h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
     return h;
@@ -115,7 +124,7 @@ MMQ_HD float mmq_bf16_to_f32(uint16_t h) { return mmq_bits_f32((uint32_t)h << 16
 
 // f32 → bfloat16, round to nearest even; NaN stays NaN (quiet); on the device, `cvt.rn`.
 MMQ_HD uint16_t mmq_f32_to_bf16(float x) {
-#if defined(__CUDA_ARCH__)
+#if MMQ_PTX
     uint16_t h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
     return h;
@@ -189,19 +198,9 @@ MMQ_HD float mmq_dequantize_int(int32_t q, float scale, int32_t zero) {
 
 // The FP8 E4M3FN code of x (finite only: no infinities, largest finite 448), rounding to
 // nearest even; out-of-range values and infinities saturate to +-448 when `saturate`, else
-// become NaN. Every NaN is 0xff, as in the reference (and ONNX Runtime).
-MMQ_HD uint8_t mmq_encode_e4m3(float x, bool saturate) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    // The hardware conversion rounds the same way and saturates to ±448 (infinities too); NaN
-    // becomes 0x7f there, and a value past the largest code's rounding range (|x| > 464: 464
-    // itself ties to 448) is NaN without `saturate`.
-    if (x != x || (!saturate && fabsf(x) > 464.0f)) {
-        return 0xff;
-    }
-    uint16_t pair;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));
-    return (uint8_t)(pair & 0xffu);
-#else
+// become NaN. Every NaN is 0xff, as in the reference (and ONNX Runtime). The software form: the
+// host's, and the definition the device's conversion is checked against.
+MMQ_HD uint8_t mmq_encode_e4m3_soft(float x, bool saturate) {
     const int bias = 7;
     const int man_bits = 3;
     const int max_code = 0x7e;
@@ -231,17 +230,10 @@ MMQ_HD uint8_t mmq_encode_e4m3(float x, bool saturate) {
         return saturate ? (uint8_t)(max_code | sign) : nan;
     }
     return (uint8_t)((uint8_t)code | sign);
-#endif
 }
 
-// The value of an FP8 E4M3FN code.
-MMQ_HD float mmq_decode_e4m3(uint8_t code) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    // Exact through binary16 (every E4M3 value is a binary16 value; 0x7f and 0xff are NaN).
-    uint32_t pair;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(pair) : "h"((uint16_t)code));
-    return mmq_f16_to_f32((uint16_t)(pair & 0xffffu));
-#else
+// The value of an FP8 E4M3FN code, in software.
+MMQ_HD float mmq_decode_e4m3_soft(uint8_t code) {
     const int bias = 7;
     uint8_t mag = code & 0x7f;
     if (mag == 0x7f) {
@@ -251,6 +243,55 @@ MMQ_HD float mmq_decode_e4m3(uint8_t code) {
     int m = mag & 0x7;
     float v = e == 0 ? ldexpf((float)m, 1 - bias - 3) : ldexpf((float)(8 + m), e - bias - 3);
     return (code & 0x80) ? -v : v;
+}
+
+// `cvt.rn.satfinite.e4m3x2.f32` of (0, x): x's code in the low byte, rounded to nearest even,
+// finite values and infinities beyond ±448 saturated to ±448, NaN as 0x7f.
+MMQ_HD uint16_t mmq_cvt_e4m3x2(float x) {
+#if MMQ_PTX
+    uint16_t pair;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));
+    return pair;
+#else
+    return x != x ? (uint16_t)0x7f : (uint16_t)mmq_encode_e4m3_soft(x, true);
+#endif
+}
+
+// `cvt.rn.f16x2.e4m3x2`: two E4M3 codes as binary16 values (exact; NaN stays NaN).
+MMQ_HD uint32_t mmq_cvt_f16x2_e4m3x2(uint16_t codes) {
+#if MMQ_PTX
+    uint32_t pair;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(pair) : "h"(codes));
+    return pair;
+#else
+    uint32_t lo = mmq_f32_to_f16(mmq_decode_e4m3_soft((uint8_t)(codes & 0xffu)));
+    uint32_t hi = mmq_f32_to_f16(mmq_decode_e4m3_soft((uint8_t)(codes >> 8)));
+    return lo | (hi << 16);
+#endif
+}
+
+// The FP8 E4M3FN code of x, as `mmq_encode_e4m3_soft` defines it.
+MMQ_HD uint8_t mmq_encode_e4m3(float x, bool saturate) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    // The hardware conversion rounds the same way and saturates to ±448 (infinities too); NaN
+    // becomes 0x7f there, and a value past the largest code's rounding range (|x| > 464: 464
+    // itself ties to 448) is NaN without `saturate`.
+    if (x != x || (!saturate && fabsf(x) > 464.0f)) {
+        return 0xff;
+    }
+    return (uint8_t)(mmq_cvt_e4m3x2(x) & 0xffu);
+#else
+    return mmq_encode_e4m3_soft(x, saturate);
+#endif
+}
+
+// The value of an FP8 E4M3FN code.
+MMQ_HD float mmq_decode_e4m3(uint8_t code) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    // Exact through binary16 (every E4M3 value is a binary16 value; 0x7f and 0xff are NaN).
+    return mmq_f16_to_f32((uint16_t)(mmq_cvt_f16x2_e4m3x2((uint16_t)code) & 0xffffu));
+#else
+    return mmq_decode_e4m3_soft(code);
 #endif
 }
 

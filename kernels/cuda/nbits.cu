@@ -12,11 +12,15 @@
 
 // 16 bytes of B, streamed: read once, so kept out of L1 (which holds A for the whole block).
 __device__ __forceinline__ uint4 mmq_ld_stream(const uint8_t* p) {
+#if !defined(MMQ_EMULATE)
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
+#else
+    return __ldg(reinterpret_cast<const uint4*>(p));
+#endif
 }
 
 // One lane's step: 32 K from k0 of column n, for every row of A.
@@ -114,6 +118,27 @@ __device__ void mmq_nbits_gemv_impl(const mmq_f16* a, const uint8_t* b, const mm
 // its sum is scaled once, in f32.
 #define MMQ_TC_WARPS 8
 
+// a - b and a · b + c on binary16 pairs, each rounded once to nearest even.
+__device__ __forceinline__ uint32_t mmq_sub_f16x2(uint32_t a, uint32_t b) {
+#if defined(MMQ_EMULATE)
+    return mmq_emu_sub_f16x2(a, b);
+#else
+    uint32_t d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+#endif
+}
+
+__device__ __forceinline__ uint32_t mmq_fma_f16x2(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(MMQ_EMULATE)
+    return mmq_emu_fma_f16x2(a, b, c);
+#else
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#endif
+}
+
 // Binary16 pairs of 8 codes minus zero point z: (c0 - z, c4 - z), (c1 - z, c5 - z), ...
 __device__ __forceinline__ void mmq_tc_codes(uint32_t w, uint32_t z1024, uint32_t z64,
                                              uint32_t d[4]) {
@@ -124,10 +149,10 @@ __device__ __forceinline__ void mmq_tc_codes(uint32_t w, uint32_t z1024, uint32_
     uint32_t w2 = w >> 8;
     uint32_t p2 = (w2 & lo) | magic;
     uint32_t p3 = (w2 & hi) | magic;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d[0]) : "r"(p0), "r"(z1024));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d[1]) : "r"(p1), "r"(sixteenth), "r"(z64));
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d[2]) : "r"(p2), "r"(z1024));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d[3]) : "r"(p3), "r"(sixteenth), "r"(z64));
+    d[0] = mmq_sub_f16x2(p0, z1024);
+    d[1] = mmq_fma_f16x2(p1, sixteenth, z64);
+    d[2] = mmq_sub_f16x2(p2, z1024);
+    d[3] = mmq_fma_f16x2(p3, sixteenth, z64);
 }
 
 // (1024 + z, 1024 + z) and (-64 - z, -64 - z) in binary16 for zero point z (0..15).
@@ -140,7 +165,9 @@ __device__ __forceinline__ void mmq_tc_zero(float z, uint32_t* z1024, uint32_t* 
 
 __device__ __forceinline__ void mmq_mma(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-#if __CUDA_ARCH__ >= 800
+#if defined(MMQ_EMULATE)
+    mmq_emu_mma_m16n8k16(c, a0, a1, a2, a3, b0, b1);
+#elif __CUDA_ARCH__ >= 800
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%0, %1, %2, %3};"

@@ -8,12 +8,21 @@
 //! come from the fatbin built by nvcc (SASS for sm_80, sm_89, sm_90 and compute_90 PTX) when the
 //! build had nvcc, else (or when the fatbin has no code the device can run) NVRTC compiles the
 //! embedded [`SOURCE`] for the device.
+//!
+//! [`Device::emulated`] runs the same kernels, through the same launchers, on the CPU: the source
+//! compiled for the host with `kernels/cuda/emu.h`, every CUDA thread a fiber, the warp collectives
+//! and `mma` exchanged between them as the hardware does. It is slow and exists to check the
+//! kernels where there is no GPU: their results, their loads (aligned, inside the buffers), their
+//! barriers (no deadlock) and their writes (no byte past a buffer's ends).
 
+use std::alloc::Layout;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    DeviceRepr, DriverError, LaunchConfig, PushKernelArg, ValidAsZeroBits, sys,
+    CudaContext, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
+    DriverError, LaunchConfig, PushKernelArg, SyncOnDrop, ValidAsZeroBits, sys,
 };
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use half::{bf16, f16};
@@ -57,6 +66,15 @@ pub enum CudaError {
     /// Arguments that do not fit together (lengths, shapes, formats).
     #[error("{0}")]
     Invalid(String),
+    /// The CPU emulator is not in this build (it had no C++ compiler).
+    #[error(
+        "no CPU emulator: kernels/cuda was not compiled for the host (no C++ compiler at build time)"
+    )]
+    NoEmulator,
+    /// A kernel under the CPU emulator did what the hardware faults or hangs on: a misaligned load,
+    /// a load outside its buffers, a write past a buffer's end, a deadlock at a barrier.
+    #[error("kernel {kernel} under the CPU emulator: {message}")]
+    Emulated { kernel: String, message: String },
 }
 
 fn driver(call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
@@ -89,13 +107,13 @@ pub enum CodeSource {
     Fatbin,
     /// NVRTC, compiling [`SOURCE`] for this architecture at load time.
     Nvrtc(String),
+    /// The CPU emulator ([`Device::emulated`]).
+    Emulated,
 }
 
-/// One GPU with mmq's kernels loaded, and a stream every call is queued on.
+/// One GPU with mmq's kernels loaded, and a stream every call is queued on; or the CPU emulator.
 pub struct Device {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
+    backend: Backend,
     name: String,
     capability: (i32, i32),
     sm_count: u32,
@@ -103,30 +121,148 @@ pub struct Device {
     tensor_cores: bool,
 }
 
-/// A typed device buffer.
+enum Backend {
+    Cuda {
+        ctx: Arc<CudaContext>,
+        stream: Arc<CudaStream>,
+        module: Arc<CudaModule>,
+    },
+    Emulated,
+}
+
+/// A typed device buffer (host memory on the emulator).
 pub struct Buffer<T> {
-    slice: CudaSlice<T>,
+    store: Store<T>,
+}
+
+enum Store<T> {
+    Cuda(CudaSlice<T>),
+    Host(HostMem<T>),
 }
 
 impl<T> Buffer<T> {
     /// The number of elements.
     pub fn len(&self) -> usize {
-        self.slice.len()
+        match &self.store {
+            Store::Cuda(s) => s.len(),
+            Store::Host(h) => h.len,
+        }
     }
 
     /// Whether the buffer holds no elements.
     pub fn is_empty(&self) -> bool {
-        self.slice.len() == 0
+        self.len() == 0
     }
 
-    /// The cudarc slice, for calls this API does not wrap (cuBLAS, copies).
-    pub fn slice(&self) -> &CudaSlice<T> {
-        &self.slice
+    /// The cudarc slice, for calls this API does not wrap (cuBLAS, copies); `None` on the
+    /// emulator.
+    pub fn slice(&self) -> Option<&CudaSlice<T>> {
+        match &self.store {
+            Store::Cuda(s) => Some(s),
+            Store::Host(_) => None,
+        }
     }
 
-    /// The cudarc slice, mutable.
-    pub fn slice_mut(&mut self) -> &mut CudaSlice<T> {
-        &mut self.slice
+    /// The cudarc slice, mutable; `None` on the emulator.
+    pub fn slice_mut(&mut self) -> Option<&mut CudaSlice<T>> {
+        match &mut self.store {
+            Store::Cuda(s) => Some(s),
+            Store::Host(_) => None,
+        }
+    }
+}
+
+/// Bytes of guard before and after an emulated buffer (also its alignment, as `cudaMalloc`'s).
+const GUARD: usize = 256;
+/// What the guards hold; a launch that changes one wrote outside its buffer.
+const GUARD_BYTE: u8 = 0xa5;
+
+/// An emulated device buffer: `len` elements between two guard zones.
+struct HostMem<T> {
+    base: NonNull<u8>,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: the memory is owned, like a `Vec<T>`'s.
+unsafe impl<T: Send> Send for HostMem<T> {}
+// SAFETY: shared access only reads.
+unsafe impl<T: Sync> Sync for HostMem<T> {}
+
+impl<T> HostMem<T> {
+    fn bytes(&self) -> usize {
+        self.len * size_of::<T>()
+    }
+
+    fn layout(bytes: usize) -> Layout {
+        Layout::from_size_align(bytes + 2 * GUARD, GUARD).expect("a buffer size fits a layout")
+    }
+
+    /// `len` elements copied from `init` (`len · size_of::<T>()` bytes), or zeroed.
+    fn new(len: usize, init: Option<&[T]>) -> Result<Self, CudaError> {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .filter(|b| *b <= isize::MAX as usize - 2 * GUARD)
+            .ok_or_else(|| {
+                CudaError::Invalid(format!("a buffer of {len} elements is too large"))
+            })?;
+        // SAFETY: the layout's size is at least 2 · GUARD.
+        let raw = unsafe { std::alloc::alloc(Self::layout(bytes)) };
+        let base = NonNull::new(raw)
+            .ok_or_else(|| CudaError::Invalid(format!("cannot allocate {bytes} bytes")))?;
+        // SAFETY: the allocation holds GUARD + bytes + GUARD bytes; `init` holds `bytes` bytes.
+        unsafe {
+            let data = raw.add(GUARD);
+            raw.write_bytes(GUARD_BYTE, GUARD);
+            match init {
+                Some(src) => data.copy_from_nonoverlapping(src.as_ptr().cast::<u8>(), bytes),
+                None => data.write_bytes(0, bytes),
+            }
+            data.add(bytes).write_bytes(GUARD_BYTE, GUARD);
+        }
+        Ok(HostMem {
+            base,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    fn data(&self) -> *mut u8 {
+        // SAFETY: inside the allocation.
+        unsafe { self.base.as_ptr().add(GUARD) }
+    }
+
+    fn to_vec(&self) -> Vec<T>
+    where
+        T: Clone,
+    {
+        // SAFETY: `len` initialized elements of T (uploaded, zeroed (`ValidAsZeroBits`) or written
+        // by kernels in T's layout) at an alignment of GUARD.
+        unsafe { std::slice::from_raw_parts(self.data().cast::<T>(), self.len) }.to_vec()
+    }
+}
+
+/// Whether the guard zones on either side of an emulated buffer still hold [`GUARD_BYTE`].
+///
+/// # Safety
+///
+/// `data` and `bytes` must be a live [`HostMem`]'s data pointer and size.
+#[cfg(mmq_emu)]
+unsafe fn guards_intact(data: *const u8, bytes: usize) -> bool {
+    // SAFETY: both zones lie inside the allocation (the caller's contract).
+    let (head, tail) = unsafe {
+        (
+            std::slice::from_raw_parts(data.sub(GUARD), GUARD),
+            std::slice::from_raw_parts(data.add(bytes), GUARD),
+        )
+    };
+    head.iter().chain(tail).all(|&b| b == GUARD_BYTE)
+}
+
+impl<T> Drop for HostMem<T> {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.base.as_ptr(), Self::layout(self.bytes())) }
     }
 }
 
@@ -496,6 +632,110 @@ fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
     }
 }
 
+/// One kernel argument, by value.
+enum Arg {
+    Ptr(u64),
+    I64(i64),
+    I32(i32),
+    Map(RawScaleMap),
+}
+
+/// A launch's arguments in the kernel's order, with what keeps them valid: cudarc's stream
+/// bookkeeping for device buffers; for emulated ones, their extents (loads are checked against
+/// them) and the buffers whose guards are checked after the launch.
+struct Args<'a> {
+    stream: Option<&'a Arc<CudaStream>>,
+    vals: Vec<Arg>,
+    syncs: Vec<SyncOnDrop<'a>>,
+    /// (argument index, data, bytes) of every emulated buffer argument.
+    host: Vec<(usize, *const u8, usize)>,
+}
+
+impl<'a> Args<'a> {
+    fn host_arg<T>(&mut self, h: &HostMem<T>) {
+        self.host.push((self.vals.len(), h.data(), h.bytes()));
+        self.vals.push(Arg::Ptr(h.data() as u64));
+    }
+
+    /// A buffer the kernel reads.
+    fn buf<T>(&mut self, b: &'a Buffer<T>) -> &mut Self {
+        match (&b.store, self.stream) {
+            (Store::Cuda(s), Some(stream)) => {
+                let (p, sync) = s.device_ptr(stream);
+                self.syncs.push(sync);
+                self.vals.push(Arg::Ptr(p));
+            }
+            (Store::Host(h), _) => self.host_arg(h),
+            (Store::Cuda(_), None) => unreachable!("a device buffer on the emulator"),
+        }
+        self
+    }
+
+    /// A buffer the kernel writes.
+    fn buf_mut<T>(&mut self, b: &'a mut Buffer<T>) -> &mut Self {
+        match (&mut b.store, self.stream) {
+            (Store::Cuda(s), Some(stream)) => {
+                let (p, sync) = s.device_ptr_mut(stream);
+                self.syncs.push(sync);
+                self.vals.push(Arg::Ptr(p));
+            }
+            (Store::Host(h), _) => self.host_arg(h),
+            (Store::Cuda(_), None) => unreachable!("a device buffer on the emulator"),
+        }
+        self
+    }
+
+    /// An optional buffer the kernel reads (a null pointer for `None`).
+    fn opt<T>(&mut self, b: Option<&'a Buffer<T>>) -> &mut Self {
+        match b {
+            Some(b) => self.buf(b),
+            None => {
+                self.vals.push(Arg::Ptr(0));
+                self
+            }
+        }
+    }
+
+    fn i64(&mut self, v: usize) -> &mut Self {
+        self.vals.push(Arg::I64(v as i64));
+        self
+    }
+
+    fn i32(&mut self, v: bool) -> &mut Self {
+        self.vals.push(Arg::I32(i32::from(v)));
+        self
+    }
+
+    fn map(&mut self, m: RawScaleMap) -> &mut Self {
+        self.vals.push(Arg::Map(m));
+        self
+    }
+}
+
+#[cfg(mmq_emu)]
+mod emu {
+    use std::ffi::{c_char, c_void};
+
+    #[repr(C)]
+    pub struct Range {
+        pub base: usize,
+        pub bytes: usize,
+    }
+
+    unsafe extern "C" {
+        pub fn mmq_emu_launch(
+            name: *const c_char,
+            grid: *const u32,
+            block: *const u32,
+            args: *const *mut c_void,
+            ranges: *const Range,
+            range_count: usize,
+            err: *mut c_char,
+            err_len: usize,
+        ) -> i32;
+    }
+}
+
 impl Device {
     /// Opens GPU `ordinal` and loads the kernels.
     pub fn new(ordinal: usize) -> Result<Self, CudaError> {
@@ -528,14 +768,32 @@ impl Device {
             }
         };
         Ok(Device {
-            ctx,
-            stream,
-            module,
+            backend: Backend::Cuda {
+                ctx,
+                stream,
+                module,
+            },
             name,
             capability,
             sm_count,
             code,
             tensor_cores: capability.0 >= 8,
+        })
+    }
+
+    /// The CPU emulator: the kernels compiled for the host, each CUDA thread a fiber (see the
+    /// module's documentation). It reports sm_90 with tensor cores and 2 SMs (grids stay small).
+    pub fn emulated() -> Result<Self, CudaError> {
+        if !cfg!(mmq_emu) {
+            return Err(CudaError::NoEmulator);
+        }
+        Ok(Device {
+            backend: Backend::Emulated,
+            name: "CPU emulator".into(),
+            capability: (9, 0),
+            sm_count: 2,
+            code: CodeSource::Emulated,
+            tensor_cores: true,
         })
     }
 
@@ -565,20 +823,31 @@ impl Device {
         &self.code
     }
 
-    /// The stream every call is queued on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+    /// The stream every call is queued on; `None` on the emulator.
+    pub fn stream(&self) -> Option<&Arc<CudaStream>> {
+        match &self.backend {
+            Backend::Cuda { stream, .. } => Some(stream),
+            Backend::Emulated => None,
+        }
     }
 
-    /// The context.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+    /// The context; `None` on the emulator.
+    pub fn context(&self) -> Option<&Arc<CudaContext>> {
+        match &self.backend {
+            Backend::Cuda { ctx, .. } => Some(ctx),
+            Backend::Emulated => None,
+        }
     }
 
     /// A copy of `host` on the device.
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<Buffer<T>, CudaError> {
-        let slice = self.stream.clone_htod(host).map_err(driver("upload"))?;
-        Ok(Buffer { slice })
+        let store = match &self.backend {
+            Backend::Cuda { stream, .. } => {
+                Store::Cuda(stream.clone_htod(host).map_err(driver("upload"))?)
+            }
+            Backend::Emulated => Store::Host(HostMem::new(host.len(), Some(host))?),
+        };
+        Ok(Buffer { store })
     }
 
     /// `len` (at least 1) zeroed elements.
@@ -589,8 +858,13 @@ impl Device {
         if len == 0 {
             return invalid("a device buffer needs at least one element");
         }
-        let slice = self.stream.alloc_zeros(len).map_err(driver("allocation"))?;
-        Ok(Buffer { slice })
+        let store = match &self.backend {
+            Backend::Cuda { stream, .. } => {
+                Store::Cuda(stream.alloc_zeros(len).map_err(driver("allocation"))?)
+            }
+            Backend::Emulated => Store::Host(HostMem::new(len, None)?),
+        };
+        Ok(Buffer { store })
     }
 
     /// The buffer's contents, after everything queued so far.
@@ -598,34 +872,143 @@ impl Device {
         &self,
         buf: &Buffer<T>,
     ) -> Result<Vec<T>, CudaError> {
-        let v = self
-            .stream
-            .clone_dtoh(&buf.slice)
-            .map_err(driver("download"))?;
-        self.synchronize()?;
-        Ok(v)
+        match (&self.backend, &buf.store) {
+            (Backend::Cuda { stream, .. }, Store::Cuda(slice)) => {
+                let v = stream.clone_dtoh(slice).map_err(driver("download"))?;
+                self.synchronize()?;
+                Ok(v)
+            }
+            (Backend::Emulated, Store::Host(h)) => Ok(h.to_vec()),
+            _ => invalid("a buffer of another device"),
+        }
     }
 
     /// Waits for everything queued.
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        self.stream.synchronize().map_err(driver("synchronize"))
-    }
-
-    fn function(&self, name: &str) -> Result<CudaFunction, CudaError> {
-        self.module
-            .load_function(name)
-            .map_err(driver("kernel lookup"))
-    }
-
-    /// A raw device pointer (0 for `None`); the guard must live until the launch is queued.
-    fn ptr<'a, T>(&'a self, b: Option<&'a Buffer<T>>) -> (u64, Option<impl Drop + 'a>) {
-        match b {
-            Some(b) => {
-                let (p, g) = b.slice.device_ptr(&self.stream);
-                (p, Some(g))
-            }
-            None => (0, None),
+        match &self.backend {
+            Backend::Cuda { stream, .. } => stream.synchronize().map_err(driver("synchronize")),
+            Backend::Emulated => Ok(()),
         }
+    }
+
+    /// An empty argument list for a launch on this device.
+    fn args(&self) -> Args<'_> {
+        Args {
+            stream: self.stream(),
+            vals: Vec::new(),
+            syncs: Vec::new(),
+            host: Vec::new(),
+        }
+    }
+
+    /// Launches kernel `name`; `what` names the call in errors.
+    ///
+    /// # Safety
+    ///
+    /// `args` must match the kernel's parameters in number, order and type, and every buffer
+    /// must hold what the kernel reads and writes under `launch`.
+    unsafe fn launch(
+        &self,
+        name: &str,
+        launch: LaunchConfig,
+        args: Args<'_>,
+        what: &'static str,
+    ) -> Result<(), CudaError> {
+        match &self.backend {
+            Backend::Cuda { stream, module, .. } => {
+                let f = module
+                    .load_function(name)
+                    .map_err(driver("kernel lookup"))?;
+                let mut b = stream.launch_builder(&f);
+                for v in &args.vals {
+                    match v {
+                        Arg::Ptr(p) => b.arg(p),
+                        Arg::I64(x) => b.arg(x),
+                        Arg::I32(x) => b.arg(x),
+                        Arg::Map(m) => b.arg(m),
+                    };
+                }
+                // SAFETY: the caller's contract.
+                unsafe { b.launch(launch) }.map_err(driver(what))?;
+                drop(args.syncs);
+                Ok(())
+            }
+            Backend::Emulated => self.launch_emulated(name, launch, args),
+        }
+    }
+
+    #[cfg(mmq_emu)]
+    fn launch_emulated(
+        &self,
+        name: &str,
+        launch: LaunchConfig,
+        mut args: Args<'_>,
+    ) -> Result<(), CudaError> {
+        use std::ffi::{CStr, CString, c_void};
+        let ptrs: Vec<*mut c_void> = args
+            .vals
+            .iter_mut()
+            .map(|v| match v {
+                Arg::Ptr(p) => (p as *mut u64).cast(),
+                Arg::I64(x) => (x as *mut i64).cast(),
+                Arg::I32(x) => (x as *mut i32).cast(),
+                Arg::Map(m) => (m as *mut RawScaleMap).cast(),
+            })
+            .collect();
+        let ranges: Vec<emu::Range> = args
+            .host
+            .iter()
+            .map(|&(_, base, bytes)| emu::Range {
+                base: base as usize,
+                bytes,
+            })
+            .collect();
+        let (g, b) = (launch.grid_dim, launch.block_dim);
+        let c_name = CString::new(name).map_err(|_| CudaError::Invalid(name.into()))?;
+        let mut err = vec![0u8; 512];
+        // SAFETY: the arguments point at values of the kernel's parameter types (the caller's
+        // contract, as for a device), the ranges at live buffers, `err` holds its length.
+        let rc = unsafe {
+            emu::mmq_emu_launch(
+                c_name.as_ptr(),
+                [g.0, g.1, g.2].as_ptr(),
+                [b.0, b.1, b.2].as_ptr(),
+                ptrs.as_ptr(),
+                ranges.as_ptr(),
+                ranges.len(),
+                err.as_mut_ptr().cast(),
+                err.len(),
+            )
+        };
+        let emulated = |message: String| CudaError::Emulated {
+            kernel: name.into(),
+            message,
+        };
+        if rc != 0 {
+            let msg = CStr::from_bytes_until_nul(&err)
+                .map(|m| m.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            return Err(emulated(msg));
+        }
+        for &(i, data, bytes) in &args.host {
+            // SAFETY: a buffer borrowed by `args`, so alive.
+            if !unsafe { guards_intact(data, bytes) } {
+                return Err(emulated(format!(
+                    "wrote outside buffer argument {i} ({bytes} bytes)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(not(mmq_emu))]
+    fn launch_emulated(
+        &self,
+        _name: &str,
+        _launch: LaunchConfig,
+        _args: Args<'_>,
+    ) -> Result<(), CudaError> {
+        Err(CudaError::NoEmulator)
     }
 
     /// Quantizes `x` (`n = x.len()` elements) into `out` (`format.bytes(n)` bytes).
@@ -644,23 +1027,26 @@ impl Device {
             q.zeros.map(Buffer::len),
             out.len(),
         )?;
-        let f = self.function(&quantize_kernel(T::NAME, q.format))?;
-        let (zp, _zg) = self.ptr(q.zeros);
-        let (n64, sat, vec) = (n as i64, i32::from(q.saturate), 1i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&x.slice)
-            .arg(&n64)
-            .arg(&q.scales.slice)
-            .arg(&zp)
-            .arg(&map)
-            .arg(&sat)
-            .arg(&vec)
-            .arg(&mut out.slice);
+        let mut a = self.args();
+        a.buf(x)
+            .i64(n)
+            .buf(q.scales)
+            .opt(q.zeros)
+            .map(map)
+            .i32(q.saturate)
+            .i32(true)
+            .buf_mut(out);
+        let launch = cfg(grid(n.div_ceil(8), 256, self.cap()), 256);
         // SAFETY: the argument list matches `mmq_quantize_*` in quantize.cu, and `quant_plan`
         // checked every buffer's length against what the kernel reads and writes.
-        unsafe { b.launch(cfg(grid(n.div_ceil(8), 256, self.cap()), 256)) }
-            .map_err(driver("quantize launch"))?;
-        Ok(())
+        unsafe {
+            self.launch(
+                &quantize_kernel(T::NAME, q.format),
+                launch,
+                a,
+                "quantize launch",
+            )
+        }
     }
 
     /// Dequantizes `n` codes into `y` (`n` values).
@@ -679,21 +1065,24 @@ impl Device {
             q.zeros.map(Buffer::len),
             codes.len(),
         )?;
-        let f = self.function(&dequantize_kernel(q.format, T::NAME))?;
-        let (zp, _zg) = self.ptr(q.zeros);
-        let (n64, vec) = (n as i64, 1i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&codes.slice)
-            .arg(&n64)
-            .arg(&q.scales.slice)
-            .arg(&zp)
-            .arg(&map)
-            .arg(&vec)
-            .arg(&mut y.slice);
+        let mut a = self.args();
+        a.buf(codes)
+            .i64(n)
+            .buf(q.scales)
+            .opt(q.zeros)
+            .map(map)
+            .i32(true)
+            .buf_mut(y);
+        let launch = cfg(grid(n.div_ceil(8), 256, self.cap()), 256);
         // SAFETY: as in `quantize`, for `mmq_dequantize_*`.
-        unsafe { b.launch(cfg(grid(n.div_ceil(8), 256, self.cap()), 256)) }
-            .map_err(driver("dequantize launch"))?;
-        Ok(())
+        unsafe {
+            self.launch(
+                &dequantize_kernel(q.format, T::NAME),
+                launch,
+                a,
+                "dequantize launch",
+            )
+        }
     }
 
     /// Quantizes rows of `row_len` in groups of `group` (per token: `group == row_len`), each
@@ -720,49 +1109,30 @@ impl Device {
             scales.len(),
             zeros.as_ref().map(|z| z.len()),
         )?;
-        let f = self.function(&dynamic_kernel(
-            T::NAME,
-            format,
-            matches!(scales, GroupScales::F16(_)),
-        ))?;
-        let rows = (x.len() / row_len) as i64;
-        let (row64, group64) = (row_len as i64, group as i64);
-        let sym = i32::from(symmetric);
-        let vec = i32::from(row_len.is_multiple_of(8) && group.is_multiple_of(8));
-        let (sp, _sg) = match scales {
-            GroupScales::F32(s) => {
-                let (p, g) = s.slice.device_ptr_mut(&self.stream);
-                (p, g)
-            }
-            GroupScales::F16(s) => {
-                let (p, g) = s.slice.device_ptr_mut(&self.stream);
-                (p, g)
-            }
+        let name = dynamic_kernel(T::NAME, format, matches!(scales, GroupScales::F16(_)));
+        let vec = row_len.is_multiple_of(8) && group.is_multiple_of(8);
+        let mut a = self.args();
+        a.buf(x)
+            .i64(x.len() / row_len)
+            .i64(row_len)
+            .i64(group)
+            .i32(symmetric)
+            .i32(vec)
+            .buf_mut(out);
+        match scales {
+            GroupScales::F32(s) => a.buf_mut(s),
+            GroupScales::F16(s) => a.buf_mut(s),
         };
-        let (zp, _zg) = match zeros {
-            Some(z) => {
-                let (p, g) = z.slice.device_ptr_mut(&self.stream);
-                (p, Some(g))
-            }
-            None => (0, None),
+        match zeros {
+            Some(z) => a.buf_mut(z),
+            None => a.opt::<u8>(None),
         };
         // Enough threads to hold a group in registers (two chunks of 8 each, `MMQ_HELD`).
         let threads = group.div_ceil(16).next_power_of_two().clamp(32, 512) as u32;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&x.slice)
-            .arg(&rows)
-            .arg(&row64)
-            .arg(&group64)
-            .arg(&sym)
-            .arg(&vec)
-            .arg(&mut out.slice)
-            .arg(&sp)
-            .arg(&zp);
+        let launch = cfg(grid(groups, 1, 1 << 20), threads);
         // SAFETY: the argument list matches `mmq_quantize_dynamic_*`; `dynamic_plan` checked the
         // lengths of the codes, scales and zero points against the groups the kernel writes.
-        unsafe { b.launch(cfg(grid(groups, 1, 1 << 20), threads)) }
-            .map_err(driver("dynamic quantize launch"))?;
-        Ok(())
+        unsafe { self.launch(&name, launch, a, "dynamic quantize launch") }
     }
 
     /// Image features `[tokens, dim]` into the image cache's layout: symmetric INT4 in groups of
@@ -811,9 +1181,13 @@ impl Device {
             bias.map(Buffer::len),
             y.len(),
         )?;
-        let (zp, _zg) = self.ptr(w.zeros);
-        let (bp, _bg) = self.ptr(bias);
-        let (n64, k64, blk64, m64) = (w.n as i64, w.k as i64, w.block as i64, m as i64);
+        let mut args = self.args();
+        args.buf(a)
+            .buf(w.b)
+            .buf(w.scales)
+            .opt(w.zeros)
+            .opt(bias)
+            .buf_mut(y);
         if m <= 8 {
             // Tensor cores: a block of 8 warps per 16 columns, whose steps of 128 K must lie in
             // one quantization block; else CUDA cores, a warp per column.
@@ -822,42 +1196,20 @@ impl Device {
             } else {
                 ("mmq_nbits_gemv", cfg(grid(w.n, 4, 1 << 20), 128))
             };
-            let f = self.function(&format!("{name}_m{m}"))?;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&a.slice)
-                .arg(&w.b.slice)
-                .arg(&w.scales.slice)
-                .arg(&zp)
-                .arg(&bp)
-                .arg(&mut y.slice)
-                .arg(&n64)
-                .arg(&k64)
-                .arg(&blk64);
+            args.i64(w.n).i64(w.k).i64(w.block);
             // SAFETY: matches `mmq_nbits_gemv_m*` and `mmq_nbits_gemv_tc_m*`; `nbits_plan`
             // checked every length.
-            unsafe { b.launch(launch) }.map_err(driver("INT4 GEMV launch"))?;
+            unsafe { self.launch(&format!("{name}_m{m}"), launch, args, "INT4 GEMV launch") }
         } else {
-            let f = self.function("mmq_nbits_gemm")?;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&a.slice)
-                .arg(&w.b.slice)
-                .arg(&w.scales.slice)
-                .arg(&zp)
-                .arg(&bp)
-                .arg(&mut y.slice)
-                .arg(&m64)
-                .arg(&n64)
-                .arg(&k64)
-                .arg(&blk64);
+            args.i64(m).i64(w.n).i64(w.k).i64(w.block);
             let launch = LaunchConfig {
                 grid_dim: (w.n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: matches `mmq_nbits_gemm`; `nbits_plan` checked every length.
-            unsafe { b.launch(launch) }.map_err(driver("INT4 GEMM launch"))?;
+            unsafe { self.launch("mmq_nbits_gemm", launch, args, "INT4 GEMM launch") }
         }
-        Ok(())
     }
 
     /// The dense binary16 GEMV `y[m, n] = a[m, k] · w[n, k]ᵀ` for m ∈ {1, 4, 8} (the baseline of
@@ -885,17 +1237,18 @@ impl Device {
                 m * n
             ));
         }
-        let f = self.function(&format!("mmq_dense_gemv_m{m}"))?;
-        let (n64, k64) = (n as i64, k as i64);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&a.slice)
-            .arg(&w.slice)
-            .arg(&mut y.slice)
-            .arg(&n64)
-            .arg(&k64);
+        let mut args = self.args();
+        args.buf(a).buf(w).buf_mut(y).i64(n).i64(k);
+        let launch = cfg(grid(n, 4, 1 << 20), 128);
         // SAFETY: matches `mmq_dense_gemv_m*`; the shapes were checked above.
-        unsafe { b.launch(cfg(grid(n, 4, 1 << 20), 128)) }.map_err(driver("dense GEMV launch"))?;
-        Ok(())
+        unsafe {
+            self.launch(
+                &format!("mmq_dense_gemv_m{m}"),
+                launch,
+                args,
+                "dense GEMV launch",
+            )
+        }
     }
 
     /// Appends one step (`[bh, head_dim]`) at token position `pos` (see
@@ -921,25 +1274,18 @@ impl Device {
                 cache.max_blocks * per_block
             ));
         }
-        let f = self.function(&format!("mmq_kv_append_{}", T::NAME))?;
-        let (bh, hd, mb, p) = (
-            cache.bh as i64,
-            cache.head_dim as i64,
-            cache.max_blocks as i64,
-            pos as i64,
-        );
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&step.slice)
-            .arg(&bh)
-            .arg(&hd)
-            .arg(&mb)
-            .arg(&p)
-            .arg(&mut cache.codes.slice)
-            .arg(&mut cache.scales.slice);
+        let launch = cfg(grid(cache.bh, 1, 1 << 20), 128);
+        let mut a = self.args();
+        a.buf(step)
+            .i64(cache.bh)
+            .i64(cache.head_dim)
+            .i64(cache.max_blocks)
+            .i64(pos)
+            .buf_mut(&mut cache.codes)
+            .buf_mut(&mut cache.scales);
+        let name = format!("mmq_kv_append_{}", T::NAME);
         // SAFETY: matches `mmq_kv_append_*`; the step, position and cache geometry were checked.
-        unsafe { b.launch(cfg(grid(cache.bh, 1, 1 << 20), 128)) }
-            .map_err(driver("KV append launch"))?;
-        Ok(())
+        unsafe { self.launch(&name, launch, a, "KV append launch") }
     }
 
     /// Grid cap for grid-stride kernels: enough blocks to fill every SM several times.
@@ -969,4 +1315,142 @@ pub fn fatbin_entries(bytes: &[u8]) -> Option<Vec<(u16, u32)>> {
         off = off.checked_add(entry_header)?.checked_add(payload)?;
     }
     Some(out)
+}
+
+/// What the emulator catches that results alone would not show, each provoked through a real
+/// kernel launched with arguments its launcher would refuse.
+#[cfg(all(test, mmq_emu))]
+mod emulator_checks {
+    use super::*;
+
+    fn per_tensor() -> RawScaleMap {
+        RawScaleMap {
+            chunk_uniform: 1,
+            fast: 1,
+            ..Default::default()
+        }
+    }
+
+    /// `mmq_quantize_f32_i8` over `n` elements of `x` into `out`, one block of 32 threads.
+    fn quantize(dev: &Device, x: Args<'_>, out: &mut Buffer<u8>, n: usize) -> CudaError {
+        let scales = dev.upload(&[0.5f32]).unwrap();
+        let mut a = x;
+        a.i64(n)
+            .buf(&scales)
+            .opt::<u8>(None)
+            .map(per_tensor())
+            .i32(true)
+            .i32(true)
+            .buf_mut(out);
+        // SAFETY: the kernel's parameter list; the lengths are wrong on purpose, and the
+        // emulator's buffers are guarded.
+        unsafe { dev.launch("mmq_quantize_f32_i8", cfg(1, 32), a, "test") }.unwrap_err()
+    }
+
+    #[test]
+    fn a_load_past_its_buffer_is_an_error() {
+        let dev = Device::emulated().unwrap();
+        let x = dev.upload(&[1.0f32; 16]).unwrap();
+        let mut out = dev.zeros::<u8>(64).unwrap();
+        let mut a = dev.args();
+        a.buf(&x);
+        let e = quantize(&dev, a, &mut out, 64).to_string();
+        assert!(
+            e.contains("mmq_quantize_f32_i8") && e.contains("outside every buffer"),
+            "{e}"
+        );
+        assert!(e.contains("block (0, 0, 0) thread (2, 0, 0)"), "{e}");
+    }
+
+    #[test]
+    fn a_write_past_its_buffer_is_an_error() {
+        let dev = Device::emulated().unwrap();
+        let x = dev.upload(&[1.0f32; 64]).unwrap();
+        let mut out = dev.zeros::<u8>(40).unwrap();
+        let mut a = dev.args();
+        a.buf(&x);
+        let e = quantize(&dev, a, &mut out, 64).to_string();
+        assert!(
+            e.contains("wrote outside buffer argument 7 (40 bytes)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_misaligned_vector_load_is_an_error() {
+        let dev = Device::emulated().unwrap();
+        let x = dev.upload(&[1.0f32; 40]).unwrap();
+        let mut out = dev.zeros::<u8>(32).unwrap();
+        let mut a = dev.args();
+        a.buf(&x);
+        // The same buffer, one element in: its 128-bit loads are misaligned.
+        let Arg::Ptr(p) = &mut a.vals[0] else {
+            unreachable!()
+        };
+        *p += 4;
+        let e = quantize(&dev, a, &mut out, 32).to_string();
+        assert!(e.contains("misaligned 16-byte load"), "{e}");
+    }
+
+    #[test]
+    fn a_shuffle_from_a_lane_outside_the_block_is_an_error() {
+        // The dynamic kernel's reductions assume whole warps: with 48 threads, lanes 0..15 of
+        // the second warp shuffle with lanes 16..31, which do not exist.
+        let dev = Device::emulated().unwrap();
+        let x = dev.upload(&[1.0f32; 64]).unwrap();
+        let mut codes = dev.zeros::<u8>(64).unwrap();
+        let mut scales = dev.zeros::<f32>(1).unwrap();
+        let mut a = dev.args();
+        a.buf(&x)
+            .i64(1)
+            .i64(64)
+            .i64(64)
+            .i32(true)
+            .i32(true)
+            .buf_mut(&mut codes)
+            .buf_mut(&mut scales)
+            .opt::<u8>(None);
+        // SAFETY: the kernel's parameter list and lengths; only the block size is wrong.
+        let e = unsafe { dev.launch("mmq_quantize_dynamic_f32_i8_f32s", cfg(1, 48), a, "test") }
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("thread (32, 0, 0): shuffle from a lane that is not live"),
+            "{e}"
+        );
+    }
+
+    /// One of `emu_selftest.cu`'s kernels on a block of 64 threads.
+    fn selftest(name: &str) -> Result<Vec<i32>, CudaError> {
+        let dev = Device::emulated().unwrap();
+        let mut out = dev.zeros::<i32>(64).unwrap();
+        let mut a = dev.args();
+        a.buf_mut(&mut out);
+        // SAFETY: the kernel takes one int32 buffer of a value per thread.
+        unsafe { dev.launch(name, cfg(1, 64), a, "test") }?;
+        dev.download(&out)
+    }
+
+    #[test]
+    fn threads_waiting_at_different_collectives_are_a_deadlock() {
+        let want: Vec<i32> = (0..64).map(|i| i ^ 1).collect();
+        assert_eq!(selftest("mmq_selftest_shuffle").unwrap(), want);
+        let e = selftest("mmq_selftest_divergent_shuffle")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("divergent_shuffle") && e.contains("deadlock"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_kernel_is_an_error() {
+        let dev = Device::emulated().unwrap();
+        // SAFETY: no kernel runs.
+        let e = unsafe { dev.launch("mmq_no_such_kernel", cfg(1, 32), dev.args(), "test") }
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no kernel named mmq_no_such_kernel"), "{e}");
+    }
 }

@@ -1,10 +1,12 @@
 //! The CUDA layer. Without a GPU (every run): the driver's absence is a clear error, not a panic;
 //! the embedded source compiles under NVRTC and names every kernel the launchers use; the fatbin
-//! holds SASS for every SM and PTX; bad arguments are errors. With a GPU: every kernel against
+//! holds SASS for every SM and PTX; bad arguments are errors. Every kernel against
 //! [`mmq_kernels::packed`] (quantize bit for bit, dequantize within 1 ulp, the INT4 products within
-//! rounding, KV appends bit for bit). GPU tests print why they skip; `REQUIRE_GPU=1` turns a skip
-//! into a failure, and `MMQ_REQUIRE_CUDA_TOOLS=1` (set by tools/test.sh, which installs nvcc and
-//! NVRTC) does the same for the nvcc and NVRTC checks.
+//! rounding, KV appends bit for bit), through the launchers, on every device there is: the CPU
+//! emulator ([`Device::emulated`]) in every run, and the GPU where there is one. The GPU part
+//! prints why it skips; `REQUIRE_GPU=1` turns that skip into a failure (and leaves the emulator
+//! out: that run is about the device), `MMQ_REQUIRE_CUDA_TOOLS=1` (set by tools/test.sh, which
+//! installs nvcc and NVRTC) does the same for the nvcc and NVRTC checks.
 
 use std::io::Write;
 
@@ -29,10 +31,21 @@ fn gpu(test: &str) -> Option<Device> {
         Ok(d) => Some(d),
         Err(e) => {
             assert!(!required("REQUIRE_GPU"), "{test}: REQUIRE_GPU=1 but {e}");
-            say(&format!("skipping {test} (GPU test): {e}"));
+            say(&format!("{test}: no GPU part ({e})"));
             None
         }
     }
+}
+
+/// The devices a kernel test runs on: the CPU emulator (always, except under `REQUIRE_GPU=1`),
+/// then the GPU if there is one.
+fn devices(test: &str) -> Vec<Device> {
+    let mut all = Vec::new();
+    if !required("REQUIRE_GPU") {
+        all.push(Device::emulated().expect("the CPU emulator is built wherever the tests build"));
+    }
+    all.extend(gpu(test));
+    all
 }
 
 #[test]
@@ -169,97 +182,96 @@ fn values(rng: &mut Rng, n: usize, s: f32) -> Vec<f32> {
 }
 
 #[test]
-fn gpu_quantize_and_dequantize_match_the_reference() {
-    let Some(dev) = gpu("gpu_quantize_and_dequantize_match_the_reference") else {
-        return;
-    };
-    let mut rng = Rng(7);
-    // A multiple of every map's period (40 and 15) a little under 2^20.
-    let n = 120 * 8739;
-    for map in [
-        ScaleMap::Tensor,
-        ScaleMap::Axis {
-            axis_len: 5,
-            inner: 8,
-        },
-        ScaleMap::Axis {
-            axis_len: 3,
-            inner: 5,
-        },
-        // Channels along the last axis: eight consecutive scales per chunk, and not.
-        ScaleMap::Axis {
-            axis_len: 40,
-            inner: 1,
-        },
-        ScaleMap::Axis {
-            axis_len: 15,
-            inner: 1,
-        },
-        ScaleMap::Group {
-            row_len: 40,
-            group: 16,
-        },
-        ScaleMap::Group {
-            row_len: 40,
-            group: 6,
-        },
-    ] {
-        let x = values(&mut rng, n, 0.01);
-        let count = map.count(n);
-        let scales: Vec<f32> = (0..count).map(|j| 0.01 * (1.0 + (j % 13) as f32)).collect();
-        let d_scales = dev.upload(&scales).unwrap();
-        let d_x32 = dev.upload(&x).unwrap();
-        let xh: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
-        let d_x16 = dev.upload(&xh).unwrap();
-        for format in Format::ALL {
-            let zeros: Option<Vec<u8>> = format.range().map(|(lo, hi)| {
-                let codes: Vec<u8> = (0..count)
-                    .map(|j| ((lo + (j as i32 % (hi - lo + 1))) & 0xff) as u8)
-                    .map(|c| if format.bits() == 4 { c & 0xf } else { c })
-                    .collect();
-                packed::pack(format, &codes)
-            });
-            let d_zeros = zeros.as_ref().map(|z| dev.upload(z).unwrap());
-            let q = QuantParams {
-                format,
-                map,
-                scales: &d_scales,
-                zeros: d_zeros.as_ref(),
-                saturate: true,
-            };
-            let what = format!("{format:?} {map:?}");
-            let mut out = dev.zeros::<u8>(format.bytes(n)).unwrap();
-            dev.quantize(&d_x32, &q, &mut out).unwrap();
-            let got = dev.download(&out).unwrap();
-            let want = packed::quantize(&x, &map, &scales, zeros.as_deref(), format, true);
-            assert!(got == want, "f32 → {what}: codes differ");
-            let xh32: Vec<f32> = xh.iter().map(|v| v.to_f32()).collect();
-            dev.quantize(&d_x16, &q, &mut out).unwrap();
-            let want16 = packed::quantize(&xh32, &map, &scales, zeros.as_deref(), format, true);
-            assert!(
-                dev.download(&out).unwrap() == want16,
-                "f16 → {what}: codes differ"
-            );
-            // Dequantize the codes back, to f32 (bit for bit) and binary16 (1 ulp).
-            let exact = packed::dequantize(&want, n, &map, &scales, zeros.as_deref(), format);
-            let mut y = dev.zeros::<f32>(n).unwrap();
-            dev.dequantize(&out_of(&dev, &want), &q, &mut y).unwrap();
-            let y = dev.download(&y).unwrap();
-            for (i, (g, w)) in y.iter().zip(&exact).enumerate() {
+fn quantize_and_dequantize_match_the_reference() {
+    for dev in devices("quantize_and_dequantize_match_the_reference") {
+        let mut rng = Rng(7);
+        // A multiple of every map's period (40 and 15) a little under 2^20.
+        let n = 120 * 8739;
+        for map in [
+            ScaleMap::Tensor,
+            ScaleMap::Axis {
+                axis_len: 5,
+                inner: 8,
+            },
+            ScaleMap::Axis {
+                axis_len: 3,
+                inner: 5,
+            },
+            // Channels along the last axis: eight consecutive scales per chunk, and not.
+            ScaleMap::Axis {
+                axis_len: 40,
+                inner: 1,
+            },
+            ScaleMap::Axis {
+                axis_len: 15,
+                inner: 1,
+            },
+            ScaleMap::Group {
+                row_len: 40,
+                group: 16,
+            },
+            ScaleMap::Group {
+                row_len: 40,
+                group: 6,
+            },
+        ] {
+            let x = values(&mut rng, n, 0.01);
+            let count = map.count(n);
+            let scales: Vec<f32> = (0..count).map(|j| 0.01 * (1.0 + (j % 13) as f32)).collect();
+            let d_scales = dev.upload(&scales).unwrap();
+            let d_x32 = dev.upload(&x).unwrap();
+            let xh: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+            let d_x16 = dev.upload(&xh).unwrap();
+            for format in Format::ALL {
+                let zeros: Option<Vec<u8>> = format.range().map(|(lo, hi)| {
+                    let codes: Vec<u8> = (0..count)
+                        .map(|j| ((lo + (j as i32 % (hi - lo + 1))) & 0xff) as u8)
+                        .map(|c| if format.bits() == 4 { c & 0xf } else { c })
+                        .collect();
+                    packed::pack(format, &codes)
+                });
+                let d_zeros = zeros.as_ref().map(|z| dev.upload(z).unwrap());
+                let q = QuantParams {
+                    format,
+                    map,
+                    scales: &d_scales,
+                    zeros: d_zeros.as_ref(),
+                    saturate: true,
+                };
+                let what = format!("{}: {format:?} {map:?}", dev.name());
+                let mut out = dev.zeros::<u8>(format.bytes(n)).unwrap();
+                dev.quantize(&d_x32, &q, &mut out).unwrap();
+                let got = dev.download(&out).unwrap();
+                let want = packed::quantize(&x, &map, &scales, zeros.as_deref(), format, true);
+                assert!(got == want, "f32 → {what}: codes differ");
+                let xh32: Vec<f32> = xh.iter().map(|v| v.to_f32()).collect();
+                dev.quantize(&d_x16, &q, &mut out).unwrap();
+                let want16 = packed::quantize(&xh32, &map, &scales, zeros.as_deref(), format, true);
                 assert!(
-                    g.to_bits() == (*w as f32).to_bits() || (g.is_nan() && w.is_nan()),
-                    "{what} → f32 element {i}: {g} vs {w}"
+                    dev.download(&out).unwrap() == want16,
+                    "f16 → {what}: codes differ"
                 );
-            }
-            let mut yh = dev.zeros::<f16>(n).unwrap();
-            dev.dequantize(&out_of(&dev, &want), &q, &mut yh).unwrap();
-            for (i, (g, w)) in dev.download(&yh).unwrap().iter().zip(&exact).enumerate() {
-                let wb = f16::from_f64(*w).to_bits();
-                let ulps = (i32::from(g.to_bits()) - i32::from(wb)).abs();
-                assert!(
-                    ulps <= 1 || (g.is_nan() && w.is_nan()),
-                    "{what} → f16 element {i}: {g} vs {w}"
-                );
+                // Dequantize the codes back, to f32 (bit for bit) and binary16 (1 ulp).
+                let exact = packed::dequantize(&want, n, &map, &scales, zeros.as_deref(), format);
+                let mut y = dev.zeros::<f32>(n).unwrap();
+                dev.dequantize(&out_of(&dev, &want), &q, &mut y).unwrap();
+                let y = dev.download(&y).unwrap();
+                for (i, (g, w)) in y.iter().zip(&exact).enumerate() {
+                    assert!(
+                        g.to_bits() == (*w as f32).to_bits() || (g.is_nan() && w.is_nan()),
+                        "{what} → f32 element {i}: {g} vs {w}"
+                    );
+                }
+                let mut yh = dev.zeros::<f16>(n).unwrap();
+                dev.dequantize(&out_of(&dev, &want), &q, &mut yh).unwrap();
+                for (i, (g, w)) in dev.download(&yh).unwrap().iter().zip(&exact).enumerate() {
+                    let wb = f16::from_f64(*w).to_bits();
+                    let ulps = (i32::from(g.to_bits()) - i32::from(wb)).abs();
+                    assert!(
+                        ulps <= 1 || (g.is_nan() && w.is_nan()),
+                        "{what} → f16 element {i}: {g} vs {w}"
+                    );
+                }
             }
         }
     }
@@ -270,118 +282,126 @@ fn out_of(dev: &Device, codes: &[u8]) -> cuda::Buffer<u8> {
 }
 
 #[test]
-fn gpu_dynamic_per_token_and_image_features_match_the_reference() {
-    let Some(dev) = gpu("gpu_dynamic_per_token_and_image_features_match_the_reference") else {
-        return;
-    };
-    let mut rng = Rng(11);
-    for (rows, row_len, group) in [(577, 1024, 1024), (64, 4096, 64), (33, 30, 10)] {
-        let x = values(&mut rng, rows * row_len, 0.03);
-        let d_x = dev.upload(&x).unwrap();
-        for format in Format::ALL {
-            for symmetric in [true, false] {
-                let want = packed::quantize_dynamic(&x, row_len, group, format, symmetric, false);
-                let groups = want.scales.len();
-                let mut codes = dev.zeros::<u8>(format.bytes(x.len())).unwrap();
-                let mut scales = dev.zeros::<f32>(groups).unwrap();
-                let mut zeros = dev.zeros::<u8>(groups).unwrap();
-                dev.quantize_dynamic(
-                    &d_x,
-                    row_len,
-                    group,
-                    format,
-                    symmetric,
-                    &mut codes,
-                    GroupScales::F32(&mut scales),
-                    Some(&mut zeros),
-                )
-                .unwrap();
-                let what =
-                    format!("{format:?} rows {rows}×{row_len} group {group} sym {symmetric}");
-                assert_eq!(dev.download(&scales).unwrap(), want.scales, "{what}");
-                assert_eq!(dev.download(&zeros).unwrap(), want.zeros, "{what}");
-                assert!(dev.download(&codes).unwrap() == want.codes, "{what}: codes");
+fn dynamic_per_token_and_image_features_match_the_reference() {
+    for dev in devices("dynamic_per_token_and_image_features_match_the_reference") {
+        let mut rng = Rng(11);
+        for (rows, row_len, group) in [(577, 1024, 1024), (64, 4096, 64), (33, 30, 10)] {
+            let x = values(&mut rng, rows * row_len, 0.03);
+            let d_x = dev.upload(&x).unwrap();
+            for format in Format::ALL {
+                for symmetric in [true, false] {
+                    let want =
+                        packed::quantize_dynamic(&x, row_len, group, format, symmetric, false);
+                    let groups = want.scales.len();
+                    let mut codes = dev.zeros::<u8>(format.bytes(x.len())).unwrap();
+                    let mut scales = dev.zeros::<f32>(groups).unwrap();
+                    let mut zeros = dev.zeros::<u8>(groups).unwrap();
+                    dev.quantize_dynamic(
+                        &d_x,
+                        row_len,
+                        group,
+                        format,
+                        symmetric,
+                        &mut codes,
+                        GroupScales::F32(&mut scales),
+                        Some(&mut zeros),
+                    )
+                    .unwrap();
+                    let what = format!(
+                        "{}: {format:?} rows {rows}×{row_len} group {group} sym {symmetric}",
+                        dev.name()
+                    );
+                    assert_eq!(dev.download(&scales).unwrap(), want.scales, "{what}");
+                    assert_eq!(dev.download(&zeros).unwrap(), want.zeros, "{what}");
+                    assert!(dev.download(&codes).unwrap() == want.codes, "{what}: codes");
+                }
             }
         }
+        // The image cache: [576 patches, 4096] → INT4 groups of 64, binary16 scales.
+        let x = values(&mut rng, 576 * 4096, 0.02);
+        let want = packed::quantize_dynamic(&x, 4096, 64, Format::I4, true, true);
+        let mut codes = dev.zeros::<u8>(x.len() / 2).unwrap();
+        let mut scales = dev.zeros::<f16>(x.len() / 64).unwrap();
+        dev.image_features_int4(&dev.upload(&x).unwrap(), 4096, &mut codes, &mut scales)
+            .unwrap();
+        let got: Vec<f32> = dev
+            .download(&scales)
+            .unwrap()
+            .iter()
+            .map(|s| s.to_f32())
+            .collect();
+        assert_eq!(got, want.scales);
+        assert!(dev.download(&codes).unwrap() == want.codes);
     }
-    // The image cache: [576 patches, 4096] → INT4 groups of 64, binary16 scales.
-    let x = values(&mut rng, 576 * 4096, 0.02);
-    let want = packed::quantize_dynamic(&x, 4096, 64, Format::I4, true, true);
-    let mut codes = dev.zeros::<u8>(x.len() / 2).unwrap();
-    let mut scales = dev.zeros::<f16>(x.len() / 64).unwrap();
-    dev.image_features_int4(&dev.upload(&x).unwrap(), 4096, &mut codes, &mut scales)
-        .unwrap();
-    let got: Vec<f32> = dev
-        .download(&scales)
-        .unwrap()
-        .iter()
-        .map(|s| s.to_f32())
-        .collect();
-    assert_eq!(got, want.scales);
-    assert!(dev.download(&codes).unwrap() == want.codes);
 }
 
 #[test]
-fn gpu_int4_gemv_and_gemm_match_the_reference() {
-    let Some(mut dev) = gpu("gpu_int4_gemv_and_gemm_match_the_reference") else {
-        return;
-    };
-    let mut rng = Rng(13);
-    // Blocks under 128 run on CUDA cores; 40 columns leave a partial group of 16 for the
-    // tensor cores; K of 384 leaves warps without a step.
-    for (n, k, block) in [
-        (96usize, 4096usize, 128usize),
-        (40, 1024, 32),
-        (24, 96, 32),
-        (40, 1024, 256),
-        (16, 384, 128),
-    ] {
-        let b: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
-        let scales: Vec<f16> = (0..n * k / block)
-            .map(|_| f16::from_f32(0.005 + 0.01 * rng.unit().abs()))
-            .collect();
-        let zeros: Vec<u8> = (0..n * (k / block).div_ceil(2))
-            .map(|_| rng.byte())
-            .collect();
-        let bias: Vec<f16> = (0..n).map(|_| f16::from_f32(rng.unit())).collect();
-        let scales_f: Vec<f32> = scales.iter().map(|s| s.to_f32()).collect();
-        let bias_f: Vec<f32> = bias.iter().map(|s| s.to_f32()).collect();
-        let (d_b, d_s, d_z, d_bias) = (
-            dev.upload(&b).unwrap(),
-            dev.upload(&scales).unwrap(),
-            dev.upload(&zeros).unwrap(),
-            dev.upload(&bias).unwrap(),
-        );
-        for with_zeros in [false, true] {
-            let w = NBits {
-                b: &d_b,
-                scales: &d_s,
-                zeros: with_zeros.then_some(&d_z),
-                n,
-                k,
-                block,
-            };
-            let weights =
-                packed::nbits_weights(&b, &scales_f, with_zeros.then_some(&zeros[..]), n, k, block);
-            for m in [1usize, 2, 5, 8, 9, 100] {
-                let a: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.unit())).collect();
-                let a_f: Vec<f32> = a.iter().map(|v| v.to_f32()).collect();
-                let want = packed::nbits_matmul(&a_f, m, &weights, n, Some(&bias_f));
-                let norm = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
-                // The tensor-core GEMV (where the device has them), then the CUDA-core one.
-                for tensor_cores in [true, false] {
-                    dev.set_tensor_cores(tensor_cores);
-                    let mut y = dev.zeros::<f16>(m * n).unwrap();
-                    dev.nbits_matmul(&dev.upload(&a).unwrap(), &w, Some(&d_bias), &mut y)
-                        .unwrap();
-                    for (i, (g, w)) in dev.download(&y).unwrap().iter().zip(&want).enumerate() {
-                        let g = f64::from(g.to_f32());
-                        let tol = w.abs() * 2f64.powi(-10) + norm * 1e-4;
-                        assert!(
-                            (g - w).abs() <= tol,
-                            "m {m} n {n} k {k} zeros {with_zeros} tensor cores {tensor_cores} \
-                             output {i}: {g} vs {w}"
-                        );
+fn int4_gemv_and_gemm_match_the_reference() {
+    for mut dev in devices("int4_gemv_and_gemm_match_the_reference") {
+        let mut rng = Rng(13);
+        // Blocks under 128 run on CUDA cores; 40 columns leave a partial group of 16 for the
+        // tensor cores; K of 384 leaves warps without a step.
+        for (n, k, block) in [
+            (96usize, 4096usize, 128usize),
+            (40, 1024, 32),
+            (24, 96, 32),
+            (40, 1024, 256),
+            (16, 384, 128),
+        ] {
+            let b: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
+            let scales: Vec<f16> = (0..n * k / block)
+                .map(|_| f16::from_f32(0.005 + 0.01 * rng.unit().abs()))
+                .collect();
+            let zeros: Vec<u8> = (0..n * (k / block).div_ceil(2))
+                .map(|_| rng.byte())
+                .collect();
+            let bias: Vec<f16> = (0..n).map(|_| f16::from_f32(rng.unit())).collect();
+            let scales_f: Vec<f32> = scales.iter().map(|s| s.to_f32()).collect();
+            let bias_f: Vec<f32> = bias.iter().map(|s| s.to_f32()).collect();
+            let (d_b, d_s, d_z, d_bias) = (
+                dev.upload(&b).unwrap(),
+                dev.upload(&scales).unwrap(),
+                dev.upload(&zeros).unwrap(),
+                dev.upload(&bias).unwrap(),
+            );
+            for with_zeros in [false, true] {
+                let w = NBits {
+                    b: &d_b,
+                    scales: &d_s,
+                    zeros: with_zeros.then_some(&d_z),
+                    n,
+                    k,
+                    block,
+                };
+                let weights = packed::nbits_weights(
+                    &b,
+                    &scales_f,
+                    with_zeros.then_some(&zeros[..]),
+                    n,
+                    k,
+                    block,
+                );
+                for m in [1usize, 2, 5, 8, 9, 100] {
+                    let a: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.unit())).collect();
+                    let a_f: Vec<f32> = a.iter().map(|v| v.to_f32()).collect();
+                    let want = packed::nbits_matmul(&a_f, m, &weights, n, Some(&bias_f));
+                    let norm = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
+                    // The tensor-core GEMV (where the device has them), then the CUDA-core one.
+                    for tensor_cores in [true, false] {
+                        dev.set_tensor_cores(tensor_cores);
+                        let mut y = dev.zeros::<f16>(m * n).unwrap();
+                        dev.nbits_matmul(&dev.upload(&a).unwrap(), &w, Some(&d_bias), &mut y)
+                            .unwrap();
+                        for (i, (g, w)) in dev.download(&y).unwrap().iter().zip(&want).enumerate() {
+                            let g = f64::from(g.to_f32());
+                            let tol = w.abs() * 2f64.powi(-10) + norm * 1e-4;
+                            assert!(
+                                (g - w).abs() <= tol,
+                                "{}: m {m} n {n} k {k} zeros {with_zeros} tensor cores {tensor_cores} \
+                                 output {i}: {g} vs {w}",
+                                dev.name()
+                            );
+                        }
                     }
                 }
             }
@@ -390,55 +410,54 @@ fn gpu_int4_gemv_and_gemm_match_the_reference() {
 }
 
 #[test]
-fn gpu_kv_append_matches_the_reference_step_by_step() {
-    let Some(dev) = gpu("gpu_kv_append_matches_the_reference_step_by_step") else {
-        return;
-    };
-    let mut rng = Rng(17);
-    for head_dim in [64usize, 128] {
-        let (bh, tokens) = (2 * 32usize, 40usize);
-        let mut cache = KvCache::new(&dev, bh, head_dim, tokens).unwrap();
-        let mut codes_ref = vec![0i8; bh * cache.max_blocks * packed::KV_BLOCK_BYTES];
-        let mut scales_ref = vec![0f32; bh * cache.max_blocks];
-        for pos in 0..tokens {
-            let amp = [0.5f32, 2.0, 0.1, 0.0, 7.5][pos % 5];
-            let step: Vec<f16> = (0..bh * head_dim)
-                .map(|_| f16::from_f32(rng.unit() * amp))
-                .collect();
-            let exact: Vec<f32> = step.iter().map(|v| v.to_f32()).collect();
-            packed::kv_append(
-                &mut codes_ref,
-                &mut scales_ref,
-                &exact,
-                head_dim,
-                cache.max_blocks,
-                pos,
-            );
-            dev.kv_append(&dev.upload(&step).unwrap(), &mut cache, pos)
-                .unwrap();
-            assert_eq!(
-                dev.download(&cache.scales).unwrap(),
-                scales_ref,
-                "step {pos}"
-            );
-            assert!(
-                dev.download(&cache.codes).unwrap() == codes_ref,
-                "head_dim {head_dim} step {pos}: codes differ"
-            );
+fn kv_append_matches_the_reference_step_by_step() {
+    for dev in devices("kv_append_matches_the_reference_step_by_step") {
+        let mut rng = Rng(17);
+        for head_dim in [64usize, 128] {
+            let (bh, tokens) = (2 * 32usize, 40usize);
+            let mut cache = KvCache::new(&dev, bh, head_dim, tokens).unwrap();
+            let mut codes_ref = vec![0i8; bh * cache.max_blocks * packed::KV_BLOCK_BYTES];
+            let mut scales_ref = vec![0f32; bh * cache.max_blocks];
+            for pos in 0..tokens {
+                let amp = [0.5f32, 2.0, 0.1, 0.0, 7.5][pos % 5];
+                let step: Vec<f16> = (0..bh * head_dim)
+                    .map(|_| f16::from_f32(rng.unit() * amp))
+                    .collect();
+                let exact: Vec<f32> = step.iter().map(|v| v.to_f32()).collect();
+                packed::kv_append(
+                    &mut codes_ref,
+                    &mut scales_ref,
+                    &exact,
+                    head_dim,
+                    cache.max_blocks,
+                    pos,
+                );
+                dev.kv_append(&dev.upload(&step).unwrap(), &mut cache, pos)
+                    .unwrap();
+                assert_eq!(
+                    dev.download(&cache.scales).unwrap(),
+                    scales_ref,
+                    "step {pos}"
+                );
+                assert!(
+                    dev.download(&cache.codes).unwrap() == codes_ref,
+                    "head_dim {head_dim} step {pos}: codes differ"
+                );
+            }
+            let e = dev
+                .kv_append(
+                    &dev.upload(&vec![f16::ZERO; bh * head_dim]).unwrap(),
+                    &mut cache,
+                    10_000,
+                )
+                .unwrap_err();
+            assert!(e.to_string().contains("past the cache"), "{e}");
         }
-        let e = dev
-            .kv_append(
-                &dev.upload(&vec![f16::ZERO; bh * head_dim]).unwrap(),
-                &mut cache,
-                10_000,
-            )
-            .unwrap_err();
-        assert!(e.to_string().contains("past the cache"), "{e}");
     }
 }
 
 #[test]
-fn gpu_cache_pool_keeps_the_plan_offsets_on_the_device() {
+fn cache_pool_keeps_the_plan_offsets_on_the_device() {
     use mmq_kernels::cache::CacheFormat;
     use mmq_kernels::cache::plan::{KvTensor, PlanRequest, plan};
     use mmq_kernels::cache::pool::CachePool;
@@ -465,10 +484,9 @@ fn gpu_cache_pool_keeps_the_plan_offsets_on_the_device() {
             .collect();
         pool.append_kv(&pages, 1, pos, &step).expect("append");
     }
-    let Some(dev) = gpu("gpu_cache_pool_keeps_the_plan_offsets_on_the_device") else {
-        return;
-    };
-    let buf = pool.to_device(&dev).expect("upload");
-    let back = dev.download(&buf).expect("download");
-    assert_eq!(back, pool.bytes());
+    for dev in devices("cache_pool_keeps_the_plan_offsets_on_the_device") {
+        let buf = pool.to_device(&dev).expect("upload");
+        let back = dev.download(&buf).expect("download");
+        assert_eq!(back, pool.bytes());
+    }
 }
