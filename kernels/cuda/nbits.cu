@@ -139,20 +139,29 @@ __device__ __forceinline__ uint32_t mmq_fma_f16x2(uint32_t a, uint32_t b, uint32
 #endif
 }
 
-// Binary16 pairs of 8 codes minus zero point z: (c0 - z, c4 - z), (c1 - z, c5 - z), ...
+// (a & b) | c in one instruction.
+__device__ __forceinline__ uint32_t mmq_and_or(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(MMQ_EMULATE)
+    return (a & b) | c;
+#else
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#endif
+}
+
+// Binary16 pairs of 8 codes minus zero point z: (c0 - z, c4 - z), (c1 - z, c5 - z), ...;
+// z1024 = (1024 + z) twice, z64 = (-64 - z) twice.
 __device__ __forceinline__ void mmq_tc_codes(uint32_t w, uint32_t z1024, uint32_t z64,
                                              uint32_t d[4]) {
     const uint32_t lo = 0x000f000fu, hi = 0x00f000f0u, magic = 0x64006400u;
     const uint32_t sixteenth = 0x2c002c00u;  // (1/16, 1/16)
-    uint32_t p0 = (w & lo) | magic;          // (1024 + c0, 1024 + c4)
-    uint32_t p1 = (w & hi) | magic;          // (1024 + 16 c1, 1024 + 16 c5)
     uint32_t w2 = w >> 8;
-    uint32_t p2 = (w2 & lo) | magic;
-    uint32_t p3 = (w2 & hi) | magic;
-    d[0] = mmq_sub_f16x2(p0, z1024);
-    d[1] = mmq_fma_f16x2(p1, sixteenth, z64);
-    d[2] = mmq_sub_f16x2(p2, z1024);
-    d[3] = mmq_fma_f16x2(p3, sixteenth, z64);
+    // (1024 + c0, 1024 + c4) less z1024; (1024 + 16 c1, 1024 + 16 c5) / 16 less 64 + z; ...
+    d[0] = mmq_sub_f16x2(mmq_and_or(w, lo, magic), z1024);
+    d[1] = mmq_fma_f16x2(mmq_and_or(w, hi, magic), sixteenth, z64);
+    d[2] = mmq_sub_f16x2(mmq_and_or(w2, lo, magic), z1024);
+    d[3] = mmq_fma_f16x2(mmq_and_or(w2, hi, magic), sixteenth, z64);
 }
 
 // (1024 + z, 1024 + z) and (-64 - z, -64 - z) in binary16 for zero point z (0..15).
@@ -248,6 +257,40 @@ __device__ __forceinline__ void mmq_tc_step(const mmq_f16* arow, bool has_row, c
     c[3] += sh * d[3];
 }
 
+// The end of a tensor-core GEMV block's group of 16 columns: the warps' partial sums through
+// shared memory into warp 0, plus the bias, as binary16. Lane (g, t) holds c[0], c[1] for column
+// n0 + g, rows m = 2t, 2t + 1 of A, and c[2], c[3] for column n0 + g + 8.
+template <int M>
+__device__ __forceinline__ void mmq_tc_finish(float (*part)[32][4], float c[4], int64_t n0,
+                                              int64_t n_total, const mmq_f16* bias, mmq_f16* y) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        part[warp][lane][i] = c[i];
+    }
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int w = 1; w < MMQ_TC_WARPS; ++w) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[i] += part[w][lane][i];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int64_t n = n0 + (lane >> 2) + (i >= 2 ? 8 : 0);
+            const int m = 2 * (lane & 3) + (i & 1);
+            if (m < M && n < n_total) {
+                float bn = bias ? mmq_f16_to_f32(mmq_ldg(&bias[n].bits)) : 0.0f;
+                y[m * n_total + n].bits = mmq_f32_to_f16(c[i] + bn);
+            }
+        }
+    }
+    __syncthreads();  // `part` is free for the next group
+}
+
 // Steps each lane keeps in flight (16 bytes of each of its two columns per step, with their
 // scales and zero points).
 #define MMQ_TC_DEPTH 3
@@ -303,33 +346,173 @@ __device__ void mmq_nbits_gemv_tc_impl(const mmq_f16* a, const uint8_t* b,
                 }
             }
         }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            part[warp][lane][i] = c[i];
-        }
-        __syncthreads();
-        if (warp == 0) {
-#pragma unroll
-            for (int w = 1; w < MMQ_TC_WARPS; ++w) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    c[i] += part[w][lane][i];
-                }
-            }
-            // c[0], c[1]: column n0 + g, rows m = 2t, 2t + 1 of A; c[2], c[3]: column n0 + g + 8.
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                int64_t n = n0 + g + (i >= 2 ? 8 : 0);
-                int m = 2 * t + (i & 1);
-                if (m < M && n < n_total) {
-                    float bn = bias ? mmq_f16_to_f32(mmq_ldg(&bias[n].bits)) : 0.0f;
-                    y[m * n_total + n].bits = mmq_f32_to_f16(c[i] + bn);
-                }
-            }
-        }
-        __syncthreads();  // `part` is free for the next group
+        mmq_tc_finish<M>(part, c, n0, n_total, bias, y);
     }
 }
+
+// ---- The lean tensor-core GEMV: the arithmetic of the kernel above (the same fragments, the same
+// exact products and f32 sums, scaled once per step) with half the instructions per code, its
+// predecessor having been measured as bound by instruction issue and load latency rather than by
+// memory. Indices are 32-bit (K < 2^31) and each lane's pointers advance by a constant per step;
+// a step's codes, scale bits, zero-point bytes and A fragments are all loaded MMQ_LEAN_DEPTH - 1
+// steps ahead, into a ring whose slot is refilled right after it is consumed (no copies); without
+// zero points (the common symmetric case, a template parameter) the code offsets are constants,
+// and with them they are built from the nibble with integer operations (1024 + z is 0x6400 + z
+// in binary16, -64 - z is 0xd400 + 16 z).
+#define MMQ_LEAN_DEPTH 3
+
+// A pointer the compiler must keep in a register: left to itself, ptxas recomputes a lane's row
+// pointers (64-bit clamps and products) at every step.
+template <typename T>
+__device__ __forceinline__ T* mmq_kept(T* p) {
+#if !defined(MMQ_EMULATE)
+    asm("" : "+l"(p));
+#endif
+    return p;
+}
+
+// What one step of a lane reads: 16 bytes of codes of each of its two columns, their scale bits
+// (column g low, g + 8 high), their zero-point bytes, and 64 bytes of its row of A.
+struct MmqLeanSlot {
+    uint4 wg, wh;
+    uint32_t scales;
+    uint32_t zeros;
+    uint4 a[4];
+};
+
+template <int M, bool Zeros>
+__device__ void mmq_nbits_gemv_lean_impl(const mmq_f16* a, const uint8_t* b,
+                                         const mmq_f16* scales, const uint8_t* zeros,
+                                         const mmq_f16* bias, mmq_f16* y, int64_t n_total,
+                                         int64_t k64, int64_t block) {
+    __shared__ float part[MMQ_TC_WARPS][32][4];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int k = (int)k64;
+    const int block_log2 = __ffsll(block) - 1;
+    const int k_blocks = k >> block_log2;
+    const int zero_row = (k_blocks + 1) >> 1;
+    const bool has_row = g < M;
+    // The warp's steps: K = 128 (warp + 8 s) + 32 t for s < count (K is a multiple of 128).
+    const int chunks = k >> 7;
+    const int count = chunks > warp ? (chunks - warp + MMQ_TC_WARPS - 1) / MMQ_TC_WARPS : 0;
+    const int kt0 = warp * 128 + 32 * t;
+    const int step = MMQ_TC_WARPS * 128;
+    const mmq_f16* arow0 = a + (size_t)(has_row ? g : 0) * k + kt0;
+    for (int64_t n0 = (int64_t)blockIdx.x * 16; n0 < n_total; n0 += (int64_t)gridDim.x * 16) {
+        const int64_t rg = n0 + g < n_total ? n0 + g : n_total - 1;  // rows past N read row N - 1
+        const int64_t rh = n0 + g + 8 < n_total ? n0 + g + 8 : n_total - 1;
+        const uint8_t* bg = mmq_kept(b + rg * (k / 2) + kt0 / 2);
+        const uint8_t* bh = mmq_kept(b + rh * (k / 2) + kt0 / 2);
+        const mmq_f16* sg = mmq_kept(scales + rg * k_blocks);
+        const mmq_f16* sh = mmq_kept(scales + rh * k_blocks);
+        const uint8_t* zg = Zeros ? mmq_kept(zeros + rg * zero_row) : nullptr;
+        const uint8_t* zh = Zeros ? mmq_kept(zeros + rh * zero_row) : nullptr;
+        const mmq_f16* arow = mmq_kept(arow0);
+        auto load = [&](MmqLeanSlot& l, int s) {
+            const int off = s * step;
+            const int kb = (kt0 + off) >> block_log2;
+            l.wg = mmq_ld_stream(bg + off / 2);
+            l.wh = mmq_ld_stream(bh + off / 2);
+            l.scales = (uint32_t)mmq_ldg(&sg[kb].bits) | ((uint32_t)mmq_ldg(&sh[kb].bits) << 16);
+            if (Zeros) {
+                l.zeros = (uint32_t)mmq_ldg(zg + (kb >> 1)) | ((uint32_t)mmq_ldg(zh + (kb >> 1)) << 8);
+            }
+            if (has_row) {
+                const uint4* ap = reinterpret_cast<const uint4*>(arow + off);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    l.a[j] = __ldg(ap + j);
+                }
+            }
+        };
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        auto use = [&](const MmqLeanSlot& l, int s) {
+            uint32_t zg1024 = 0x64086408u, zg64 = 0xd480d480u;  // z = 8: 1032, -72
+            uint32_t zh1024 = zg1024, zh64 = zg64;
+            if (Zeros) {
+                const int kb = (kt0 + s * step) >> block_log2;
+                const int shift = (kb & 1) * 4;
+                const uint32_t z_g = (l.zeros >> shift) & 0xfu;
+                const uint32_t z_h = (l.zeros >> (8 + shift)) & 0xfu;
+                zg1024 = (0x6400u + z_g) * 0x10001u;
+                zg64 = (0xd400u + (z_g << 4)) * 0x10001u;
+                zh1024 = (0x6400u + z_h) * 0x10001u;
+                zh64 = (0xd400u + (z_h << 4)) * 0x10001u;
+            }
+            const uint32_t wg[4] = {l.wg.x, l.wg.y, l.wg.z, l.wg.w};
+            const uint32_t wh[4] = {l.wh.x, l.wh.y, l.wh.z, l.wh.w};
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                uint32_t dg[4], dh[4];
+                mmq_tc_codes(wg[j], zg1024, zg64, dg);
+                mmq_tc_codes(wh[j], zh1024, zh64, dh);
+                // Lanes without a row of A hold zeros there (set once, never loaded).
+                const uint4 av = l.a[j];
+                const uint32_t x0 = __byte_perm(av.x, av.z, 0x5410);  // (a0, a4)
+                const uint32_t x1 = __byte_perm(av.x, av.z, 0x7632);  // (a1, a5)
+                const uint32_t x2 = __byte_perm(av.y, av.w, 0x5410);  // (a2, a6)
+                const uint32_t x3 = __byte_perm(av.y, av.w, 0x7632);  // (a3, a7)
+                mmq_mma(d, dg[0], dh[0], dg[1], dh[1], x0, x1);
+                mmq_mma(d, dg[2], dh[2], dg[3], dh[3], x2, x3);
+            }
+            const float s_g = mmq_f16_to_f32((uint16_t)(l.scales & 0xffffu));
+            const float s_h = mmq_f16_to_f32((uint16_t)(l.scales >> 16));
+            c[0] += s_g * d[0];
+            c[1] += s_g * d[1];
+            c[2] += s_h * d[2];
+            c[3] += s_h * d[3];
+        };
+        MmqLeanSlot ring[MMQ_LEAN_DEPTH];
+#pragma unroll
+        for (int p = 0; p < MMQ_LEAN_DEPTH; ++p) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                ring[p].a[j] = make_uint4(0, 0, 0, 0);
+            }
+            if (p < count) {
+                load(ring[p], p);
+            }
+        }
+        for (int s0 = 0; s0 < count; s0 += MMQ_LEAN_DEPTH) {
+#pragma unroll
+            for (int p = 0; p < MMQ_LEAN_DEPTH; ++p) {
+                const int s = s0 + p;
+                if (s < count) {
+                    use(ring[p], s);
+                    if (s + MMQ_LEAN_DEPTH < count) {
+                        load(ring[p], s + MMQ_LEAN_DEPTH);
+                    }
+                }
+            }
+        }
+        mmq_tc_finish<M>(part, c, n0, n_total, bias, y);
+    }
+}
+
+#define MMQ_GEMV_LEAN_KERNEL(M)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_TC_WARPS, 2) mmq_nbits_gemv_lean_m##M( \
+        const mmq_f16* a, const uint8_t* b, const mmq_f16* scales, const uint8_t* zeros,      \
+        const mmq_f16* bias, mmq_f16* y, int64_t n, int64_t k, int64_t block) {               \
+        mmq_nbits_gemv_lean_impl<M, false>(a, b, scales, zeros, bias, y, n, k, block);        \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_TC_WARPS, 2)                        \
+        mmq_nbits_gemv_lean_zp_m##M(const mmq_f16* a, const uint8_t* b, const mmq_f16* scales, \
+                                    const uint8_t* zeros, const mmq_f16* bias, mmq_f16* y,    \
+                                    int64_t n, int64_t k, int64_t block) {                    \
+        mmq_nbits_gemv_lean_impl<M, true>(a, b, scales, zeros, bias, y, n, k, block);         \
+    }
+MMQ_GEMV_LEAN_KERNEL(1)
+MMQ_GEMV_LEAN_KERNEL(2)
+MMQ_GEMV_LEAN_KERNEL(3)
+MMQ_GEMV_LEAN_KERNEL(4)
+MMQ_GEMV_LEAN_KERNEL(5)
+MMQ_GEMV_LEAN_KERNEL(6)
+MMQ_GEMV_LEAN_KERNEL(7)
+MMQ_GEMV_LEAN_KERNEL(8)
 
 #define MMQ_GEMV_KERNEL(M)                                                                    \
     extern "C" __global__ void mmq_nbits_gemv_m##M(                                           \

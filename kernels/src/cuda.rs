@@ -118,7 +118,21 @@ pub struct Device {
     capability: (i32, i32),
     sm_count: u32,
     code: CodeSource,
-    tensor_cores: bool,
+    gemv: Gemv,
+}
+
+/// The INT4 GEMV kernel [`Device::nbits_matmul`] uses for 1 to 8 rows of A. The tensor-core ones
+/// need sm_80 and quantization blocks of at least 128 (a step's 128 K must share one scale); other
+/// products run on CUDA cores whatever is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gemv {
+    /// Tensor cores, the lean kernel (`mmq_nbits_gemv_lean*`): the default.
+    TensorCores,
+    /// Tensor cores, the first kernel (`mmq_nbits_gemv_tc*`), whose figures are in
+    /// `docs/benchmarks.md`; kept to be measured against the lean one.
+    TensorCoresFirst,
+    /// CUDA cores, a warp per column (`mmq_nbits_gemv_m*`).
+    CudaCores,
 }
 
 enum Backend {
@@ -614,6 +628,8 @@ pub fn kernel_names() -> Vec<String> {
     }
     names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_m{m}")));
     names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_tc_m{m}")));
+    names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_lean_m{m}")));
+    names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_lean_zp_m{m}")));
     names.push("mmq_nbits_gemm".into());
     names.extend([1, 4, 8].map(|m| format!("mmq_dense_gemv_m{m}")));
     names
@@ -777,7 +793,7 @@ impl Device {
             capability,
             sm_count,
             code,
-            tensor_cores: capability.0 >= 8,
+            gemv: Gemv::TensorCores,
         })
     }
 
@@ -793,7 +809,7 @@ impl Device {
             capability: (9, 0),
             sm_count: 2,
             code: CodeSource::Emulated,
-            tensor_cores: true,
+            gemv: Gemv::TensorCores,
         })
     }
 
@@ -807,15 +823,14 @@ impl Device {
         self.capability
     }
 
-    /// Whether the INT4 GEMV uses tensor cores (`mma`, sm_80 and later; on by default there).
-    pub fn tensor_cores(&self) -> bool {
-        self.tensor_cores
+    /// The INT4 GEMV kernel chosen ([`Gemv::TensorCores`] unless set).
+    pub fn gemv(&self) -> Gemv {
+        self.gemv
     }
 
-    /// Turns the tensor-core INT4 GEMV on or off (it stays off below sm_80, and blocks under 128
-    /// always run on CUDA cores): off, the GEMV runs on CUDA cores, one warp per column.
-    pub fn set_tensor_cores(&mut self, on: bool) {
-        self.tensor_cores = on && self.capability.0 >= 8;
+    /// Chooses the INT4 GEMV kernel (below sm_80 every choice runs on CUDA cores).
+    pub fn set_gemv(&mut self, gemv: Gemv) {
+        self.gemv = gemv;
     }
 
     /// Where the kernel code came from.
@@ -1190,16 +1205,30 @@ impl Device {
             .buf_mut(y);
         if m <= 8 {
             // Tensor cores: a block of 8 warps per 16 columns, whose steps of 128 K must lie in
-            // one quantization block; else CUDA cores, a warp per column.
-            let (name, launch) = if self.tensor_cores && w.block >= 128 {
-                ("mmq_nbits_gemv_tc", cfg(grid(w.n, 16, 1 << 31), 256))
-            } else {
-                ("mmq_nbits_gemv", cfg(grid(w.n, 4, 1 << 20), 128))
+            // one quantization block (the lean kernel's indices are 32-bit); else CUDA cores, a
+            // warp per column.
+            let tensor_cores = self.capability.0 >= 8 && w.block >= 128;
+            let (name, launch) = match self.gemv {
+                Gemv::TensorCores if tensor_cores && w.k <= i32::MAX as usize => {
+                    let zp = if w.zeros.is_some() { "_zp" } else { "" };
+                    (
+                        format!("mmq_nbits_gemv_lean{zp}_m{m}"),
+                        cfg(grid(w.n, 16, 1 << 31), 256),
+                    )
+                }
+                Gemv::TensorCores | Gemv::TensorCoresFirst if tensor_cores => (
+                    format!("mmq_nbits_gemv_tc_m{m}"),
+                    cfg(grid(w.n, 16, 1 << 31), 256),
+                ),
+                _ => (
+                    format!("mmq_nbits_gemv_m{m}"),
+                    cfg(grid(w.n, 4, 1 << 20), 128),
+                ),
             };
             args.i64(w.n).i64(w.k).i64(w.block);
-            // SAFETY: matches `mmq_nbits_gemv_m*` and `mmq_nbits_gemv_tc_m*`; `nbits_plan`
-            // checked every length.
-            unsafe { self.launch(&format!("{name}_m{m}"), launch, args, "INT4 GEMV launch") }
+            // SAFETY: matches `mmq_nbits_gemv_m*`, `mmq_nbits_gemv_tc_m*` and
+            // `mmq_nbits_gemv_lean*_m*`; `nbits_plan` checked every length.
+            unsafe { self.launch(&name, launch, args, "INT4 GEMV launch") }
         } else {
             args.i64(m).i64(w.n).i64(w.k).i64(w.block);
             let launch = LaunchConfig {

@@ -12,7 +12,7 @@ use std::io::Write;
 
 use half::f16;
 use mmq_kernels::cuda::{
-    self, CudaError, Device, Format, GroupScales, KvCache, NBits, QuantParams, ScaleMap,
+    self, CudaError, Device, Format, Gemv, GroupScales, KvCache, NBits, QuantParams, ScaleMap,
 };
 use mmq_kernels::packed;
 
@@ -386,9 +386,9 @@ fn int4_gemv_and_gemm_match_the_reference() {
                     let a_f: Vec<f32> = a.iter().map(|v| v.to_f32()).collect();
                     let want = packed::nbits_matmul(&a_f, m, &weights, n, Some(&bias_f));
                     let norm = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
-                    // The tensor-core GEMV (where the device has them), then the CUDA-core one.
-                    for tensor_cores in [true, false] {
-                        dev.set_tensor_cores(tensor_cores);
+                    // Both tensor-core GEMVs (where the device has them), then the CUDA-core one.
+                    for gemv in [Gemv::TensorCores, Gemv::TensorCoresFirst, Gemv::CudaCores] {
+                        dev.set_gemv(gemv);
                         let mut y = dev.zeros::<f16>(m * n).unwrap();
                         dev.nbits_matmul(&dev.upload(&a).unwrap(), &w, Some(&d_bias), &mut y)
                             .unwrap();
@@ -397,7 +397,7 @@ fn int4_gemv_and_gemm_match_the_reference() {
                             let tol = w.abs() * 2f64.powi(-10) + norm * 1e-4;
                             assert!(
                                 (g - w).abs() <= tol,
-                                "{}: m {m} n {n} k {k} zeros {with_zeros} tensor cores {tensor_cores} \
+                                "{}: m {m} n {n} k {k} zeros {with_zeros} {gemv:?} \
                                  output {i}: {g} vs {w}",
                                 dev.name()
                             );
