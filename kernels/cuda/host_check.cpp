@@ -46,6 +46,19 @@ void mmq_host_pack_int4(const int32_t* v, size_t n, uint8_t* out) {
 int32_t mmq_host_unpack_int4(uint8_t byte, int index, int is_signed) {
     return mmq_unpack_int4(byte, index, is_signed != 0);
 }
+
+// x / s by the reciprocal (mmq_recip, mmq_div_fast); 0 (and nothing written) where s is out of
+// the reciprocal's range.
+int mmq_host_div_recip(const float* x, size_t n, float s, float* out) {
+    MmqRecip d = mmq_recip(s);
+    if (!d.fast) {
+        return 0;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        out[i] = mmq_div_fast(x[i], d);
+    }
+    return 1;
+}
 }
 
 // ---- The kernel bodies of mmq_blocks.cuh, run over every index a grid covers (scalar loads and

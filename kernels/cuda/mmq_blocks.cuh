@@ -200,14 +200,20 @@ MMQ_HD int32_t mmq_zero(const uint8_t* zeros, int64_t j) {
     return mmq_unpack_int4(mmq_ldg(zeros + (j >> 1)), (int)(j & 1), mmq_fmt<F>::is_signed != 0);
 }
 
+// The code (its bits, 8 or 4 wide) in format F of the quotient q = x / scale.
+template <int F>
+MMQ_HD uint32_t mmq_encode_q(float q, int32_t zero, bool saturate) {
+    if (mmq_fmt<F>::is_float) {
+        return mmq_encode_e4m3(q, saturate);
+    }
+    int32_t c = mmq_quantize_q(q, zero, mmq_fmt<F>::lo, mmq_fmt<F>::hi);
+    return (uint32_t)c & (mmq_fmt<F>::bits == 8 ? 0xffu : 0xfu);
+}
+
 // The code of x (its bits, 8 or 4 wide) in format F.
 template <int F>
 MMQ_HD uint32_t mmq_encode(float x, float scale, int32_t zero, bool saturate) {
-    if (mmq_fmt<F>::is_float) {
-        return mmq_encode_e4m3(x / scale, saturate);
-    }
-    int32_t q = mmq_quantize_int(x, scale, zero, mmq_fmt<F>::lo, mmq_fmt<F>::hi);
-    return (uint32_t)q & (mmq_fmt<F>::bits == 8 ? 0xffu : 0xfu);
+    return mmq_encode_q<F>(x / scale, zero, saturate);
 }
 
 // The value of a code of format F.
@@ -405,16 +411,39 @@ MMQ_HD void mmq_load_codes(const uint8_t* codes, int64_t i0, int cnt, bool vec, 
     (void)vec;
 }
 
-// Codes `cnt` values already loaded (elements a.., a even for 4-bit formats) with one scale.
+// Codes `cnt` values already loaded (elements a.., a even for 4-bit formats) with one scale,
+// given as its reciprocal (`mmq_recip`), which must be `fast`.
 template <int F>
-MMQ_HD void mmq_code_span(const float v[8], int64_t a, int cnt, bool vec, float s, int32_t z,
-                          bool saturate, uint8_t* out) {
+MMQ_HD void mmq_code_span_fast(const float v[8], int64_t a, int cnt, bool vec, const MmqRecip& d,
+                               int32_t z, bool saturate, uint8_t* out) {
     uint32_t c[8];
     MMQ_UNROLL
     for (int e = 0; e < 8; ++e) {
-        c[e] = e < cnt ? mmq_encode<F>(v[e], s, z, saturate) : 0u;
+        c[e] = e < cnt ? mmq_encode_q<F>(mmq_div_fast(v[e], d), z, saturate) : 0u;
     }
     mmq_store_codes<F>(out, a, cnt, vec, c);
+}
+
+// The same for any scale: by the reciprocal where it is `fast`, else by division.
+template <int F>
+MMQ_HD void mmq_code_span(const float v[8], int64_t a, int cnt, bool vec, const MmqRecip& d,
+                          int32_t z, bool saturate, uint8_t* out) {
+    if (d.fast) {
+        mmq_code_span_fast<F>(v, a, cnt, vec, d, z, saturate, out);
+        return;
+    }
+    uint32_t c[8];
+    MMQ_UNROLL
+    for (int e = 0; e < 8; ++e) {
+        c[e] = e < cnt ? mmq_encode<F>(v[e], d.s, z, saturate) : 0u;
+    }
+    mmq_store_codes<F>(out, a, cnt, vec, c);
+}
+
+template <int F>
+MMQ_HD void mmq_code_span(const float v[8], int64_t a, int cnt, bool vec, float s, int32_t z,
+                          bool saturate, uint8_t* out) {
+    mmq_code_span<F>(v, a, cnt, vec, mmq_recip(s), z, saturate, out);
 }
 
 // Quantizes chunk `chunk` (elements 8·chunk .. min(8·chunk + 8, n)) of x with the scales and zero

@@ -162,10 +162,9 @@ MMQ_HD mmq_bf16 mmq_from_f32<mmq_bf16>(float x) {
 // x rounded to the nearest integer, ties to even.
 MMQ_HD float mmq_round_half_even(float x) { return rintf(x); }
 
-// ONNX QuantizeLinear to an integer range [lo, hi]: saturate(round(x / scale) + zero), the
-// division in f32; NaN quantizes to the zero point.
-MMQ_HD int32_t mmq_quantize_int(float x, float scale, int32_t zero, int32_t lo, int32_t hi) {
-    float q = x / scale;
+// The integer code of a quotient q = x / scale in [lo, hi]: saturate(round(q) + zero); NaN
+// quantizes to the zero point.
+MMQ_HD int32_t mmq_quantize_q(float q, int32_t zero, int32_t lo, int32_t hi) {
     if (q != q) {
         q = 0.0f;
     }
@@ -178,6 +177,44 @@ MMQ_HD int32_t mmq_quantize_int(float x, float scale, int32_t zero, int32_t lo, 
     // the spacing of f32 values is 1, and the integer is its low mantissa bits (no conversion
     // instruction on the device).
     return (int32_t)(mmq_f32_bits(q + 12582912.0f) - 0x4b400000u) + zero;
+}
+
+// ONNX QuantizeLinear to an integer range [lo, hi]: saturate(round(x / scale) + zero), the
+// division in f32; NaN quantizes to the zero point.
+MMQ_HD int32_t mmq_quantize_int(float x, float scale, int32_t zero, int32_t lo, int32_t hi) {
+    return mmq_quantize_q(x / scale, zero, lo, hi);
+}
+
+// Division by a scale many elements share: its reciprocal once, then per element Markstein's
+// correction, q0 = x r, e = x - s q0 (exact, by FMA), q = q0 + e r. With 2^-60 <= |s| <= 2^60
+// (`fast`), q is x / s bit for bit wherever |x / s| >= 2^-12, and otherwise a value of the same
+// sign below 2^-12 in magnitude: every code is then the same, since integer codes round such
+// values to 0 and E4M3FN to ±0 with the quotient's sign (tools/check_recip_div.c compares the two
+// over 10^9 pairs; the host checks compare every code with the reference). An infinite or NaN
+// x r is returned as it is. Outside that range of scales the caller divides.
+struct MmqRecip {
+    float s;
+    float r;
+    bool fast;
+};
+
+MMQ_HD MmqRecip mmq_recip(float s) {
+    MmqRecip d;
+    d.s = s;
+    d.r = 1.0f / s;
+    float a = fabsf(s);
+    d.fast = a >= 0x1p-60f && a <= 0x1p60f;
+    return d;
+}
+
+// x / d.s as above; needs d.fast.
+MMQ_HD float mmq_div_fast(float x, const MmqRecip& d) {
+    float q0 = x * d.r;
+    if (!(fabsf(q0) <= 3.40282347e38f)) {
+        return q0;
+    }
+    float e = fmaf(-d.s, q0, x);
+    return copysignf(fmaf(e, d.r, q0), q0);
 }
 
 // An integer of magnitude below 2^22 as f32 (exact). On the device, two adds in place of a

@@ -9,6 +9,17 @@
 // or one lookup per element.
 enum MmqChunkScales { MMQ_ONE, MMQ_PER_CHUNK, MMQ_RUN, MMQ_PER_ELEMENT };
 
+#define MMQ_COMMA ,
+// Calls name<..., How>(args) with the kind of scales `how` as a template argument, so each kind
+// gets its own loop.
+#define MMQ_BY_HOW(how, name, targs, args)                       \
+    switch (how) {                                               \
+        case MMQ_ONE: name<targs, MMQ_ONE> args; break;          \
+        case MMQ_PER_CHUNK: name<targs, MMQ_PER_CHUNK> args; break; \
+        case MMQ_RUN: name<targs, MMQ_RUN> args; break;          \
+        default: name<targs, MMQ_PER_ELEMENT> args; break;       \
+    }
+
 __device__ __forceinline__ MmqChunkScales mmq_chunk_scales(const MmqScaleMap& map, bool vec) {
     if (map.mode == 0) {
         return MMQ_ONE;
@@ -52,12 +63,12 @@ __device__ __forceinline__ void mmq_load_run(const float* scales, const uint8_t*
 // Codes the `cnt` loaded values of the chunk at element a.
 template <int F>
 __device__ __forceinline__ void mmq_quantize_loaded(const float v[8], int64_t a, int cnt,
-                                                    MmqChunkScales how, float s0, int32_t z0,
-                                                    const float* scales, const uint8_t* zeros,
-                                                    const MmqScaleMap& map, bool saturate,
-                                                    bool vec, uint8_t* out) {
+                                                    MmqChunkScales how, const MmqRecip& d0,
+                                                    int32_t z0, const float* scales,
+                                                    const uint8_t* zeros, const MmqScaleMap& map,
+                                                    bool saturate, bool vec, uint8_t* out) {
     if (how == MMQ_ONE) {
-        mmq_code_span<F>(v, a, cnt, vec, s0, z0, saturate, out);
+        mmq_code_span_fast<F>(v, a, cnt, vec, d0, z0, saturate, out);
         return;
     }
     int64_t j0 = mmq_scale_index(map, a);
@@ -110,23 +121,36 @@ __device__ __forceinline__ void mmq_for_chunks(int64_t n, bool vec, bool by_elem
     }
 }
 
+template <typename In, int F, MmqChunkScales How>
+__device__ __forceinline__ void mmq_quantize_loop(const In* x, int64_t n, const float* scales,
+                                                  const uint8_t* zeros, const MmqScaleMap& map,
+                                                  const MmqRecip& d0, int32_t z0, bool sat,
+                                                  bool vec, uint8_t* out) {
+    mmq_for_chunks<float>(
+        n, vec, How == MMQ_PER_ELEMENT,
+        [&](int64_t a, int cnt, bool v, float* values) { mmq_load_span(x, a, cnt, v, values); },
+        [&](const float* values, int64_t a, int cnt, bool v) {
+            mmq_quantize_loaded<F>(values, a, cnt, How, d0, z0, scales, zeros, map, sat, v, out);
+        },
+        [&](int64_t chunk) {
+            mmq_quantize_chunk<In, F>(x, n, scales, zeros, map, sat, vec, out, chunk);
+        });
+}
+
 template <typename In, int F>
 __device__ void mmq_quantize_impl(const In* x, int64_t n, const float* scales,
                                   const uint8_t* zeros, MmqScaleMap map, int32_t saturate,
                                   int32_t vec, uint8_t* out) {
-    MmqChunkScales how = mmq_chunk_scales(map, vec != 0);
-    float s0 = mmq_ldg(scales);
+    MmqRecip d0 = mmq_recip(mmq_ldg(scales));
     int32_t z0 = mmq_zero<F>(zeros, 0);
-    bool sat = saturate != 0;
-    mmq_for_chunks<float>(
-        n, vec != 0, how == MMQ_PER_ELEMENT,
-        [&](int64_t a, int cnt, bool v, float* values) { mmq_load_span(x, a, cnt, v, values); },
-        [&](const float* values, int64_t a, int cnt, bool v) {
-            mmq_quantize_loaded<F>(values, a, cnt, how, s0, z0, scales, zeros, map, sat, v, out);
-        },
-        [&](int64_t chunk) {
-            mmq_quantize_chunk<In, F>(x, n, scales, zeros, map, sat, vec != 0, out, chunk);
-        });
+    MmqChunkScales how = mmq_chunk_scales(map, vec != 0);
+    // A tensor's one scale out of the reciprocal's range (rare) takes the element path, which
+    // divides; the per-tensor loop then has the reciprocal alone.
+    if (how == MMQ_ONE && !d0.fast) {
+        how = MMQ_PER_ELEMENT;
+    }
+    MMQ_BY_HOW(how, mmq_quantize_loop, In MMQ_COMMA F,
+               (x, n, scales, zeros, map, d0, z0, saturate != 0, vec != 0, out))
 }
 
 // Decodes the codes of the chunk at element a and stores them.
@@ -158,21 +182,29 @@ __device__ __forceinline__ void mmq_dequantize_loaded(const uint32_t c[8], int64
     mmq_store_span(y, a, cnt, vec, v);
 }
 
+template <typename Out, int F, MmqChunkScales How>
+__device__ __forceinline__ void mmq_dequantize_loop(const uint8_t* codes, int64_t n,
+                                                    const float* scales, const uint8_t* zeros,
+                                                    const MmqScaleMap& map, float s0, int32_t z0,
+                                                    bool vec, Out* y) {
+    mmq_for_chunks<uint32_t>(
+        n, vec, How == MMQ_PER_ELEMENT,
+        [&](int64_t a, int cnt, bool v, uint32_t* c) { mmq_load_codes<F>(codes, a, cnt, v, c); },
+        [&](const uint32_t* c, int64_t a, int cnt, bool v) {
+            mmq_dequantize_loaded<Out, F>(c, a, cnt, How, s0, z0, scales, zeros, map, v, y);
+        },
+        [&](int64_t chunk) {
+            mmq_dequantize_chunk<Out, F>(codes, n, scales, zeros, map, vec, y, chunk);
+        });
+}
+
 template <typename Out, int F>
 __device__ void mmq_dequantize_impl(const uint8_t* codes, int64_t n, const float* scales,
                                     const uint8_t* zeros, MmqScaleMap map, int32_t vec, Out* y) {
-    MmqChunkScales how = mmq_chunk_scales(map, vec != 0);
     float s0 = mmq_ldg(scales);
     int32_t z0 = mmq_zero<F>(zeros, 0);
-    mmq_for_chunks<uint32_t>(
-        n, vec != 0, how == MMQ_PER_ELEMENT,
-        [&](int64_t a, int cnt, bool v, uint32_t* c) { mmq_load_codes<F>(codes, a, cnt, v, c); },
-        [&](const uint32_t* c, int64_t a, int cnt, bool v) {
-            mmq_dequantize_loaded<Out, F>(c, a, cnt, how, s0, z0, scales, zeros, map, v, y);
-        },
-        [&](int64_t chunk) {
-            mmq_dequantize_chunk<Out, F>(codes, n, scales, zeros, map, vec != 0, y, chunk);
-        });
+    MMQ_BY_HOW(mmq_chunk_scales(map, vec != 0), mmq_dequantize_loop, Out MMQ_COMMA F,
+               (codes, n, scales, zeros, map, s0, z0, vec != 0, y))
 }
 
 // min and max over the block (every thread gets the result); `red` holds 64 floats.
@@ -247,22 +279,27 @@ __device__ void mmq_quantize_dynamic_impl(const In* x, int64_t rows, int64_t row
         float s;
         int32_t z;
         mmq_group_qparams<F>(mn, mx, symmetric != 0, ScaleF16, &s, &z);
+        MmqRecip d = mmq_recip(s);
         if (threadIdx.x == 0) {
             mmq_store_group_params(g, s, z, ScaleF16, scales, zeros);
         }
-        if (held) {
+        // Held values are coded by the reciprocal; a scale out of its range (rare: a group of
+        // tiny or huge values) reads the group again and divides.
+        if (held && d.fast) {
 #pragma unroll
             for (int r = 0; r < MMQ_HELD; ++r) {
                 int64_t c = threadIdx.x + (int64_t)r * blockDim.x;
                 int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
                 if (cnt > 0) {
-                    mmq_code_span<F>(h[r], first + c * 8, cnt, vec != 0, s, z, true, out);
+                    mmq_code_span_fast<F>(h[r], first + c * 8, cnt, vec != 0, d, z, true, out);
                 }
             }
         } else {
             for (int64_t c = threadIdx.x; c * 8 < len; c += blockDim.x) {
                 int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
-                mmq_quantize_span<In, F>(x, first + c * 8, cnt, vec != 0, s, z, true, out);
+                float v[8];
+                mmq_load_span(x, first + c * 8, cnt, vec != 0, v);
+                mmq_code_span<F>(v, first + c * 8, cnt, vec != 0, d, z, true, out);
             }
         }
     }

@@ -32,6 +32,7 @@ mod checks {
             pub fn mmq_host_decode_e4m3(code: *const u8, n: usize, out: *mut f32);
             pub fn mmq_host_pack_int4(v: *const i32, n: usize, out: *mut u8);
             pub fn mmq_host_unpack_int4(byte: u8, index: i32, is_signed: i32) -> i32;
+            pub fn mmq_host_div_recip(x: *const f32, n: usize, s: f32, out: *mut f32) -> i32;
         }
     }
 
@@ -91,6 +92,14 @@ mod checks {
             // SAFETY: `out` holds ceil(n / 2) bytes, what the function writes for `n` values.
             unsafe { ffi::mmq_host_pack_int4(v.as_ptr(), v.len(), out.as_mut_ptr()) };
             out
+        }
+
+        /// `x / s` by the kernels' reciprocal, or `None` where `s` is out of its range.
+        pub fn div_recip(x: &[f32], s: f32) -> Option<Vec<f32>> {
+            let mut out = vec![0.0; x.len()];
+            // SAFETY: both buffers hold `x.len()` elements.
+            let fast = unsafe { ffi::mmq_host_div_recip(x.as_ptr(), x.len(), s, out.as_mut_ptr()) };
+            (fast != 0).then_some(out)
         }
 
         pub fn unpack_int4(byte: u8, index: i32, signed: bool) -> i32 {
@@ -242,6 +251,102 @@ mod checks {
                 same_bits(d, numeric::decode(DType::F8E4M3FN, *c)),
                 "code {c:#04x}: {d}"
             );
+        }
+    }
+
+    /// The kernels divide by a shared scale through its reciprocal (`mmq_div_fast`): the quotient
+    /// must be `x / s` bit for bit wherever a code can depend on it (|x / s| >= 2^-12), and keep
+    /// its sign below that. Scales with adversarial significands (all ones, near one, near a power
+    /// of two), dividends near multiples of s by half-integers and powers of two (and a few ulps
+    /// off), random bits, and the special values. `tools/check_recip_div.c` runs the same over
+    /// 10^9 pairs.
+    #[test]
+    fn division_by_the_reciprocal_is_the_division_where_codes_depend_on_it() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut checked = 0usize;
+        for round in 0..40_000 {
+            let r = next();
+            let man = match round % 6 {
+                0 => 0x7f_ffff,
+                1 => 0x7f_ffff - (r >> 40) as u32 % 256,
+                2 => (r >> 40) as u32 % 256,
+                3 => 0,
+                _ => (r >> 8) as u32 & 0x7f_ffff,
+            };
+            // Exponents over the whole fast range, [2^-60, 2^60).
+            let s = f32::from_bits(((67 + (r % 120) as u32) << 23) | man);
+            let mut x: Vec<f32> = (0..96)
+                .map(|i| {
+                    let r = next();
+                    let v = match i % 4 {
+                        0 => ((r % 1024) as f32 - 512.0 + 0.5) * s,
+                        1 => {
+                            (((r >> 10) % (1 << 24)) as f32 / 16_777_216.0 + 0.5)
+                                * 2f32.powi((r >> 40) as i32 % 26 - 12)
+                                * s
+                        }
+                        2 => f32::from_bits(r as u32),
+                        _ => 2f32.powi((r >> 20) as i32 % 20 - 10) * s,
+                    };
+                    let v = f32::from_bits(
+                        v.to_bits()
+                            .wrapping_add(((r >> 50) % 9) as u32)
+                            .wrapping_sub(4),
+                    );
+                    if r & 1 == 1 { -v } else { v }
+                })
+                .collect();
+            x.extend([
+                0.0,
+                -0.0,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::NAN,
+                f32::MAX,
+                -f32::MAX,
+                f32::from_bits(1),
+                -f32::from_bits(1),
+                f32::MIN_POSITIVE,
+            ]);
+            let got = host::div_recip(&x, s).expect("a scale in the fast range");
+            for (&xi, &g) in x.iter().zip(&got) {
+                let want = xi / s;
+                if want.is_nan() {
+                    assert!(g.is_nan(), "{xi:e} / {s:e}: {g:e}");
+                } else if want.abs() >= 2f32.powi(-12) {
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{xi:e} / {s:e}: {g:e} vs {want:e}"
+                    );
+                } else {
+                    assert!(
+                        g.is_sign_negative() == want.is_sign_negative() && g.abs() < 2f32.powi(-12),
+                        "{xi:e} / {s:e}: {g:e} vs {want:e}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 4_000_000);
+        // The range's ends, and past them (the kernels divide there).
+        for (s, fast) in [
+            (2f32.powi(-60), true),
+            (2f32.powi(60), true),
+            (-2f32.powi(60), true),
+            (2f32.powi(-61), false),
+            (2f32.powi(61), false),
+            (0.0, false),
+            (f32::INFINITY, false),
+            (f32::NAN, false),
+        ] {
+            assert_eq!(host::div_recip(&[1.0], s).is_some(), fast, "{s:e}");
         }
     }
 

@@ -277,6 +277,96 @@ fn quantize_and_dequantize_match_the_reference() {
     }
 }
 
+/// Scales past the range where the kernels divide through a reciprocal (2^-60 ..= 2^60), at its
+/// ends and inside it, each with values around it (codes away from 0 and from saturation), per
+/// tensor and per chunk of channels: the kernels divide there, and must still match.
+#[test]
+fn scales_out_of_the_reciprocal_range_match_the_reference() {
+    // A subnormal scale's reciprocal overflows: only the division gets its codes right.
+    let extremes = [
+        f32::from_bits(0x0004_0000),
+        2f32.powi(-61),
+        2f32.powi(-60),
+        0.37,
+        2f32.powi(60),
+        2f32.powi(61),
+        3e25,
+        -2f32.powi(-70),
+    ];
+    for dev in devices("scales_out_of_the_reciprocal_range_match_the_reference") {
+        for (map, channels) in [
+            (ScaleMap::Tensor, 1),
+            (
+                ScaleMap::Axis {
+                    axis_len: 8,
+                    inner: 8,
+                },
+                8,
+            ),
+        ] {
+            for (i, &s) in extremes.iter().enumerate() {
+                let scales: Vec<f32> = (0..channels).map(|c| extremes[(i + c) % 8]).collect();
+                let n = 8 * 8 * 12;
+                let x: Vec<f32> = (0..n)
+                    .map(|e| {
+                        let ch = if channels == 1 { 0 } else { e / 8 % 8 };
+                        ((e % 97) as f32 - 48.0 + 0.5 * (e % 2) as f32) * scales[ch]
+                    })
+                    .collect();
+                let d_scales = dev.upload(&scales).unwrap();
+                let d_x = dev.upload(&x).unwrap();
+                for format in Format::ALL {
+                    let q = QuantParams {
+                        format,
+                        map,
+                        scales: &d_scales,
+                        zeros: None,
+                        saturate: true,
+                    };
+                    let mut out = dev.zeros::<u8>(format.bytes(n)).unwrap();
+                    dev.quantize(&d_x, &q, &mut out).unwrap();
+                    let want = packed::quantize(&x, &map, &scales, None, format, true);
+                    assert!(
+                        dev.download(&out).unwrap() == want,
+                        "{}: {format:?} {map:?} scale {s:e}: codes differ",
+                        dev.name()
+                    );
+                }
+            }
+        }
+        // Groups of tiny and of huge values: their dynamic scales are out of the range too.
+        let x: Vec<f32> = (0..4 * 64)
+            .map(|e| {
+                let v = (e % 31) as f32 - 15.0;
+                [1e-28f32, 1e25, 0.02, 3e-20][e / 64] * v
+            })
+            .collect();
+        let d_x = dev.upload(&x).unwrap();
+        for format in Format::ALL {
+            let want = packed::quantize_dynamic(&x, 64, 64, format, true, false);
+            let mut codes = dev.zeros::<u8>(format.bytes(x.len())).unwrap();
+            let mut scales = dev.zeros::<f32>(4).unwrap();
+            dev.quantize_dynamic(
+                &d_x,
+                64,
+                64,
+                format,
+                true,
+                &mut codes,
+                GroupScales::F32(&mut scales),
+                None,
+            )
+            .unwrap();
+            assert_eq!(dev.download(&scales).unwrap(), want.scales, "{format:?}");
+            assert!(
+                dev.download(&codes).unwrap() == want.codes,
+                "{}: {format:?}: dynamic codes differ",
+                dev.name()
+            );
+        }
+    }
+}
+
 fn out_of(dev: &Device, codes: &[u8]) -> cuda::Buffer<u8> {
     dev.upload(codes).unwrap()
 }
