@@ -60,39 +60,54 @@ __device__ __forceinline__ void mmq_load_run(const float* scales, const uint8_t*
     }
 }
 
-// Codes the `cnt` loaded values of the chunk at element a.
-template <int F>
-__device__ __forceinline__ void mmq_quantize_loaded(const float v[8], int64_t a, int cnt,
-                                                    MmqChunkScales how, const MmqRecip& d0,
-                                                    int32_t z0, const float* scales,
-                                                    const uint8_t* zeros, const MmqScaleMap& map,
-                                                    bool saturate, bool vec, uint8_t* out) {
-    if (how == MMQ_ONE) {
-        mmq_code_span_fast<F>(v, a, cnt, vec, d0, z0, saturate, out);
-        return;
-    }
-    int64_t j0 = mmq_scale_index(map, a);
-    if (how == MMQ_PER_CHUNK) {
-        mmq_code_span<F>(v, a, cnt, vec, mmq_ldg(scales + j0), mmq_zero<F>(zeros, j0), saturate,
-                         out);
-        return;
-    }
+// A chunk as loaded: its eight values (inputs or codes) and, by the kind of scales, its scale and
+// zero point (per chunk) or its eight of each (a run), read together with the values so that a
+// chunk's loads are all in flight before it is used.
+template <typename T>
+struct MmqChunk {
+    T v[8];
     float s[8];
     int32_t z[8];
-    mmq_load_run<F>(scales, zeros, j0, s, z);
-    uint32_t c[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-        c[e] = mmq_encode<F>(v[e], s[e], z[e], saturate);
+};
+
+// The scales and zero points of the chunk at element a, by the kind of scales (per tensor: none).
+template <int F, MmqChunkScales How, typename T>
+__device__ __forceinline__ void mmq_load_chunk_scales(MmqChunk<T>& ch, int64_t a,
+                                                      const float* scales, const uint8_t* zeros,
+                                                      const MmqScaleMap& map) {
+    if (How == MMQ_PER_CHUNK) {
+        int64_t j0 = mmq_scale_index(map, a);
+        ch.s[0] = mmq_ldg(scales + j0);
+        ch.z[0] = mmq_zero<F>(zeros, j0);
+    } else if (How == MMQ_RUN) {
+        mmq_load_run<F>(scales, zeros, mmq_scale_index(map, a), ch.s, ch.z);
     }
-    mmq_store_codes<F>(out, a, cnt, vec, c);
+}
+
+// Codes the `cnt` loaded values of the chunk at element a.
+template <int F, MmqChunkScales How>
+__device__ __forceinline__ void mmq_quantize_loaded(const MmqChunk<float>& ch, int64_t a, int cnt,
+                                                    const MmqRecip& d0, int32_t z0, bool saturate,
+                                                    bool vec, uint8_t* out) {
+    if (How == MMQ_ONE) {
+        mmq_code_span_fast<F>(ch.v, a, cnt, vec, d0, z0, saturate, out);
+    } else if (How == MMQ_PER_CHUNK) {
+        mmq_code_span<F>(ch.v, a, cnt, vec, ch.s[0], ch.z[0], saturate, out);
+    } else {
+        uint32_t c[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            c[e] = mmq_encode<F>(ch.v[e], ch.s[e], ch.z[e], saturate);
+        }
+        mmq_store_codes<F>(out, a, cnt, vec, c);
+    }
 }
 
 // Grid-stride over the chunks of eight of n elements: two full chunks per step (both loaded
-// before either is used, so each thread keeps two loads in flight), then the rest one by one;
-// `by_element` maps go chunk by chunk through `one`. `load(a, cnt, vec, v)` reads chunk a's
-// values (T[8]); `use(v, a, cnt, vec)` codes or decodes and stores them.
-template <typename T, typename Load, typename Use, typename One>
+// before either is used, so each thread keeps two chunks' loads in flight), then the rest one by
+// one; `by_element` maps go chunk by chunk through `one`. `load(a, cnt, vec, chunk)` reads chunk
+// a (a `Chunk`); `use(chunk, a, cnt, vec)` codes or decodes and stores it.
+template <typename Chunk, typename Load, typename Use, typename One>
 __device__ __forceinline__ void mmq_for_chunks(int64_t n, bool vec, bool by_element, Load load,
                                                Use use, One one) {
     int64_t chunks = (n + 7) / 8;
@@ -106,7 +121,7 @@ __device__ __forceinline__ void mmq_for_chunks(int64_t n, bool vec, bool by_elem
     }
     if (vec) {
         for (; (c + stride) * 8 + 8 <= n; c += 2 * stride) {
-            T v0[8], v1[8];
+            Chunk v0, v1;
             load(c * 8, 8, true, v0);
             load((c + stride) * 8, 8, true, v1);
             use(v0, c * 8, 8, true);
@@ -115,7 +130,7 @@ __device__ __forceinline__ void mmq_for_chunks(int64_t n, bool vec, bool by_elem
     }
     for (; c < chunks; c += stride) {
         int cnt = n - c * 8 < 8 ? (int)(n - c * 8) : 8;
-        T v[8];
+        Chunk v;
         load(c * 8, cnt, vec, v);
         use(v, c * 8, cnt, vec);
     }
@@ -126,11 +141,14 @@ __device__ __forceinline__ void mmq_quantize_loop(const In* x, int64_t n, const 
                                                   const uint8_t* zeros, const MmqScaleMap& map,
                                                   const MmqRecip& d0, int32_t z0, bool sat,
                                                   bool vec, uint8_t* out) {
-    mmq_for_chunks<float>(
+    mmq_for_chunks<MmqChunk<float>>(
         n, vec, How == MMQ_PER_ELEMENT,
-        [&](int64_t a, int cnt, bool v, float* values) { mmq_load_span(x, a, cnt, v, values); },
-        [&](const float* values, int64_t a, int cnt, bool v) {
-            mmq_quantize_loaded<F>(values, a, cnt, How, d0, z0, scales, zeros, map, sat, v, out);
+        [&](int64_t a, int cnt, bool v, MmqChunk<float>& ch) {
+            mmq_load_span(x, a, cnt, v, ch.v);
+            mmq_load_chunk_scales<F, How>(ch, a, scales, zeros, map);
+        },
+        [&](const MmqChunk<float>& ch, int64_t a, int cnt, bool v) {
+            mmq_quantize_loaded<F, How>(ch, a, cnt, d0, z0, sat, v, out);
         },
         [&](int64_t chunk) {
             mmq_quantize_chunk<In, F>(x, n, scales, zeros, map, sat, vec, out, chunk);
@@ -154,29 +172,22 @@ __device__ void mmq_quantize_impl(const In* x, int64_t n, const float* scales,
 }
 
 // Decodes the codes of the chunk at element a and stores them.
-template <typename Out, int F>
-__device__ __forceinline__ void mmq_dequantize_loaded(const uint32_t c[8], int64_t a, int cnt,
-                                                      MmqChunkScales how, float s0, int32_t z0,
-                                                      const float* scales, const uint8_t* zeros,
-                                                      const MmqScaleMap& map, bool vec, Out* y) {
+template <typename Out, int F, MmqChunkScales How>
+__device__ __forceinline__ void mmq_dequantize_loaded(const MmqChunk<uint32_t>& ch, int64_t a,
+                                                      int cnt, float s0, int32_t z0, bool vec,
+                                                      Out* y) {
     float v[8];
-    if (how == MMQ_RUN) {
-        float s[8];
-        int32_t z[8];
-        mmq_load_run<F>(scales, zeros, mmq_scale_index(map, a), s, z);
+    if (How == MMQ_RUN) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            v[e] = mmq_decode<F>(c[e], s[e], z[e]);
+            v[e] = mmq_decode<F>(ch.v[e], ch.s[e], ch.z[e]);
         }
     } else {
-        if (how == MMQ_PER_CHUNK) {
-            int64_t j0 = mmq_scale_index(map, a);
-            s0 = mmq_ldg(scales + j0);
-            z0 = mmq_zero<F>(zeros, j0);
-        }
+        float s = How == MMQ_PER_CHUNK ? ch.s[0] : s0;
+        int32_t z = How == MMQ_PER_CHUNK ? ch.z[0] : z0;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            v[e] = mmq_decode<F>(c[e], s0, z0);
+            v[e] = mmq_decode<F>(ch.v[e], s, z);
         }
     }
     mmq_store_span(y, a, cnt, vec, v);
@@ -187,11 +198,14 @@ __device__ __forceinline__ void mmq_dequantize_loop(const uint8_t* codes, int64_
                                                     const float* scales, const uint8_t* zeros,
                                                     const MmqScaleMap& map, float s0, int32_t z0,
                                                     bool vec, Out* y) {
-    mmq_for_chunks<uint32_t>(
+    mmq_for_chunks<MmqChunk<uint32_t>>(
         n, vec, How == MMQ_PER_ELEMENT,
-        [&](int64_t a, int cnt, bool v, uint32_t* c) { mmq_load_codes<F>(codes, a, cnt, v, c); },
-        [&](const uint32_t* c, int64_t a, int cnt, bool v) {
-            mmq_dequantize_loaded<Out, F>(c, a, cnt, How, s0, z0, scales, zeros, map, v, y);
+        [&](int64_t a, int cnt, bool v, MmqChunk<uint32_t>& ch) {
+            mmq_load_codes<F>(codes, a, cnt, v, ch.v);
+            mmq_load_chunk_scales<F, How>(ch, a, scales, zeros, map);
+        },
+        [&](const MmqChunk<uint32_t>& ch, int64_t a, int cnt, bool v) {
+            mmq_dequantize_loaded<Out, F, How>(ch, a, cnt, s0, z0, v, y);
         },
         [&](int64_t chunk) {
             mmq_dequantize_chunk<Out, F>(codes, n, scales, zeros, map, vec, y, chunk);
