@@ -103,13 +103,13 @@ __device__ __forceinline__ void mmq_quantize_loaded(const MmqChunk<float>& ch, i
     }
 }
 
-// Grid-stride over the chunks of eight of n elements: two full chunks per step (both loaded
-// before either is used, so each thread keeps two chunks' loads in flight), then the rest one by
-// one; `by_element` maps go chunk by chunk through `one`. `load(a, cnt, vec, chunk)` reads chunk
-// a (a `Chunk`); `use(chunk, a, cnt, vec)` codes or decodes and stores it.
+// Grid-stride over the chunks of eight of n elements: with `pairs`, two full chunks per step (both
+// loaded before either is used, so each thread keeps two chunks' loads in flight), then the rest
+// one by one; `by_element` maps go chunk by chunk through `one`. `load(a, cnt, vec, chunk)` reads
+// chunk a (a `Chunk`); `use(chunk, a, cnt, vec)` codes or decodes and stores it.
 template <typename Chunk, typename Load, typename Use, typename One>
-__device__ __forceinline__ void mmq_for_chunks(int64_t n, bool vec, bool by_element, Load load,
-                                               Use use, One one) {
+__device__ __forceinline__ void mmq_for_chunks(int64_t n, bool vec, bool pairs, bool by_element,
+                                               Load load, Use use, One one) {
     int64_t chunks = (n + 7) / 8;
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -119,7 +119,7 @@ __device__ __forceinline__ void mmq_for_chunks(int64_t n, bool vec, bool by_elem
         }
         return;
     }
-    if (vec) {
+    if (vec && pairs) {
         for (; (c + stride) * 8 + 8 <= n; c += 2 * stride) {
             Chunk v0, v1;
             load(c * 8, 8, true, v0);
@@ -141,8 +141,9 @@ __device__ __forceinline__ void mmq_quantize_loop(const In* x, int64_t n, const 
                                                   const uint8_t* zeros, const MmqScaleMap& map,
                                                   const MmqRecip& d0, int32_t z0, bool sat,
                                                   bool vec, uint8_t* out) {
+    // A run's eight scales and zero points per chunk: one chunk per step (registers).
     mmq_for_chunks<MmqChunk<float>>(
-        n, vec, How == MMQ_PER_ELEMENT,
+        n, vec, How != MMQ_RUN, How == MMQ_PER_ELEMENT,
         [&](int64_t a, int cnt, bool v, MmqChunk<float>& ch) {
             mmq_load_span(x, a, cnt, v, ch.v);
             mmq_load_chunk_scales<F, How>(ch, a, scales, zeros, map);
@@ -199,7 +200,7 @@ __device__ __forceinline__ void mmq_dequantize_loop(const uint8_t* codes, int64_
                                                     const MmqScaleMap& map, float s0, int32_t z0,
                                                     bool vec, Out* y) {
     mmq_for_chunks<MmqChunk<uint32_t>>(
-        n, vec, How == MMQ_PER_ELEMENT,
+        n, vec, How != MMQ_RUN, How == MMQ_PER_ELEMENT,
         [&](int64_t a, int cnt, bool v, MmqChunk<uint32_t>& ch) {
             mmq_load_codes<F>(codes, a, cnt, v, ch.v);
             mmq_load_chunk_scales<F, How>(ch, a, scales, zeros, map);
@@ -320,12 +321,12 @@ __device__ void mmq_quantize_dynamic_impl(const In* x, int64_t rows, int64_t row
 }
 
 #define MMQ_QUANT_KERNELS(in_name, In, fmt_name, F)                                              \
-    extern "C" __global__ void mmq_quantize_##in_name##_##fmt_name(                             \
+    extern "C" __global__ void __launch_bounds__(256, 4) mmq_quantize_##in_name##_##fmt_name(   \
         const In* x, int64_t n, const float* scales, const uint8_t* zeros, MmqScaleMap map,     \
         int32_t saturate, int32_t vec, uint8_t* out) {                                          \
         mmq_quantize_impl<In, F>(x, n, scales, zeros, map, saturate, vec, out);                 \
     }                                                                                           \
-    extern "C" __global__ void mmq_dequantize_##fmt_name##_##in_name(                           \
+    extern "C" __global__ void __launch_bounds__(256, 4) mmq_dequantize_##fmt_name##_##in_name( \
         const uint8_t* codes, int64_t n, const float* scales, const uint8_t* zeros,             \
         MmqScaleMap map, int32_t vec, In* y) {                                                  \
         mmq_dequantize_impl<In, F>(codes, n, scales, zeros, map, vec, y);                       \
