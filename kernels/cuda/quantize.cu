@@ -12,12 +12,12 @@ enum MmqChunkScales { MMQ_ONE, MMQ_PER_CHUNK, MMQ_RUN, MMQ_PER_ELEMENT };
 #define MMQ_COMMA ,
 // Calls name<..., How>(args) with the kind of scales `how` as a template argument, so each kind
 // gets its own loop.
-#define MMQ_BY_HOW(how, name, targs, args)                       \
-    switch (how) {                                               \
-        case MMQ_ONE: name<targs, MMQ_ONE> args; break;          \
+#define MMQ_BY_HOW(how, name, targs, args)                          \
+    switch (how) {                                                  \
+        case MMQ_ONE: name<targs, MMQ_ONE> args; break;             \
         case MMQ_PER_CHUNK: name<targs, MMQ_PER_CHUNK> args; break; \
-        case MMQ_RUN: name<targs, MMQ_RUN> args; break;          \
-        default: name<targs, MMQ_PER_ELEMENT> args; break;       \
+        case MMQ_RUN: name<targs, MMQ_RUN> args; break;             \
+        default: name<targs, MMQ_PER_ELEMENT> args; break;          \
     }
 
 __device__ __forceinline__ MmqChunkScales mmq_chunk_scales(const MmqScaleMap& map, bool vec) {
