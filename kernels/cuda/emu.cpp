@@ -12,6 +12,12 @@
 
 #include "emu_abi.h"
 
+// The element math (its software conversions, MMQ_EMULATE being set), in a namespace of its own
+// as in emu_kernels.cpp.
+namespace mmq_emu_math {
+#include "mmq_quant.cuh"
+}
+
 thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
 thread_local uint3 blockDim;
@@ -186,43 +192,21 @@ bool run_block(Launch* l, size_t threads, const ucontext_t& base) {
 }
 
 // binary16 bits as a double (exact).
-double f16_to_f64(uint16_t h) {
-    int e = (h >> 10) & 0x1f;
-    int m = h & 0x3ff;
-    double v = e == 0 ? ldexp((double)m, -24)
-               : e == 31 ? (m ? NAN : INFINITY)
-                         : ldexp((double)(1024 + m), e - 25);
-    return (h & 0x8000) ? -v : v;
-}
+double f16_to_f64(uint16_t h) { return (double)mmq_emu_math::mmq_f16_to_f32(h); }
 
-// A double rounded once to binary16, to nearest even (overflow to infinity).
+// A double rounded once to binary16, to nearest even: rounded to the binary16 spacing at its
+// magnitude in double (exact there), the value is a binary16 value, or 65536 and past the
+// largest, which the conversion takes to infinity.
 uint16_t f64_to_f16(double x) {
-    uint16_t sign = signbit(x) ? 0x8000 : 0;
-    if (x != x) {
-        return 0x7e00 | sign;
-    }
-    double a = fabs(x);
-    if (a == INFINITY) {
-        return sign | 0x7c00;
-    }
-    if (a == 0.0) {
-        return sign;
+    if (x != x || x == 0.0 || fabs(x) == INFINITY) {
+        return mmq_emu_math::mmq_f32_to_f16((float)x);
     }
     int e2;
-    frexp(a, &e2);
+    frexp(fabs(x), &e2);
     int exp = e2 - 1 < -14 ? -14 : e2 - 1;  // the binary exponent, subnormals at 2^-14
     // In units of 2^(exp - 10), the value's binary16 neighbours are consecutive integers.
-    double q = rint(ldexp(a, 10 - exp));
-    double v = ldexp(q, exp - 10);
-    if (v >= 65536.0) {
-        return sign | 0x7c00;
-    }
-    if (v < ldexp(1.0, -14)) {
-        return sign | (uint16_t)q;  // a subnormal: q units of 2^-24
-    }
-    int e;
-    double m = frexp(v, &e);  // v = m 2^e, m in [0.5, 1)
-    return sign | (uint16_t)((e + 14) << 10) | (uint16_t)((int)ldexp(m, 11) - 1024);
+    double v = ldexp(rint(ldexp(x, 10 - exp)), exp - 10);
+    return mmq_emu_math::mmq_f32_to_f16((float)v);
 }
 
 }  // namespace
