@@ -665,6 +665,9 @@ struct Args<'a> {
     syncs: Vec<SyncOnDrop<'a>>,
     /// (argument index, data, bytes) of every emulated buffer argument.
     host: Vec<(usize, *const u8, usize)>,
+    /// A buffer of another device (a GPU buffer on the emulator or the other way round): the
+    /// launch is refused.
+    foreign: bool,
 }
 
 impl<'a> Args<'a> {
@@ -681,10 +684,15 @@ impl<'a> Args<'a> {
                 self.syncs.push(sync);
                 self.vals.push(Arg::Ptr(p));
             }
-            (Store::Host(h), _) => self.host_arg(h),
-            (Store::Cuda(_), None) => unreachable!("a device buffer on the emulator"),
+            (Store::Host(h), None) => self.host_arg(h),
+            _ => self.foreign_arg(),
         }
         self
+    }
+
+    fn foreign_arg(&mut self) {
+        self.foreign = true;
+        self.vals.push(Arg::Ptr(0));
     }
 
     /// A buffer the kernel writes.
@@ -695,8 +703,8 @@ impl<'a> Args<'a> {
                 self.syncs.push(sync);
                 self.vals.push(Arg::Ptr(p));
             }
-            (Store::Host(h), _) => self.host_arg(h),
-            (Store::Cuda(_), None) => unreachable!("a device buffer on the emulator"),
+            (Store::Host(h), None) => self.host_arg(h),
+            _ => self.foreign_arg(),
         }
         self
     }
@@ -913,6 +921,7 @@ impl Device {
             vals: Vec::new(),
             syncs: Vec::new(),
             host: Vec::new(),
+            foreign: false,
         }
     }
 
@@ -929,6 +938,12 @@ impl Device {
         args: Args<'_>,
         what: &'static str,
     ) -> Result<(), CudaError> {
+        if args.foreign {
+            return invalid(format!(
+                "{name}: a buffer argument belongs to another device than the {}",
+                self.name
+            ));
+        }
         match &self.backend {
             Backend::Cuda { stream, module, .. } => {
                 let f = module

@@ -367,6 +367,31 @@ fn scales_out_of_the_reciprocal_range_match_the_reference() {
     }
 }
 
+/// A buffer of one device given to another (the GPU's to the emulator and the other way round) is
+/// an error, not a panic or a host pointer in a GPU kernel.
+#[test]
+fn buffers_of_another_device_are_errors() {
+    let Some(gpu) = gpu("buffers_of_another_device_are_errors") else {
+        return;
+    };
+    let emu = Device::emulated().unwrap();
+    for (run, other) in [(&gpu, &emu), (&emu, &gpu)] {
+        let x = other.upload(&[1.0f32; 64]).unwrap();
+        let scales = run.upload(&[0.5f32]).unwrap();
+        let mut out = run.zeros::<u8>(64).unwrap();
+        let q = QuantParams {
+            format: Format::I8,
+            map: ScaleMap::Tensor,
+            scales: &scales,
+            zeros: None,
+            saturate: true,
+        };
+        let e = run.quantize(&x, &q, &mut out).unwrap_err().to_string();
+        assert!(e.contains("another device"), "{e}");
+        assert!(run.download(&x).is_err());
+    }
+}
+
 fn out_of(dev: &Device, codes: &[u8]) -> cuda::Buffer<u8> {
     dev.upload(codes).unwrap()
 }
