@@ -65,24 +65,53 @@ extern "C" int mmq_launch_dequantize(const int8_t* q, int64_t n, const float* sc
 extern "C" int mmq_launch_dynamic_quantize(const void* x, int32_t x_type, int64_t rows,
                                            int64_t row_len, int64_t group, int8_t* out,
                                            float* scales, cudaStream_t stream) {
-    // As mmq_kernels::cuda: enough threads to hold a group in registers (MMQ_HELD chunks each).
-    int64_t chunks = (group + 8 * MMQ_HELD - 1) / (8 * MMQ_HELD);
-    int threads = 32;
-    while (threads < chunks && threads < 512) {
-        threads *= 2;
+    // As mmq_kernels::cuda: groups of up to MMQ_WARP_GROUP values take lanes of a warp (8 values
+    // a lane), longer ones a block with enough threads to hold the group in registers
+    // (MMQ_HELD_BYTES of input each); one wave of resident blocks strides over the groups.
+    if (group < 1 || group > 0x7fffffff || (row_len + group - 1) / group > 0x7fffffff) {
+        return (int)cudaErrorInvalidValue;  // the kernels index groups in 32 bits
     }
-    int32_t vec = row_len % 8 == 0 && group % 8 == 0;
-    int64_t groups = rows * ((row_len + group - 1) / group);
-    unsigned grid = (unsigned)(groups < (1 << 20) ? (groups < 1 ? 1 : groups) : (1 << 20));
-    uint8_t* o = reinterpret_cast<uint8_t*>(out);
-    if (x_type == MMQ_F16) {
-        mmq_quantize_dynamic_f16_i8_f32s<<<grid, threads, 0, stream>>>(
-            static_cast<const mmq_f16*>(x), rows, row_len, group, 1, vec, o, scales, nullptr);
+    bool warp = group <= MMQ_WARP_GROUP;
+    int threads = 256;
+    int64_t per_block = 1;
+    if (warp) {
+        int lanes = 1;
+        while (lanes * 8 < group) {
+            lanes *= 2;
+        }
+        per_block = 8 * (32 / lanes);
     } else {
-        mmq_quantize_dynamic_f32_i8_f32s<<<grid, threads, 0, stream>>>(
-            static_cast<const float*>(x), rows, row_len, group, 1, vec, o, scales, nullptr);
+        int64_t held = MMQ_HELD_BYTES / (x_type == MMQ_F16 ? 2 : 4);
+        int64_t chunks = (group + held - 1) / held;
+        threads = 32;
+        while (threads < chunks && threads < 512) {
+            threads *= 2;
+        }
     }
-    return last_error();
+    const void* kernel =
+        x_type == MMQ_F16
+            ? (warp ? reinterpret_cast<const void*>(mmq_quantize_dynamic_warp_f16_i8_f32s)
+                    : reinterpret_cast<const void*>(mmq_quantize_dynamic_blocks_f16_i8_f32s))
+            : (warp ? reinterpret_cast<const void*>(mmq_quantize_dynamic_warp_f32_i8_f32s)
+                    : reinterpret_cast<const void*>(mmq_quantize_dynamic_blocks_f32_i8_f32s));
+    int dev = 0, sms = 1, per_sm = 1;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
+        return last_error();
+    }
+    int64_t wave = (int64_t)sms * (per_sm < 1 ? 1 : per_sm);
+    int64_t groups = rows * ((row_len + group - 1) / group);
+    int64_t blocks = (groups + per_block - 1) / per_block;
+    unsigned grid = (unsigned)(blocks < 1 ? 1 : (blocks < wave ? blocks : wave));
+    // The four kernels share one parameter list.
+    const void* xp = x;
+    int32_t symmetric = 1;
+    int32_t vec = row_len % 8 == 0 && group % 8 == 0;
+    uint8_t* codes = reinterpret_cast<uint8_t*>(out);
+    uint8_t* no_zeros = nullptr;
+    void* args[] = {&xp, &rows, &row_len, &group, &symmetric, &vec, &codes, &scales, &no_zeros};
+    return (int)cudaLaunchKernel(kernel, dim3(grid), dim3((unsigned)threads), args, 0, stream);
 }
 
 extern "C" int mmq_launch_nbits(const void* a, const uint8_t* b, const void* scales,

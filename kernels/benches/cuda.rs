@@ -127,6 +127,21 @@ fn bandwidth(dev: &Device) {
             .expect("per token")
         });
         report(dev, "quantize f16→i8 per token (dynamic)", mib, 3 * n, ms);
+        // Image features: INT4 groups of 64 with binary16 scales (the warp kernel).
+        let mut codes = dev.zeros::<u8>(n / 2).expect("alloc");
+        let mut scales = dev.zeros::<f16>(n / 64).expect("alloc");
+        let ms = time(&s, || {
+            dev.image_features_int4(&d_x, 4096, &mut codes, &mut scales)
+                .expect("image features")
+        });
+        let moved = 2 * n + n / 2 + n / 32;
+        report(
+            dev,
+            "quantize f16→i4 groups of 64 (dynamic)",
+            mib,
+            moved,
+            ms,
+        );
     }
     println!();
 }

@@ -1,7 +1,8 @@
 // Quantize and dequantize kernels: per tensor, per axis and per group with given scales and zero
 // points (grid-stride loops over chunks of eight elements, 128-bit loads when aligned), and
-// dynamic per group / per token quantization (one block per group: min/max reduction, the
-// group's scale and zero point, then the codes, in one pass over the data).
+// dynamic per group / per token quantization (a group's min/max reduction, its scale and zero
+// point, then its codes, in one pass over the data: short groups by lanes of a warp, long ones by
+// a block).
 #include "mmq_blocks.cuh"
 
 // How a launch finds its scales: one for the tensor, one per chunk (every chunk inside one scale),
@@ -222,28 +223,6 @@ __device__ void mmq_dequantize_impl(const uint8_t* codes, int64_t n, const float
                (codes, n, scales, zeros, map, s0, z0, vec != 0, y))
 }
 
-// min and max over the block (every thread gets the result); `red` holds 64 floats.
-__device__ void mmq_block_minmax(float* mn, float* mx, float* red) {
-    for (int off = 16; off > 0; off >>= 1) {
-        *mn = fminf(*mn, __shfl_xor_sync(0xffffffffu, *mn, off));
-        *mx = fmaxf(*mx, __shfl_xor_sync(0xffffffffu, *mx, off));
-    }
-    int warp = threadIdx.x >> 5;
-    int warps = (blockDim.x + 31) >> 5;
-    if ((threadIdx.x & 31) == 0) {
-        red[warp] = *mn;
-        red[32 + warp] = *mx;
-    }
-    __syncthreads();
-    *mn = red[0];
-    *mx = red[32];
-    for (int w = 1; w < warps; ++w) {
-        *mn = fminf(*mn, red[w]);
-        *mx = fmaxf(*mx, red[32 + w]);
-    }
-    __syncthreads();
-}
-
 // Folds the first `cnt` of v into [mn, mx].
 __device__ __forceinline__ void mmq_span_minmax(const float v[8], int cnt, float* mn, float* mx) {
 #pragma unroll
@@ -255,70 +234,305 @@ __device__ __forceinline__ void mmq_span_minmax(const float v[8], int cnt, float
     }
 }
 
-// One block per group (grid-stride over groups); blockDim.x a multiple of 32. A group of at most
-// MMQ_HELD chunks per thread is read once: its values stay in registers between the reduction
-// and the coding; a longer group is read twice.
-#define MMQ_HELD 2
+// min and max over aligned runs of `width` lanes (a power of two up to 32); every lane of the
+// warp takes part.
+__device__ __forceinline__ void mmq_lanes_minmax(float* mn, float* mx, int width) {
+    for (int off = width >> 1; off > 0; off >>= 1) {
+        *mn = fminf(*mn, __shfl_xor_sync(0xffffffffu, *mn, off));
+        *mx = fmaxf(*mx, __shfl_xor_sync(0xffffffffu, *mx, off));
+    }
+}
+
+// Up to eight input values as loaded, not yet converted to f32, so that loads issued for the
+// next group are not waited for until that group's turn (binary16 inputs: two per word).
+template <typename In>
+struct MmqRawSpan {
+    uint32_t w[sizeof(In) * 2];
+};
+
+__device__ __forceinline__ uint32_t mmq_raw_bits(float x) { return mmq_f32_bits(x); }
+__device__ __forceinline__ uint32_t mmq_raw_bits(mmq_f16 x) { return x.bits; }
+__device__ __forceinline__ uint32_t mmq_raw_bits(mmq_bf16 x) { return x.bits; }
+
+// The `cnt` (at most 8) values at x + i0; `vec` as for `mmq_load_span`.
+template <typename In>
+__device__ __forceinline__ void mmq_load_raw(const In* x, int64_t i0, int cnt, bool vec,
+                                             MmqRawSpan<In>* r) {
+    constexpr int words = (int)sizeof(In) * 2;
+    if (vec && cnt == 8) {
+        const uint4* p = reinterpret_cast<const uint4*>(x + i0);
+#pragma unroll
+        for (int q = 0; q < words / 4; ++q) {
+            uint4 u = __ldg(p + q);
+            r->w[4 * q] = u.x, r->w[4 * q + 1] = u.y, r->w[4 * q + 2] = u.z, r->w[4 * q + 3] = u.w;
+        }
+        return;
+    }
+#pragma unroll
+    for (int q = 0; q < words; ++q) {
+        r->w[q] = 0;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        if (e < cnt) {
+            uint32_t b = mmq_raw_bits(x[i0 + e]);
+            r->w[sizeof(In) == 4 ? e : e >> 1] |= sizeof(In) == 4 ? b : b << (16 * (e & 1));
+        }
+    }
+}
+
+__device__ __forceinline__ void mmq_unpack_raw(const MmqRawSpan<float>& r, float v[8]) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        v[e] = mmq_bits_f32(r.w[e]);
+    }
+}
+template <typename H>
+__device__ __forceinline__ void mmq_unpack_raw(const MmqRawSpan<H>& r, float v[8]) {
+    mmq_unpack8(r.w, H(), v);
+}
+
+// The kernels' group count (rows of `row_len` in groups of `group`).
+__device__ __forceinline__ int64_t mmq_dynamic_groups(int64_t rows, int64_t row_len,
+                                                      int64_t group) {
+    return rows * ((row_len + group - 1) / group);
+}
+
+// Groups of at most MMQ_WARP_GROUP values are coded by lanes of one warp, longer ones by a block.
+#define MMQ_WARP_GROUP 256
+
+// Lanes per group in the warp kernel: a power of two with 8 values per lane covering the group.
+__device__ __forceinline__ int mmq_group_lanes(int64_t group) {
+    int lanes = 1;
+    while (lanes * 8 < group) {
+        lanes <<= 1;
+    }
+    return lanes;
+}
+
+// A walk over the groups of rows of `row_len` cut into groups of `group`: group g is group `col`
+// of row `row`; the walk starts at group `g0` and steps `step` groups at a time by additions (the
+// kernels' loops would otherwise divide by the groups per row at every step).
+struct MmqGroupWalk {
+    // Groups per row, and column indices, are 32-bit (the launchers check).
+    int64_t row, step_row;
+    int32_t col, step_col, per_row;
+
+    __device__ MmqGroupWalk(int64_t g0, int64_t step, int64_t row_len, int64_t group) {
+        per_row = (int32_t)((row_len + group - 1) / group);
+        row = g0 / per_row;
+        col = (int32_t)(g0 - row * per_row);
+        step_row = step / per_row;
+        step_col = (int32_t)(step - step_row * per_row);
+    }
+
+    __device__ __forceinline__ void next() {
+        row += step_row, col += step_col;
+        if (col >= per_row) {
+            col -= per_row, ++row;
+        }
+    }
+
+    // The current group's first element and length (0 from row `rows` on).
+    __device__ __forceinline__ void span(int64_t rows, int64_t row_len, int64_t group,
+                                         int64_t* first, int* len) const {
+        *first = 0, *len = 0;
+        if (row < rows) {
+            int64_t c = (int64_t)col * group;
+            *first = row * row_len + c;
+            *len = (int)(row_len - c < group ? row_len - c : group);
+        }
+    }
+};
+
+// Groups of at most MMQ_WARP_GROUP values: each takes `lanes` lanes, one chunk of 8 per lane, so
+// a warp codes 32 / lanes groups at a time, reduces them by shuffles (no barrier) and holds their
+// values in registers between the reduction and the coding. Warps stride over the groups and load
+// their next groups' values before reducing and coding the current ones.
 template <typename In, int F, bool ScaleF16>
-__device__ void mmq_quantize_dynamic_impl(const In* x, int64_t rows, int64_t row_len,
-                                          int64_t group, int32_t symmetric, int32_t vec,
-                                          uint8_t* out, void* scales, uint8_t* zeros) {
-    __shared__ float red[64];
-    int64_t per_row = (row_len + group - 1) / group;
-    for (int64_t g = blockIdx.x; g < rows * per_row; g += gridDim.x) {
-        int64_t first, len;
-        mmq_group_span(g, row_len, group, &first, &len);
+__device__ void mmq_quantize_dynamic_warp(const In* x, int64_t rows, int64_t row_len,
+                                          int64_t group, bool symmetric, bool vec, uint8_t* out,
+                                          void* scales, uint8_t* zeros) {
+    int64_t groups = mmq_dynamic_groups(rows, row_len, group);
+    int lanes = mmq_group_lanes(group);
+    int per_warp = 32 / lanes;
+    int lane = threadIdx.x & 31;
+    int col = (lane % lanes) * 8;
+    int64_t step = (((int64_t)gridDim.x * blockDim.x) >> 5) * per_warp;
+    // This lane's group: one of its warp's per_warp groups, then those `step` groups on; the
+    // warp's first group is g - sub.
+    int sub = lane / lanes;
+    int64_t g = (((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * per_warp + sub;
+    MmqGroupWalk walk(g, step, row_len, group);
+    // This lane's first element and count in the walk's group (0: none).
+    auto place = [&](int64_t* a, int* cnt) {
+        int len;
+        walk.span(rows, row_len, group, a, &len);
+        *a += col;
+        *cnt = len - col <= 0 ? 0 : (len - col < 8 ? len - col : 8);
+    };
+    int64_t a;
+    int cnt;
+    place(&a, &cnt);
+    MmqRawSpan<In> raw;
+    mmq_load_raw(x, a, cnt, vec, &raw);
+    for (; g - sub < groups; g += step) {
+        float v[8];
+        mmq_unpack_raw(raw, v);
         float mn = mmq_bits_f32(0x7f800000u);  // +inf
         float mx = -mn;
-        bool held = len <= (int64_t)blockDim.x * 8 * MMQ_HELD;
-        float h[MMQ_HELD][8];
+        mmq_span_minmax(v, cnt, &mn, &mx);
+        walk.next();
+        int64_t a_next;
+        int cnt_next;
+        place(&a_next, &cnt_next);
+        mmq_load_raw(x, a_next, cnt_next, vec, &raw);
+        mmq_lanes_minmax(&mn, &mx, lanes);
+        if (g < groups) {
+            float s;
+            int32_t z;
+            mmq_group_qparams<F>(mn, mx, symmetric, ScaleF16, &s, &z);
+            if (col == 0) {
+                mmq_store_group_params(g, s, z, ScaleF16, scales, zeros);
+            }
+            if (cnt > 0) {
+                mmq_code_span<F>(v, a, cnt, vec, mmq_recip(s), z, true, out);
+            }
+        }
+        a = a_next, cnt = cnt_next;
+    }
+}
+
+// Longer groups: one block per group (blockDim.x a multiple of 32), blocks striding over the
+// groups. A group of at most MMQ_HELD_BYTES of input per thread (32 binary16 or 16 f32 values)
+// is read once: its values stay in registers between the reduction and the coding, and the block
+// loads its next group's values before reducing and coding the current one. A longer group is
+// read twice.
+#define MMQ_HELD_BYTES 64
+template <typename In, int F, bool ScaleF16, bool held>
+__device__ void mmq_quantize_dynamic_block(const In* x, int64_t rows, int64_t row_len,
+                                           int64_t group, bool symmetric, bool vec, uint8_t* out,
+                                           void* scales, uint8_t* zeros) {
+    constexpr int MMQ_HELD = MMQ_HELD_BYTES / (8 * (int)sizeof(In));  // chunks of 8 a thread
+    // Per-warp partial results, two sets used in turn: one barrier per group.
+    __shared__ float red[2][64];
+    int warp = threadIdx.x >> 5;
+    int warp_count = blockDim.x >> 5;
+    int stride = blockDim.x * 8;
+    // Offsets inside a group are 32-bit (the launchers keep groups under 2^31 values).
+    auto count = [](int len, int c) { return len - c <= 0 ? 0 : (len - c < 8 ? len - c : 8); };
+    MmqGroupWalk walk(blockIdx.x, gridDim.x, row_len, group);
+    auto load_held = [&](const In* xg, int len, MmqRawSpan<In> raw[MMQ_HELD]) {
+#pragma unroll
+        for (int r = 0; r < MMQ_HELD; ++r) {
+            int c = threadIdx.x * 8 + r * stride;
+            mmq_load_raw(xg, c, held ? count(len, c) : 0, vec, &raw[r]);
+        }
+    };
+    int64_t first;
+    int len;
+    walk.span(rows, row_len, group, &first, &len);
+    // This group's values and the next group's, as loaded (converted where used: binary16 pairs
+    // take half the registers of their f32 values).
+    MmqRawSpan<In> raw[MMQ_HELD], next_raw[MMQ_HELD];
+    load_held(x + first, len, raw);
+    // Every group has a value: length 0 is the end of the walk.
+    for (int turn = 0; len > 0; turn ^= 1) {
+        const In* xg = x + first;
+        uint8_t* og = out + (mmq_fmt<F>::bits == 8 ? first : first / 2);
+        float mn = mmq_bits_f32(0x7f800000u);  // +inf
+        float mx = -mn;
         if (held) {
 #pragma unroll
             for (int r = 0; r < MMQ_HELD; ++r) {
-                int64_t c = threadIdx.x + (int64_t)r * blockDim.x;
-                int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
-                if (cnt > 0) {
-                    mmq_load_span(x, first + c * 8, cnt, vec != 0, h[r]);
-                    mmq_span_minmax(h[r], cnt, &mn, &mx);
-                }
+                float v[8];
+                mmq_unpack_raw(raw[r], v);
+                mmq_span_minmax(v, count(len, threadIdx.x * 8 + r * stride), &mn, &mx);
             }
         } else {
-            for (int64_t c = threadIdx.x; c * 8 < len; c += blockDim.x) {
-                int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
+            for (int c = threadIdx.x * 8; c < len; c += stride) {
                 float v[8];
-                mmq_load_span(x, first + c * 8, cnt, vec != 0, v);
-                mmq_span_minmax(v, cnt, &mn, &mx);
+                mmq_load_span(xg, c, count(len, c), vec, v);
+                mmq_span_minmax(v, count(len, c), &mn, &mx);
             }
         }
-        mmq_block_minmax(&mn, &mx, red);
+        mmq_lanes_minmax(&mn, &mx, 32);
+        if ((threadIdx.x & 31) == 0) {
+            red[turn][warp] = mn;
+            red[turn][32 + warp] = mx;
+        }
+        __syncthreads();
+        mn = red[turn][0];
+        mx = red[turn][32];
+        for (int k = 1; k < warp_count; ++k) {
+            mn = fminf(mn, red[turn][k]);
+            mx = fmaxf(mx, red[turn][32 + k]);
+        }
         float s;
         int32_t z;
-        mmq_group_qparams<F>(mn, mx, symmetric != 0, ScaleF16, &s, &z);
+        mmq_group_qparams<F>(mn, mx, symmetric, ScaleF16, &s, &z);
         MmqRecip d = mmq_recip(s);
         if (threadIdx.x == 0) {
+            int64_t g = walk.row * walk.per_row + walk.col;
             mmq_store_group_params(g, s, z, ScaleF16, scales, zeros);
         }
+        // The next group's loads go out before this group's codes.
+        int64_t next_first;
+        int next_len;
+        walk.next();
+        walk.span(rows, row_len, group, &next_first, &next_len);
+        load_held(x + next_first, next_len, next_raw);
         // Held values are coded by the reciprocal; a scale out of its range (rare: a group of
         // tiny or huge values) reads the group again and divides.
         if (held && d.fast) {
 #pragma unroll
             for (int r = 0; r < MMQ_HELD; ++r) {
-                int64_t c = threadIdx.x + (int64_t)r * blockDim.x;
-                int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
-                if (cnt > 0) {
-                    mmq_code_span_fast<F>(h[r], first + c * 8, cnt, vec != 0, d, z, true, out);
+                int c = threadIdx.x * 8 + r * stride;
+                if (count(len, c) > 0) {
+                    float v[8];
+                    mmq_unpack_raw(raw[r], v);
+                    mmq_code_span_fast<F>(v, c, count(len, c), vec, d, z, true, og);
                 }
             }
         } else {
-            for (int64_t c = threadIdx.x; c * 8 < len; c += blockDim.x) {
-                int cnt = len - c * 8 < 8 ? (int)(len - c * 8) : 8;
+            for (int c = threadIdx.x * 8; c < len; c += stride) {
                 float v[8];
-                mmq_load_span(x, first + c * 8, cnt, vec != 0, v);
-                mmq_code_span<F>(v, first + c * 8, cnt, vec != 0, d, z, true, out);
+                mmq_load_span(xg, c, count(len, c), vec, v);
+                mmq_code_span<F>(v, c, count(len, c), vec, d, z, true, og);
             }
+        }
+        first = next_first, len = next_len;
+#pragma unroll
+        for (int r = 0; r < MMQ_HELD; ++r) {
+            raw[r] = next_raw[r];
         }
     }
 }
+
+template <typename In, int F, bool ScaleF16>
+__device__ void mmq_quantize_dynamic_blocks(const In* x, int64_t rows, int64_t row_len,
+                                            int64_t group, bool symmetric, bool vec,
+                                            uint8_t* out, void* scales, uint8_t* zeros) {
+    if (group * (int64_t)sizeof(In) <= (int64_t)blockDim.x * MMQ_HELD_BYTES) {
+        mmq_quantize_dynamic_block<In, F, ScaleF16, true>(x, rows, row_len, group, symmetric,
+                                                          vec, out, scales, zeros);
+    } else {
+        mmq_quantize_dynamic_block<In, F, ScaleF16, false>(x, rows, row_len, group, symmetric,
+                                                           vec, out, scales, zeros);
+    }
+}
+
+// Dynamic quantization, one entry point per form (`warp`: groups of up to MMQ_WARP_GROUP values,
+// 256 threads a block; `blocks`: longer groups, up to 512 threads), each with the register budget
+// that keeps four 256-thread or two 512-thread blocks on an SM.
+#define MMQ_DYNAMIC_KERNEL(form, bounds, in_name, In, fmt_name, F, s_name, S, scale_f16)         \
+    extern "C" __global__ void __launch_bounds__(bounds)                                        \
+        mmq_quantize_dynamic_##form##_##in_name##_##fmt_name##_##s_name(                         \
+            const In* x, int64_t rows, int64_t row_len, int64_t group, int32_t symmetric,        \
+            int32_t vec, uint8_t* out, S* scales, uint8_t* zeros) {                              \
+        mmq_quantize_dynamic_##form<In, F, scale_f16>(x, rows, row_len, group, symmetric != 0,   \
+                                                      vec != 0, out, scales, zeros);            \
+    }
 
 #define MMQ_QUANT_KERNELS(in_name, In, fmt_name, F)                                              \
     extern "C" __global__ void __launch_bounds__(256, 4) mmq_quantize_##in_name##_##fmt_name(   \
@@ -331,18 +545,10 @@ __device__ void mmq_quantize_dynamic_impl(const In* x, int64_t rows, int64_t row
         MmqScaleMap map, int32_t vec, In* y) {                                                  \
         mmq_dequantize_impl<In, F>(codes, n, scales, zeros, map, vec, y);                       \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(512) mmq_quantize_dynamic_##in_name##_##fmt_name##_f32s(              \
-        const In* x, int64_t rows, int64_t row_len, int64_t group, int32_t symmetric,          \
-        int32_t vec, uint8_t* out, float* scales, uint8_t* zeros) {                             \
-        mmq_quantize_dynamic_impl<In, F, false>(x, rows, row_len, group, symmetric, vec, out,   \
-                                                scales, zeros);                                 \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(512) mmq_quantize_dynamic_##in_name##_##fmt_name##_f16s(              \
-        const In* x, int64_t rows, int64_t row_len, int64_t group, int32_t symmetric,          \
-        int32_t vec, uint8_t* out, uint16_t* scales, uint8_t* zeros) {                          \
-        mmq_quantize_dynamic_impl<In, F, true>(x, rows, row_len, group, symmetric, vec, out,    \
-                                               scales, zeros);                                  \
-    }
+    MMQ_DYNAMIC_KERNEL(warp, 256 MMQ_COMMA 4, in_name, In, fmt_name, F, f32s, float, false)     \
+    MMQ_DYNAMIC_KERNEL(warp, 256 MMQ_COMMA 4, in_name, In, fmt_name, F, f16s, uint16_t, true)   \
+    MMQ_DYNAMIC_KERNEL(blocks, 512 MMQ_COMMA 1, in_name, In, fmt_name, F, f32s, float, false)   \
+    MMQ_DYNAMIC_KERNEL(blocks, 512 MMQ_COMMA 1, in_name, In, fmt_name, F, f16s, uint16_t, true)
 
 #define MMQ_QUANT_KERNELS_ALL_FORMATS(in_name, In)        \
     MMQ_QUANT_KERNELS(in_name, In, i8, MMQ_FMT_I8)        \

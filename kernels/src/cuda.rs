@@ -511,6 +511,13 @@ pub fn dynamic_plan(
             "rows of {row_len} in groups of {group} do not fit {x_len} elements"
         ));
     }
+    // The kernels index inside a group, and count groups along a row, in 32 bits.
+    if group > i32::MAX as usize || row_len.div_ceil(group) > i32::MAX as usize {
+        return invalid(format!(
+            "groups of {group} in rows of {row_len}: the kernels take groups of under 2^31 values \
+             and under 2^31 groups a row"
+        ));
+    }
     if format.bits() == 4 && (!row_len.is_multiple_of(2) || !group.is_multiple_of(2)) {
         return invalid(format!(
             "4-bit groups must start on a byte: row length {row_len} and group {group} must be even"
@@ -608,10 +615,16 @@ fn dequantize_kernel(format: Format, output: &str) -> String {
     format!("mmq_dequantize_{}_{output}", format.name())
 }
 
-/// The dynamic quantization kernel of `input` to `format` with f32 or binary16 scales.
-fn dynamic_kernel(input: &str, format: Format, scale_f16: bool) -> String {
+/// Groups of at most this many values are quantized by lanes of one warp (`MMQ_WARP_GROUP`),
+/// longer ones by a block each.
+const WARP_GROUP: usize = 256;
+
+/// The dynamic quantization kernel of `input` to `format` with f32 or binary16 scales, in its
+/// warp form (short groups) or block form.
+fn dynamic_kernel(input: &str, format: Format, scale_f16: bool, warp: bool) -> String {
     let s = if scale_f16 { "f16s" } else { "f32s" };
-    format!("mmq_quantize_dynamic_{input}_{}_{s}", format.name())
+    let form = if warp { "warp" } else { "blocks" };
+    format!("mmq_quantize_dynamic_{form}_{input}_{}_{s}", format.name())
 }
 
 /// Every kernel the launchers use, by name.
@@ -621,8 +634,9 @@ pub fn kernel_names() -> Vec<String> {
         for format in Format::ALL {
             names.push(quantize_kernel(input, format));
             names.push(dequantize_kernel(format, input));
-            names.push(dynamic_kernel(input, format, false));
-            names.push(dynamic_kernel(input, format, true));
+            for (scale_f16, warp) in [(false, false), (false, true), (true, false), (true, true)] {
+                names.push(dynamic_kernel(input, format, scale_f16, warp));
+            }
         }
         names.push(format!("mmq_kv_append_{input}"));
     }
@@ -1139,7 +1153,8 @@ impl Device {
             scales.len(),
             zeros.as_ref().map(|z| z.len()),
         )?;
-        let name = dynamic_kernel(T::NAME, format, matches!(scales, GroupScales::F16(_)));
+        let warp = group <= WARP_GROUP;
+        let name = dynamic_kernel(T::NAME, format, matches!(scales, GroupScales::F16(_)), warp);
         let vec = row_len.is_multiple_of(8) && group.is_multiple_of(8);
         let mut a = self.args();
         a.buf(x)
@@ -1157,9 +1172,18 @@ impl Device {
             Some(z) => a.buf_mut(z),
             None => a.opt::<u8>(None),
         };
-        // Enough threads to hold a group in registers (two chunks of 8 each, `MMQ_HELD`).
-        let threads = group.div_ceil(16).next_power_of_two().clamp(32, 512) as u32;
-        let launch = cfg(grid(groups, 1, 1 << 20), threads);
+        // Short groups take lanes of a warp, 8 values each; longer ones a block with enough
+        // threads to hold the group in registers (64 bytes of input each, `MMQ_HELD_BYTES`). The
+        // kernels stride over the groups and load each next group while they code the current
+        // one, so one wave of resident blocks is enough.
+        let (threads, per_block) = if warp {
+            (256, 8 * (32 / group.div_ceil(8).next_power_of_two()))
+        } else {
+            let held = 64 / std::mem::size_of::<T>();
+            (group.div_ceil(held).next_power_of_two().clamp(32, 512), 1)
+        };
+        let wave = self.resident_blocks(&name, threads as u32)?;
+        let launch = cfg(grid(groups, per_block, wave), threads as u32);
         // SAFETY: the argument list matches `mmq_quantize_dynamic_*`; `dynamic_plan` checked the
         // lengths of the codes, scales and zero points against the groups the kernel writes.
         unsafe { self.launch(&name, launch, a, "dynamic quantize launch") }
@@ -1332,6 +1356,20 @@ impl Device {
         unsafe { self.launch(&name, launch, a, "KV append launch") }
     }
 
+    /// How many blocks of `threads` running `name` fit on the device at once (every SM full).
+    fn resident_blocks(&self, name: &str, threads: u32) -> Result<usize, CudaError> {
+        let per_sm = match &self.backend {
+            Backend::Cuda { module, .. } => module
+                .load_function(name)
+                .map_err(driver("kernel lookup"))?
+                .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+                .map_err(driver("occupancy query"))?,
+            // The emulator runs blocks one after another: one per SM.
+            Backend::Emulated => 1,
+        };
+        Ok(self.sm_count as usize * per_sm.max(1) as usize)
+    }
+
     /// Grid cap for grid-stride kernels: enough blocks to fill every SM several times.
     fn cap(&self) -> usize {
         self.sm_count as usize * 32
@@ -1438,24 +1476,25 @@ mod emulator_checks {
 
     #[test]
     fn a_shuffle_from_a_lane_outside_the_block_is_an_error() {
-        // The dynamic kernel's reductions assume whole warps: with 48 threads, lanes 0..15 of
-        // the second warp shuffle with lanes 16..31, which do not exist.
+        // The dynamic kernel's block reductions assume whole warps: with 48 threads, lanes 0..15
+        // of the second warp shuffle with lanes 16..31, which do not exist.
         let dev = Device::emulated().unwrap();
-        let x = dev.upload(&[1.0f32; 64]).unwrap();
-        let mut codes = dev.zeros::<u8>(64).unwrap();
+        let x = dev.upload(&[1.0f32; 1024]).unwrap();
+        let mut codes = dev.zeros::<u8>(1024).unwrap();
         let mut scales = dev.zeros::<f32>(1).unwrap();
         let mut a = dev.args();
         a.buf(&x)
             .i64(1)
-            .i64(64)
-            .i64(64)
+            .i64(1024)
+            .i64(1024)
             .i32(true)
             .i32(true)
             .buf_mut(&mut codes)
             .buf_mut(&mut scales)
             .opt::<u8>(None);
         // SAFETY: the kernel's parameter list and lengths; only the block size is wrong.
-        let e = unsafe { dev.launch("mmq_quantize_dynamic_f32_i8_f32s", cfg(1, 48), a, "test") }
+        let name = "mmq_quantize_dynamic_blocks_f32_i8_f32s";
+        let e = unsafe { dev.launch(name, cfg(1, 48), a, "test") }
             .unwrap_err()
             .to_string();
         assert!(
