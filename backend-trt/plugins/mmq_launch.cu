@@ -65,23 +65,25 @@ extern "C" int mmq_launch_dequantize(const int8_t* q, int64_t n, const float* sc
 extern "C" int mmq_launch_dynamic_quantize(const void* x, int32_t x_type, int64_t rows,
                                            int64_t row_len, int64_t group, int8_t* out,
                                            float* scales, cudaStream_t stream) {
-    // As mmq_kernels::cuda: groups of up to MMQ_WARP_GROUP values take lanes of a warp (8 values
-    // a lane), longer ones a block with enough threads to hold the group in registers
-    // (MMQ_HELD_BYTES of input each); one wave of resident blocks strides over the groups.
+    // As mmq_kernels::cuda: groups of up to MMQ_WARP_GROUP values take lanes of a warp
+    // (MMQ_LANE_BYTES of input a lane), longer ones a block with enough threads to hold the group
+    // in registers (MMQ_HELD_BYTES of input each); one wave of resident blocks strides over the
+    // groups.
     if (group < 1 || group > 0x7fffffff || (row_len + group - 1) / group > 0x7fffffff) {
         return (int)cudaErrorInvalidValue;  // the kernels index groups in 32 bits
     }
+    int64_t in_bytes = x_type == MMQ_F16 ? 2 : 4;
     bool warp = group <= MMQ_WARP_GROUP;
     int threads = 256;
     int64_t per_block = 1;
     if (warp) {
         int lanes = 1;
-        while (lanes * 8 < group) {
+        while (lanes * (MMQ_LANE_BYTES / in_bytes) < group) {
             lanes *= 2;
         }
         per_block = 8 * (32 / lanes);
     } else {
-        int64_t held = MMQ_HELD_BYTES / (x_type == MMQ_F16 ? 2 : 4);
+        int64_t held = MMQ_HELD_BYTES / in_bytes;
         int64_t chunks = (group + held - 1) / held;
         threads = 32;
         while (threads < chunks && threads < 512) {

@@ -301,10 +301,14 @@ __device__ __forceinline__ int64_t mmq_dynamic_groups(int64_t rows, int64_t row_
 // Groups of at most MMQ_WARP_GROUP values are coded by lanes of one warp, longer ones by a block.
 #define MMQ_WARP_GROUP 256
 
-// Lanes per group in the warp kernel: a power of two with 8 values per lane covering the group.
-__device__ __forceinline__ int mmq_group_lanes(int64_t group) {
+// Input bytes a lane of the warp kernel holds: 16 binary16 or 8 f32 values, in chunks of 8.
+#define MMQ_LANE_BYTES 32
+
+// Lanes per group in the warp kernel: a power of two with `per_lane` values a lane covering the
+// group.
+__device__ __forceinline__ int mmq_group_lanes(int64_t group, int per_lane) {
     int lanes = 1;
-    while (lanes * 8 < group) {
+    while (lanes * per_lane < group) {
         lanes <<= 1;
     }
     return lanes;
@@ -345,61 +349,82 @@ struct MmqGroupWalk {
     }
 };
 
-// Groups of at most MMQ_WARP_GROUP values: each takes `lanes` lanes, one chunk of 8 per lane, so
-// a warp codes 32 / lanes groups at a time, reduces them by shuffles (no barrier) and holds their
-// values in registers between the reduction and the coding. Warps stride over the groups and load
-// their next groups' values before reducing and coding the current ones.
+// Groups of at most MMQ_WARP_GROUP values: each takes `lanes` lanes, MMQ_LANE_BYTES of input per
+// lane, so a warp codes 32 / lanes groups at a time, reduces them by shuffles (no barrier) and
+// holds their values in registers between the reduction and the coding. Warps stride over the
+// groups and load their next groups' values before reducing and coding the current ones.
 template <typename In, int F, bool ScaleF16>
 __device__ void mmq_quantize_dynamic_warp(const In* x, int64_t rows, int64_t row_len,
                                           int64_t group, bool symmetric, bool vec, uint8_t* out,
                                           void* scales, uint8_t* zeros) {
+    constexpr int CHUNKS = MMQ_LANE_BYTES / (8 * (int)sizeof(In));  // chunks of 8 a lane
     int64_t groups = mmq_dynamic_groups(rows, row_len, group);
-    int lanes = mmq_group_lanes(group);
+    int lanes = mmq_group_lanes(group, 8 * CHUNKS);
     int per_warp = 32 / lanes;
     int lane = threadIdx.x & 31;
-    int col = (lane % lanes) * 8;
+    int col = (lane % lanes) * 8 * CHUNKS;
     int64_t step = (((int64_t)gridDim.x * blockDim.x) >> 5) * per_warp;
     // This lane's group: one of its warp's per_warp groups, then those `step` groups on; the
     // warp's first group is g - sub.
     int sub = lane / lanes;
     int64_t g = (((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * per_warp + sub;
     MmqGroupWalk walk(g, step, row_len, group);
-    // This lane's first element and count in the walk's group (0: none).
-    auto place = [&](int64_t* a, int* cnt) {
+    auto count = [](int left, int c) { return left - c <= 0 ? 0 : (left - c < 8 ? left - c : 8); };
+    // This lane's first element in the walk's group and the values left from it (none: <= 0).
+    auto place = [&](int64_t* a, int* left) {
         int len;
         walk.span(rows, row_len, group, a, &len);
         *a += col;
-        *cnt = len - col <= 0 ? 0 : (len - col < 8 ? len - col : 8);
+        *left = len - col;
+    };
+    auto load = [&](int64_t a, int left, MmqRawSpan<In> raw[CHUNKS]) {
+#pragma unroll
+        for (int r = 0; r < CHUNKS; ++r) {
+            mmq_load_raw(x + a, r * 8, count(left, r * 8), vec, &raw[r]);
+        }
     };
     int64_t a;
-    int cnt;
-    place(&a, &cnt);
-    MmqRawSpan<In> raw;
-    mmq_load_raw(x, a, cnt, vec, &raw);
+    int left;
+    place(&a, &left);
+    MmqRawSpan<In> raw[CHUNKS], next_raw[CHUNKS];
+    load(a, left, raw);
     for (; g - sub < groups; g += step) {
-        float v[8];
-        mmq_unpack_raw(raw, v);
         float mn = mmq_bits_f32(0x7f800000u);  // +inf
         float mx = -mn;
-        mmq_span_minmax(v, cnt, &mn, &mx);
+#pragma unroll
+        for (int r = 0; r < CHUNKS; ++r) {
+            float v[8];
+            mmq_unpack_raw(raw[r], v);
+            mmq_span_minmax(v, count(left, r * 8), &mn, &mx);
+        }
         walk.next();
         int64_t a_next;
-        int cnt_next;
-        place(&a_next, &cnt_next);
-        mmq_load_raw(x, a_next, cnt_next, vec, &raw);
+        int left_next;
+        place(&a_next, &left_next);
+        load(a_next, left_next, next_raw);
         mmq_lanes_minmax(&mn, &mx, lanes);
         if (g < groups) {
             float s;
             int32_t z;
             mmq_group_qparams<F>(mn, mx, symmetric, ScaleF16, &s, &z);
+            MmqRecip d = mmq_recip(s);
             if (col == 0) {
                 mmq_store_group_params(g, s, z, ScaleF16, scales, zeros);
             }
-            if (cnt > 0) {
-                mmq_code_span<F>(v, a, cnt, vec, mmq_recip(s), z, true, out);
+#pragma unroll
+            for (int r = 0; r < CHUNKS; ++r) {
+                if (count(left, r * 8) > 0) {
+                    float v[8];
+                    mmq_unpack_raw(raw[r], v);
+                    mmq_code_span<F>(v, a + r * 8, count(left, r * 8), vec, d, z, true, out);
+                }
             }
         }
-        a = a_next, cnt = cnt_next;
+        a = a_next, left = left_next;
+#pragma unroll
+        for (int r = 0; r < CHUNKS; ++r) {
+            raw[r] = next_raw[r];
+        }
     }
 }
 
@@ -523,8 +548,8 @@ __device__ void mmq_quantize_dynamic_blocks(const In* x, int64_t rows, int64_t r
 }
 
 // Dynamic quantization, one entry point per form (`warp`: groups of up to MMQ_WARP_GROUP values,
-// 256 threads a block; `blocks`: longer groups, up to 512 threads), each with the register budget
-// that keeps four 256-thread or two 512-thread blocks on an SM.
+// 256 threads a block; `blocks`: longer groups, up to 512 threads), each with a register budget
+// that holds its values without spilling (at most 85 and 128 registers).
 #define MMQ_DYNAMIC_KERNEL(form, bounds, in_name, In, fmt_name, F, s_name, S, scale_f16)         \
     extern "C" __global__ void __launch_bounds__(bounds)                                        \
         mmq_quantize_dynamic_##form##_##in_name##_##fmt_name##_##s_name(                         \
@@ -545,8 +570,8 @@ __device__ void mmq_quantize_dynamic_blocks(const In* x, int64_t rows, int64_t r
         MmqScaleMap map, int32_t vec, In* y) {                                                  \
         mmq_dequantize_impl<In, F>(codes, n, scales, zeros, map, vec, y);                       \
     }                                                                                           \
-    MMQ_DYNAMIC_KERNEL(warp, 256 MMQ_COMMA 4, in_name, In, fmt_name, F, f32s, float, false)     \
-    MMQ_DYNAMIC_KERNEL(warp, 256 MMQ_COMMA 4, in_name, In, fmt_name, F, f16s, uint16_t, true)   \
+    MMQ_DYNAMIC_KERNEL(warp, 256 MMQ_COMMA 3, in_name, In, fmt_name, F, f32s, float, false)     \
+    MMQ_DYNAMIC_KERNEL(warp, 256 MMQ_COMMA 3, in_name, In, fmt_name, F, f16s, uint16_t, true)   \
     MMQ_DYNAMIC_KERNEL(blocks, 512 MMQ_COMMA 1, in_name, In, fmt_name, F, f32s, float, false)   \
     MMQ_DYNAMIC_KERNEL(blocks, 512 MMQ_COMMA 1, in_name, In, fmt_name, F, f16s, uint16_t, true)
 

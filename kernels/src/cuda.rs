@@ -1172,12 +1172,13 @@ impl Device {
             Some(z) => a.buf_mut(z),
             None => a.opt::<u8>(None),
         };
-        // Short groups take lanes of a warp, 8 values each; longer ones a block with enough
-        // threads to hold the group in registers (64 bytes of input each, `MMQ_HELD_BYTES`). The
-        // kernels stride over the groups and load each next group while they code the current
-        // one, so one wave of resident blocks is enough.
+        // Short groups take lanes of a warp, 32 bytes of input each (`MMQ_LANE_BYTES`); longer
+        // ones a block with enough threads to hold the group in registers (64 bytes of input
+        // each, `MMQ_HELD_BYTES`). The kernels stride over the groups and load each next group
+        // while they code the current one, so one wave of resident blocks is enough.
         let (threads, per_block) = if warp {
-            (256, 8 * (32 / group.div_ceil(8).next_power_of_two()))
+            let per_lane = 32 / std::mem::size_of::<T>();
+            (256, 8 * (32 / group.div_ceil(per_lane).next_power_of_two()))
         } else {
             let held = 64 / std::mem::size_of::<T>();
             (group.div_ceil(held).next_power_of_two().clamp(32, 512), 1)
