@@ -123,12 +123,19 @@ extern "C" int mmq_launch_nbits(const void* a, const uint8_t* b, const void* sca
     const mmq_f16* sv = static_cast<const mmq_f16*>(scales);
     const mmq_f16* bv = static_cast<const mmq_f16*>(bias);
     mmq_f16* yv = static_cast<mmq_f16*>(y);
-    if (m >= 1 && m <= 8 && block >= 128 && k <= 0x7fffffff && sm_major() >= 8) {
+    bool small = block < 128;  // blocks of 32 and 64: K a multiple of 128
+    if (m >= 1 && m <= 8 && (!small || k % 128 == 0) && k <= 0x7fffffff && sm_major() >= 8) {
         // The lean tensor-core GEMV (32-bit K), with or without zero points.
         unsigned grid = grid_for(n, 16);
 #define MMQ_GEMV_TC_CASE(M)                                                                     \
     case M:                                                                                     \
-        if (zeros) {                                                                            \
+        if (small && zeros) {                                                                   \
+            mmq_nbits_gemv_lean_small_zp_m##M<<<grid, 32 * MMQ_TC_WARPS, 0, stream>>>(          \
+                av, b, sv, zeros, bv, yv, n, k, block);                                         \
+        } else if (small) {                                                                     \
+            mmq_nbits_gemv_lean_small_m##M<<<grid, 32 * MMQ_TC_WARPS, 0, stream>>>(             \
+                av, b, sv, zeros, bv, yv, n, k, block);                                         \
+        } else if (zeros) {                                                                     \
             mmq_nbits_gemv_lean_zp_m##M<<<grid, 32 * MMQ_TC_WARPS, 0, stream>>>(                \
                 av, b, sv, zeros, bv, yv, n, k, block);                                         \
         } else {                                                                                \

@@ -41,6 +41,7 @@ struct alignas(16) float4 {
     float x, y, z, w;
 };
 
+inline uint2 make_uint2(unsigned int x, unsigned int y) { return uint2{x, y}; }
 inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) {
     return uint4{x, y, z, w};
 }

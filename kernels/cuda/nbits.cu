@@ -373,6 +373,7 @@ __device__ __forceinline__ T* mmq_kept(T* p) {
 
 // What one step of a lane reads: 16 bytes of codes of each of its two columns, their scale bits
 // (column g low, g + 8 high), their zero-point bytes, and 64 bytes of its row of A.
+template <bool Small>
 struct MmqLeanSlot {
     uint4 wg, wh;
     uint32_t scales;
@@ -380,7 +381,46 @@ struct MmqLeanSlot {
     uint4 a[4];
 };
 
-template <int M, bool Zeros>
+// Blocks of 32 and 64 (`Small`): a step's 128 K span 4 or 2 blocks, and the 16 K slots of one mma
+// must lie in one block to be scaled once. Lane t then takes, of each of the step's four pieces
+// of 32 K, the 8 at 32 j + 8 t (4 bytes of codes of each column, 16 bytes of A), so a piece's two
+// mma lie in one block and are scaled by its scale; a step reads the 4 or 2 scale and zero-point
+// nibbles of each column at once.
+template <>
+struct MmqLeanSlot<true> {
+    uint4 wg, wh;      // piece j's 8 codes in word j
+    uint2 sg, sh;      // the step's scales of columns g and g + 8 (binary16, block order)
+    uint32_t zeros;    // their zero-point nibbles: column g low half, g + 8 high half
+    uint4 a[4];
+};
+
+// The binary16 pairs that turn codes with zero point z into code - z (`mmq_tc_codes`): 1024 + z
+// and -64 - z·16, each twice; z = 8 without zero points (1032, -72).
+struct MmqLeanZero {
+    uint32_t z1024, z64;
+};
+
+__device__ __forceinline__ MmqLeanZero mmq_lean_zero(uint32_t z) {
+    return {(0x6400u + z) * 0x10001u, (0xd400u + (z << 4)) * 0x10001u};
+}
+
+// One piece of a lean step: 8 codes of columns g (wg) and g + 8 (wh) against the matching 8
+// values of A (av), two mma into d.
+__device__ __forceinline__ void mmq_lean_piece(uint32_t wg, uint32_t wh, uint4 av, MmqLeanZero zg,
+                                               MmqLeanZero zh, float d[4]) {
+    uint32_t dg[4], dh[4];
+    mmq_tc_codes(wg, zg.z1024, zg.z64, dg);
+    mmq_tc_codes(wh, zh.z1024, zh.z64, dh);
+    // Lanes without a row of A hold zeros there (set once, never loaded).
+    const uint32_t x0 = __byte_perm(av.x, av.z, 0x5410);  // (a0, a4)
+    const uint32_t x1 = __byte_perm(av.x, av.z, 0x7632);  // (a1, a5)
+    const uint32_t x2 = __byte_perm(av.y, av.w, 0x5410);  // (a2, a6)
+    const uint32_t x3 = __byte_perm(av.y, av.w, 0x7632);  // (a3, a7)
+    mmq_mma(d, dg[0], dh[0], dg[1], dh[1], x0, x1);
+    mmq_mma(d, dg[2], dh[2], dg[3], dh[3], x2, x3);
+}
+
+template <int M, bool Zeros, bool Small>
 __device__ void mmq_nbits_gemv_lean_impl(const mmq_f16* a, const uint8_t* b,
                                          const mmq_f16* scales, const uint8_t* zeros,
                                          const mmq_f16* bias, mmq_f16* y, int64_t n_total,
@@ -398,7 +438,7 @@ __device__ void mmq_nbits_gemv_lean_impl(const mmq_f16* a, const uint8_t* b,
     // The warp's steps: K = 128 (warp + 8 s) + 32 t for s < count (K is a multiple of 128).
     const int chunks = k >> 7;
     const int count = chunks > warp ? (chunks - warp + MMQ_TC_WARPS - 1) / MMQ_TC_WARPS : 0;
-    const int kt0 = warp * 128 + 32 * t;
+    const int kt0 = warp * 128 + (Small ? 8 * t : 32 * t);
     const int step = MMQ_TC_WARPS * 128;
     const mmq_f16* arow0 = a + (size_t)(has_row ? g : 0) * k + kt0;
     for (int64_t n0 = (int64_t)blockIdx.x * 16; n0 < n_total; n0 += (int64_t)gridDim.x * 16) {
@@ -411,7 +451,46 @@ __device__ void mmq_nbits_gemv_lean_impl(const mmq_f16* a, const uint8_t* b,
         const uint8_t* zg = Zeros ? mmq_kept(zeros + rg * zero_row) : nullptr;
         const uint8_t* zh = Zeros ? mmq_kept(zeros + rh * zero_row) : nullptr;
         const mmq_f16* arow = mmq_kept(arow0);
-        auto load = [&](MmqLeanSlot& l, int s) {
+        auto load_small = [&](MmqLeanSlot<true>& l, int s) {
+            const int off = s * step;
+            const int kb = (kt0 + off) >> block_log2;
+            {
+                const uint8_t* pg = bg + off / 2;
+                const uint8_t* ph = bh + off / 2;
+                auto word = [](const uint8_t* p) {
+                    return mmq_ldg(reinterpret_cast<const uint32_t*>(p));
+                };
+                l.wg = make_uint4(word(pg), word(pg + 16), word(pg + 32), word(pg + 48));
+                l.wh = make_uint4(word(ph), word(ph + 16), word(ph + 32), word(ph + 48));
+                // The step's first block kb is a multiple of 4 (blocks of 32) or 2 (64): its
+                // scales and zero-point nibbles are aligned runs.
+                if (block_log2 == 5) {
+                    l.sg = mmq_ldg(reinterpret_cast<const uint2*>(sg + kb));
+                    l.sh = mmq_ldg(reinterpret_cast<const uint2*>(sh + kb));
+                } else {
+                    l.sg = make_uint2(mmq_ldg(reinterpret_cast<const uint32_t*>(sg + kb)), 0u);
+                    l.sh = make_uint2(mmq_ldg(reinterpret_cast<const uint32_t*>(sh + kb)), 0u);
+                }
+                if (Zeros) {
+                    if (block_log2 == 5) {
+                        l.zeros =
+                            (uint32_t)mmq_ldg(reinterpret_cast<const uint16_t*>(zg + (kb >> 1))) |
+                            ((uint32_t)mmq_ldg(reinterpret_cast<const uint16_t*>(zh + (kb >> 1)))
+                             << 16);
+                    } else {
+                        l.zeros = (uint32_t)mmq_ldg(zg + (kb >> 1)) |
+                                  ((uint32_t)mmq_ldg(zh + (kb >> 1)) << 16);
+                    }
+                }
+                if (has_row) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        l.a[j] = __ldg(reinterpret_cast<const uint4*>(arow + off + 32 * j));
+                    }
+                }
+            }
+        };
+        auto load_wide = [&](MmqLeanSlot<false>& l, int s) {
             const int off = s * step;
             const int kb = (kt0 + off) >> block_log2;
             l.wg = mmq_ld_stream(bg + off / 2);
@@ -429,35 +508,47 @@ __device__ void mmq_nbits_gemv_lean_impl(const mmq_f16* a, const uint8_t* b,
             }
         };
         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        auto use = [&](const MmqLeanSlot& l, int s) {
-            uint32_t zg1024 = 0x64086408u, zg64 = 0xd480d480u;  // z = 8: 1032, -72
-            uint32_t zh1024 = zg1024, zh64 = zg64;
+        // A small-block step: each piece's two mma in a sum of their own, scaled by the piece's
+        // block.
+        auto use_small = [&](const MmqLeanSlot<true>& l) {
+            const uint32_t wg[4] = {l.wg.x, l.wg.y, l.wg.z, l.wg.w};
+            const uint32_t wh[4] = {l.wh.x, l.wh.y, l.wh.z, l.wh.w};
+            const int piece_log2 = block_log2 - 5;  // pieces of 32 K per block: 1 or 2
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int jb = j >> piece_log2;  // the piece's block in the step
+                MmqLeanZero zg = mmq_lean_zero(8), zh = zg;
+                if (Zeros) {
+                    zg = mmq_lean_zero((l.zeros >> (4 * jb)) & 0xfu);
+                    zh = mmq_lean_zero((l.zeros >> (16 + 4 * jb)) & 0xfu);
+                }
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mmq_lean_piece(wg[j], wh[j], l.a[j], zg, zh, d);
+                const int half = 16 * (jb & 1);
+                const uint32_t bits_g = jb < 2 ? l.sg.x : l.sg.y;
+                const uint32_t bits_h = jb < 2 ? l.sh.x : l.sh.y;
+                const float s_g = mmq_f16_to_f32((uint16_t)(bits_g >> half));
+                const float s_h = mmq_f16_to_f32((uint16_t)(bits_h >> half));
+                c[0] += s_g * d[0];
+                c[1] += s_g * d[1];
+                c[2] += s_h * d[2];
+                c[3] += s_h * d[3];
+            }
+        };
+        auto use_wide = [&](const MmqLeanSlot<false>& l, int s) {
+            MmqLeanZero zg = mmq_lean_zero(8), zh = zg;
             if (Zeros) {
                 const int kb = (kt0 + s * step) >> block_log2;
                 const int shift = (kb & 1) * 4;
-                const uint32_t z_g = (l.zeros >> shift) & 0xfu;
-                const uint32_t z_h = (l.zeros >> (8 + shift)) & 0xfu;
-                zg1024 = (0x6400u + z_g) * 0x10001u;
-                zg64 = (0xd400u + (z_g << 4)) * 0x10001u;
-                zh1024 = (0x6400u + z_h) * 0x10001u;
-                zh64 = (0xd400u + (z_h << 4)) * 0x10001u;
+                zg = mmq_lean_zero((l.zeros >> shift) & 0xfu);
+                zh = mmq_lean_zero((l.zeros >> (8 + shift)) & 0xfu);
             }
             const uint32_t wg[4] = {l.wg.x, l.wg.y, l.wg.z, l.wg.w};
             const uint32_t wh[4] = {l.wh.x, l.wh.y, l.wh.z, l.wh.w};
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                uint32_t dg[4], dh[4];
-                mmq_tc_codes(wg[j], zg1024, zg64, dg);
-                mmq_tc_codes(wh[j], zh1024, zh64, dh);
-                // Lanes without a row of A hold zeros there (set once, never loaded).
-                const uint4 av = l.a[j];
-                const uint32_t x0 = __byte_perm(av.x, av.z, 0x5410);  // (a0, a4)
-                const uint32_t x1 = __byte_perm(av.x, av.z, 0x7632);  // (a1, a5)
-                const uint32_t x2 = __byte_perm(av.y, av.w, 0x5410);  // (a2, a6)
-                const uint32_t x3 = __byte_perm(av.y, av.w, 0x7632);  // (a3, a7)
-                mmq_mma(d, dg[0], dh[0], dg[1], dh[1], x0, x1);
-                mmq_mma(d, dg[2], dh[2], dg[3], dh[3], x2, x3);
+                mmq_lean_piece(wg[j], wh[j], l.a[j], zg, zh, d);
             }
             const float s_g = mmq_f16_to_f32((uint16_t)(l.scales & 0xffffu));
             const float s_h = mmq_f16_to_f32((uint16_t)(l.scales >> 16));
@@ -466,9 +557,25 @@ __device__ void mmq_nbits_gemv_lean_impl(const mmq_f16* a, const uint8_t* b,
             c[2] += s_h * d[2];
             c[3] += s_h * d[3];
         };
-        MmqLeanSlot ring[MMQ_LEAN_DEPTH];
+        auto load = [&](MmqLeanSlot<Small>& l, int s) {
+            if constexpr (Small) {
+                load_small(l, s);
+            } else {
+                load_wide(l, s);
+            }
+        };
+        auto use = [&](const MmqLeanSlot<Small>& l, int s) {
+            if constexpr (Small) {
+                use_small(l);
+            } else {
+                use_wide(l, s);
+            }
+        };
+        // The small form with zero points holds one step fewer: 128 registers hold no more.
+        constexpr int depth = Small && Zeros ? MMQ_LEAN_DEPTH - 1 : MMQ_LEAN_DEPTH;
+        MmqLeanSlot<Small> ring[depth];
 #pragma unroll
-        for (int p = 0; p < MMQ_LEAN_DEPTH; ++p) {
+        for (int p = 0; p < depth; ++p) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 ring[p].a[j] = make_uint4(0, 0, 0, 0);
@@ -477,14 +584,14 @@ __device__ void mmq_nbits_gemv_lean_impl(const mmq_f16* a, const uint8_t* b,
                 load(ring[p], p);
             }
         }
-        for (int s0 = 0; s0 < count; s0 += MMQ_LEAN_DEPTH) {
+        for (int s0 = 0; s0 < count; s0 += depth) {
 #pragma unroll
-            for (int p = 0; p < MMQ_LEAN_DEPTH; ++p) {
+            for (int p = 0; p < depth; ++p) {
                 const int s = s0 + p;
                 if (s < count) {
                     use(ring[p], s);
-                    if (s + MMQ_LEAN_DEPTH < count) {
-                        load(ring[p], s + MMQ_LEAN_DEPTH);
+                    if (s + depth < count) {
+                        load(ring[p], s + depth);
                     }
                 }
             }
@@ -497,13 +604,27 @@ __device__ void mmq_nbits_gemv_lean_impl(const mmq_f16* a, const uint8_t* b,
     extern "C" __global__ void __launch_bounds__(32 * MMQ_TC_WARPS, 2) mmq_nbits_gemv_lean_m##M( \
         const mmq_f16* a, const uint8_t* b, const mmq_f16* scales, const uint8_t* zeros,      \
         const mmq_f16* bias, mmq_f16* y, int64_t n, int64_t k, int64_t block) {               \
-        mmq_nbits_gemv_lean_impl<M, false>(a, b, scales, zeros, bias, y, n, k, block);        \
+        mmq_nbits_gemv_lean_impl<M, false, false>(a, b, scales, zeros, bias, y, n, k, block); \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(32 * MMQ_TC_WARPS, 2)                        \
         mmq_nbits_gemv_lean_zp_m##M(const mmq_f16* a, const uint8_t* b, const mmq_f16* scales, \
                                     const uint8_t* zeros, const mmq_f16* bias, mmq_f16* y,    \
                                     int64_t n, int64_t k, int64_t block) {                    \
-        mmq_nbits_gemv_lean_impl<M, true>(a, b, scales, zeros, bias, y, n, k, block);         \
+        mmq_nbits_gemv_lean_impl<M, true, false>(a, b, scales, zeros, bias, y, n, k, block);  \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_TC_WARPS, 2)                        \
+        mmq_nbits_gemv_lean_small_m##M(const mmq_f16* a, const uint8_t* b,                    \
+                                       const mmq_f16* scales, const uint8_t* zeros,            \
+                                       const mmq_f16* bias, mmq_f16* y, int64_t n, int64_t k,  \
+                                       int64_t block) {                                        \
+        mmq_nbits_gemv_lean_impl<M, false, true>(a, b, scales, zeros, bias, y, n, k, block);  \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_TC_WARPS, 2)                        \
+        mmq_nbits_gemv_lean_small_zp_m##M(const mmq_f16* a, const uint8_t* b,                 \
+                                          const mmq_f16* scales, const uint8_t* zeros,         \
+                                          const mmq_f16* bias, mmq_f16* y, int64_t n,          \
+                                          int64_t k, int64_t block) {                          \
+        mmq_nbits_gemv_lean_impl<M, true, true>(a, b, scales, zeros, bias, y, n, k, block);   \
     }
 MMQ_GEMV_LEAN_KERNEL(1)
 MMQ_GEMV_LEAN_KERNEL(2)

@@ -122,8 +122,9 @@ pub struct Device {
 }
 
 /// The INT4 GEMV kernel [`Device::nbits_matmul`] uses for 1 to 8 rows of A. The tensor-core ones
-/// need sm_80 and quantization blocks of at least 128 (a step's 128 K must share one scale); other
-/// products run on CUDA cores whatever is chosen.
+/// need sm_80; the first takes quantization blocks of at least 128 (a step's 128 K must share one
+/// scale), the lean one also blocks of 32 and 64 where K is a multiple of 128; other products run
+/// on CUDA cores whatever is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Gemv {
     /// Tensor cores, the lean kernel (`mmq_nbits_gemv_lean*`): the default.
@@ -644,6 +645,8 @@ pub fn kernel_names() -> Vec<String> {
     names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_tc_m{m}")));
     names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_lean_m{m}")));
     names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_lean_zp_m{m}")));
+    names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_lean_small_m{m}")));
+    names.extend((1..=8).map(|m| format!("mmq_nbits_gemv_lean_small_zp_m{m}")));
     names.push("mmq_nbits_gemm".into());
     names.extend([1, 4, 8].map(|m| format!("mmq_dense_gemv_m{m}")));
     names
@@ -1244,15 +1247,20 @@ impl Device {
             .opt(bias)
             .buf_mut(y);
         if m <= 8 {
-            // Tensor cores: a block of 8 warps per 16 columns, whose steps of 128 K must lie in
-            // one quantization block (the lean kernel's indices are 32-bit); else CUDA cores, a
-            // warp per column.
-            let tensor_cores = self.capability.0 >= 8 && w.block >= 128;
+            // Tensor cores: a block of 8 warps per 16 columns in steps of 128 K. The first
+            // kernel's steps must lie in one quantization block; the lean kernel (32-bit
+            // indices) also takes blocks of 32 and 64 when K is a multiple of 128 (its `small`
+            // form scales each 32 K). Else CUDA cores, a warp per column.
+            let tc = self.capability.0 >= 8;
+            let small = w.block < 128;
+            let lean = tc && w.k <= i32::MAX as usize && (!small || w.k.is_multiple_of(128));
+            let tensor_cores = tc && !small;
             let (name, launch) = match self.gemv {
-                Gemv::TensorCores if tensor_cores && w.k <= i32::MAX as usize => {
+                Gemv::TensorCores if lean => {
                     let zp = if w.zeros.is_some() { "_zp" } else { "" };
+                    let form = if small { "_small" } else { "" };
                     (
-                        format!("mmq_nbits_gemv_lean{zp}_m{m}"),
+                        format!("mmq_nbits_gemv_lean{form}{zp}_m{m}"),
                         cfg(grid(w.n, 16, 1 << 31), 256),
                     )
                 }

@@ -497,14 +497,17 @@ fn dynamic_per_token_and_image_features_match_the_reference() {
 fn int4_gemv_and_gemm_match_the_reference() {
     for mut dev in devices("int4_gemv_and_gemm_match_the_reference") {
         let mut rng = Rng(13);
-        // Blocks under 128 run on CUDA cores; 40 columns leave a partial group of 16 for the
-        // tensor cores; K of 384 leaves warps without a step.
+        // Blocks of 32 and 64 take the lean kernel's small form where K is a multiple of 128,
+        // CUDA cores otherwise (K of 96); 40 columns leave a partial group of 16 for the tensor
+        // cores; K of 384 leaves warps without a step.
         for (n, k, block) in [
             (96usize, 4096usize, 128usize),
             (40, 1024, 32),
             (24, 96, 32),
             (40, 1024, 256),
             (16, 384, 128),
+            (40, 2048, 64),
+            (16, 384, 32),
         ] {
             let b: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
             let scales: Vec<f16> = (0..n * k / block)
