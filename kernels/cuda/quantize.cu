@@ -292,6 +292,11 @@ __device__ __forceinline__ void mmq_unpack_raw(const MmqRawSpan<H>& r, float v[8
     mmq_unpack8(r.w, H(), v);
 }
 
+// The values of the chunk of 8 at offset c of a span of `left` values (0 past its end).
+__device__ __forceinline__ int mmq_chunk_count(int left, int c) {
+    return left - c <= 0 ? 0 : (left - c < 8 ? left - c : 8);
+}
+
 // The kernels' group count (rows of `row_len` in groups of `group`).
 __device__ __forceinline__ int64_t mmq_dynamic_groups(int64_t rows, int64_t row_len,
                                                       int64_t group) {
@@ -369,7 +374,6 @@ __device__ void mmq_quantize_dynamic_warp(const In* x, int64_t rows, int64_t row
     int sub = lane / lanes;
     int64_t g = (((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * per_warp + sub;
     MmqGroupWalk walk(g, step, row_len, group);
-    auto count = [](int left, int c) { return left - c <= 0 ? 0 : (left - c < 8 ? left - c : 8); };
     // This lane's first element in the walk's group and the values left from it (none: <= 0).
     auto place = [&](int64_t* a, int* left) {
         int len;
@@ -380,7 +384,7 @@ __device__ void mmq_quantize_dynamic_warp(const In* x, int64_t rows, int64_t row
     auto load = [&](int64_t a, int left, MmqRawSpan<In> raw[CHUNKS]) {
 #pragma unroll
         for (int r = 0; r < CHUNKS; ++r) {
-            mmq_load_raw(x + a, r * 8, count(left, r * 8), vec, &raw[r]);
+            mmq_load_raw(x + a, r * 8, mmq_chunk_count(left, r * 8), vec, &raw[r]);
         }
     };
     int64_t a;
@@ -395,7 +399,7 @@ __device__ void mmq_quantize_dynamic_warp(const In* x, int64_t rows, int64_t row
         for (int r = 0; r < CHUNKS; ++r) {
             float v[8];
             mmq_unpack_raw(raw[r], v);
-            mmq_span_minmax(v, count(left, r * 8), &mn, &mx);
+            mmq_span_minmax(v, mmq_chunk_count(left, r * 8), &mn, &mx);
         }
         walk.next();
         int64_t a_next;
@@ -413,10 +417,11 @@ __device__ void mmq_quantize_dynamic_warp(const In* x, int64_t rows, int64_t row
             }
 #pragma unroll
             for (int r = 0; r < CHUNKS; ++r) {
-                if (count(left, r * 8) > 0) {
+                int cnt = mmq_chunk_count(left, r * 8);
+                if (cnt > 0) {
                     float v[8];
                     mmq_unpack_raw(raw[r], v);
-                    mmq_code_span<F>(v, a + r * 8, count(left, r * 8), vec, d, z, true, out);
+                    mmq_code_span<F>(v, a + r * 8, cnt, vec, d, z, true, out);
                 }
             }
         }
@@ -438,20 +443,19 @@ template <typename In, int F, bool ScaleF16, bool held>
 __device__ void mmq_quantize_dynamic_block(const In* x, int64_t rows, int64_t row_len,
                                            int64_t group, bool symmetric, bool vec, uint8_t* out,
                                            void* scales, uint8_t* zeros) {
-    constexpr int MMQ_HELD = MMQ_HELD_BYTES / (8 * (int)sizeof(In));  // chunks of 8 a thread
+    constexpr int CHUNKS = MMQ_HELD_BYTES / (8 * (int)sizeof(In));  // chunks of 8 a thread
     // Per-warp partial results, two sets used in turn: one barrier per group.
     __shared__ float red[2][64];
     int warp = threadIdx.x >> 5;
     int warp_count = blockDim.x >> 5;
     int stride = blockDim.x * 8;
     // Offsets inside a group are 32-bit (the launchers keep groups under 2^31 values).
-    auto count = [](int len, int c) { return len - c <= 0 ? 0 : (len - c < 8 ? len - c : 8); };
     MmqGroupWalk walk(blockIdx.x, gridDim.x, row_len, group);
-    auto load_held = [&](const In* xg, int len, MmqRawSpan<In> raw[MMQ_HELD]) {
+    auto load_held = [&](const In* xg, int len, MmqRawSpan<In> raw[CHUNKS]) {
 #pragma unroll
-        for (int r = 0; r < MMQ_HELD; ++r) {
+        for (int r = 0; r < CHUNKS; ++r) {
             int c = threadIdx.x * 8 + r * stride;
-            mmq_load_raw(xg, c, held ? count(len, c) : 0, vec, &raw[r]);
+            mmq_load_raw(xg, c, held ? mmq_chunk_count(len, c) : 0, vec, &raw[r]);
         }
     };
     int64_t first;
@@ -459,7 +463,7 @@ __device__ void mmq_quantize_dynamic_block(const In* x, int64_t rows, int64_t ro
     walk.span(rows, row_len, group, &first, &len);
     // This group's values and the next group's, as loaded (converted where used: binary16 pairs
     // take half the registers of their f32 values).
-    MmqRawSpan<In> raw[MMQ_HELD], next_raw[MMQ_HELD];
+    MmqRawSpan<In> raw[CHUNKS], next_raw[CHUNKS];
     load_held(x + first, len, raw);
     // Every group has a value: length 0 is the end of the walk.
     for (int turn = 0; len > 0; turn ^= 1) {
@@ -469,16 +473,18 @@ __device__ void mmq_quantize_dynamic_block(const In* x, int64_t rows, int64_t ro
         float mx = -mn;
         if (held) {
 #pragma unroll
-            for (int r = 0; r < MMQ_HELD; ++r) {
+            for (int r = 0; r < CHUNKS; ++r) {
                 float v[8];
                 mmq_unpack_raw(raw[r], v);
-                mmq_span_minmax(v, count(len, threadIdx.x * 8 + r * stride), &mn, &mx);
+                mmq_span_minmax(v, mmq_chunk_count(len, threadIdx.x * 8 + r * stride), &mn,
+                                &mx);
             }
         } else {
             for (int c = threadIdx.x * 8; c < len; c += stride) {
+                int cnt = mmq_chunk_count(len, c);
                 float v[8];
-                mmq_load_span(xg, c, count(len, c), vec, v);
-                mmq_span_minmax(v, count(len, c), &mn, &mx);
+                mmq_load_span(xg, c, cnt, vec, v);
+                mmq_span_minmax(v, cnt, &mn, &mx);
             }
         }
         mmq_lanes_minmax(&mn, &mx, 32);
@@ -511,24 +517,26 @@ __device__ void mmq_quantize_dynamic_block(const In* x, int64_t rows, int64_t ro
         // tiny or huge values) reads the group again and divides.
         if (held && d.fast) {
 #pragma unroll
-            for (int r = 0; r < MMQ_HELD; ++r) {
+            for (int r = 0; r < CHUNKS; ++r) {
                 int c = threadIdx.x * 8 + r * stride;
-                if (count(len, c) > 0) {
+                int cnt = mmq_chunk_count(len, c);
+                if (cnt > 0) {
                     float v[8];
                     mmq_unpack_raw(raw[r], v);
-                    mmq_code_span_fast<F>(v, c, count(len, c), vec, d, z, true, og);
+                    mmq_code_span_fast<F>(v, c, cnt, vec, d, z, true, og);
                 }
             }
         } else {
             for (int c = threadIdx.x * 8; c < len; c += stride) {
+                int cnt = mmq_chunk_count(len, c);
                 float v[8];
-                mmq_load_span(xg, c, count(len, c), vec, v);
-                mmq_code_span<F>(v, c, count(len, c), vec, d, z, true, og);
+                mmq_load_span(xg, c, cnt, vec, v);
+                mmq_code_span<F>(v, c, cnt, vec, d, z, true, og);
             }
         }
         first = next_first, len = next_len;
 #pragma unroll
-        for (int r = 0; r < MMQ_HELD; ++r) {
+        for (int r = 0; r < CHUNKS; ++r) {
             raw[r] = next_raw[r];
         }
     }

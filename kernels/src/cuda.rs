@@ -16,9 +16,10 @@
 //! barriers (no deadlock) and their writes (no byte past a buffer's ends).
 
 use std::alloc::Layout;
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     CudaContext, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
@@ -119,6 +120,9 @@ pub struct Device {
     sm_count: u32,
     code: CodeSource,
     gemv: Gemv,
+    /// Blocks a kernel keeps resident on the device, by kernel and block size: asked of the
+    /// driver once.
+    resident: Mutex<HashMap<(String, u32), usize>>,
 }
 
 /// The INT4 GEMV kernel [`Device::nbits_matmul`] uses for 1 to 8 rows of A. The tensor-core ones
@@ -819,6 +823,7 @@ impl Device {
             sm_count,
             code,
             gemv: Gemv::TensorCores,
+            resident: Mutex::default(),
         })
     }
 
@@ -835,6 +840,7 @@ impl Device {
             sm_count: 2,
             code: CodeSource::Emulated,
             gemv: Gemv::TensorCores,
+            resident: Mutex::default(),
         })
     }
 
@@ -1367,6 +1373,10 @@ impl Device {
 
     /// How many blocks of `threads` running `name` fit on the device at once (every SM full).
     fn resident_blocks(&self, name: &str, threads: u32) -> Result<usize, CudaError> {
+        let key = (name.to_owned(), threads);
+        if let Some(&blocks) = self.resident.lock().ok().as_ref().and_then(|m| m.get(&key)) {
+            return Ok(blocks);
+        }
         let per_sm = match &self.backend {
             Backend::Cuda { module, .. } => module
                 .load_function(name)
@@ -1376,7 +1386,11 @@ impl Device {
             // The emulator runs blocks one after another: one per SM.
             Backend::Emulated => 1,
         };
-        Ok(self.sm_count as usize * per_sm.max(1) as usize)
+        let blocks = self.sm_count as usize * per_sm.max(1) as usize;
+        if let Ok(mut m) = self.resident.lock() {
+            m.insert(key, blocks);
+        }
+        Ok(blocks)
     }
 
     /// Grid cap for grid-stride kernels: enough blocks to fill every SM several times.
