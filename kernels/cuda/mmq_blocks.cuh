@@ -554,15 +554,21 @@ MMQ_HD void mmq_quantize_span(const In* x, int64_t a, int cnt, bool vec, float s
     mmq_code_span<F>(v, a, cnt, vec, s, z, saturate, out);
 }
 
-// The group `g` of a [rows, row_len] tensor cut into groups of `group` along each row: its first
-// element and its length.
+// Group `col` of row `row` of a [rows, row_len] tensor cut into groups of `group` along each
+// row: its first element and its length.
+MMQ_HD void mmq_group_at(int64_t row, int64_t col, int64_t row_len, int64_t group,
+                         int64_t* first, int64_t* len) {
+    int64_t c = col * group;
+    *first = row * row_len + c;
+    *len = row_len - c < group ? row_len - c : group;
+}
+
+// The same for group `g` counted over the whole tensor.
 MMQ_HD void mmq_group_span(int64_t g, int64_t row_len, int64_t group, int64_t* first,
                            int64_t* len) {
     int64_t per_row = (row_len + group - 1) / group;
     int64_t row = g / per_row;
-    int64_t col = (g - row * per_row) * group;
-    *first = row * row_len + col;
-    *len = row_len - col < group ? row_len - col : group;
+    mmq_group_at(row, g - row * per_row, row_len, group, first, len);
 }
 
 // Stores a group's scale (f32 or binary16) and zero point (one byte, the code's bits).

@@ -345,12 +345,12 @@ struct MmqGroupWalk {
     // The current group's first element and length (0 from row `rows` on).
     __device__ __forceinline__ void span(int64_t rows, int64_t row_len, int64_t group,
                                          int64_t* first, int* len) const {
-        *first = 0, *len = 0;
+        int64_t l = 0;
+        *first = 0;
         if (row < rows) {
-            int64_t c = (int64_t)col * group;
-            *first = row * row_len + c;
-            *len = (int)(row_len - c < group ? row_len - c : group);
+            mmq_group_at(row, col, row_len, group, first, &l);
         }
+        *len = (int)l;
     }
 };
 

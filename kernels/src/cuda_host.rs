@@ -258,7 +258,7 @@ mod checks {
     /// must be `x / s` bit for bit wherever a code can depend on it (|x / s| >= 2^-12), and keep
     /// its sign below that. Scales with adversarial significands (all ones, near one, near a power
     /// of two), dividends near multiples of s by half-integers and powers of two (and a few ulps
-    /// off), random bits, and the special values. `tools/check_recip_div.c` runs the same over
+    /// off), random bits, and the special values. `tools/check_recip_div.cpp` runs the same over
     /// 10^9 pairs.
     #[test]
     fn division_by_the_reciprocal_is_the_division_where_codes_depend_on_it() {

@@ -443,8 +443,9 @@ fn dynamic_per_token_and_image_features_match_the_reference() {
         let mut rng = Rng(11);
         // Groups of up to 256 values go to lanes of a warp (1 to 32 lanes a group, the last lane
         // partly or not at all used, rows ending in a short group); longer ones to a block, held
-        // in registers up to 16 values a thread (8192 at most) and read twice beyond. The
-        // emulator's grid is two blocks, so every block strides over many groups.
+        // in registers up to 64 bytes a thread (16384 binary16 or 8192 f32 values) and read twice
+        // beyond (9000 f32 values). The emulator's grid is two blocks, so every block strides
+        // over many groups.
         for (rows, row_len, group) in [
             (577, 1024, 1024),
             (64, 4096, 64),
