@@ -16,6 +16,8 @@ use mmq_passes::quant::calibrate::Observer;
 use mmq_passes::quant::place::Placement;
 use mmq_passes::{DumpAfter, OptLevel, TargetRef};
 
+use mmq_compiler::run_files::RunFiles;
+
 use crate::failure::Failure;
 
 /// The code generation targets of `mmq compile`.
@@ -260,6 +262,7 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
             "--symbol sets TensorRT profiles; it needs --target trt".to_owned(),
         ));
     }
+    check_side_outputs(args)?;
     // Fail before the work, not after it, when a single output cannot be written there.
     if args.inputs.len() == 1 || args.target == CompileTarget::Trt {
         mmq_compiler::export::check_output(&args.output)?;
@@ -267,7 +270,6 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     if args.inputs.len() > 1 {
         mmq_compiler::export::check_distinct_outputs(&args.inputs, &args.output)?;
     }
-    check_side_outputs(args)?;
     let (mut module, load_warnings) = load::load(&args.inputs)?.verified()?;
     crate::warn(&load_warnings);
     if module.entries.is_empty() {
@@ -389,16 +391,6 @@ fn write_qparams(
     table: &Path,
     stderr: &mut String,
 ) -> Result<Vec<(String, mmq_backend_ort::ExternalLocation)>, Failure> {
-    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => a == b,
-    };
-    if args.inputs.iter().any(|i| same(i, table)) || same(&args.output, table) {
-        return Err(Failure::usage(format!(
-            "--qparams {}: that is an input or the output",
-            table.display()
-        )));
-    }
     let model_dir = if module.entries.len() > 1 {
         std::fs::create_dir_all(&args.output).map_err(|e| {
             Failure::user(format!(
@@ -453,78 +445,51 @@ pub fn parse_symbol(s: &str) -> Result<(String, mmq_backend_trt::Profile), Strin
     Ok((name.to_owned(), range.parse()?))
 }
 
-/// What a path names, for comparing paths that may not exist yet: the canonical path, else the
-/// identity of its directory joined with the file name (`out/a.onnx` under a directory `out`
-/// still to be made), else the path as given.
-fn identity(p: &Path) -> PathBuf {
-    if let Ok(c) = std::fs::canonicalize(p) {
-        return c;
-    }
-    let dir = match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    match p.file_name() {
-        Some(name) if dir != p => identity(dir).join(name),
-        _ => p.to_path_buf(),
-    }
-}
-
-/// Refuses a `--report` or `--auto-map` path that would overwrite an input model, a
-/// calibration sample, the compiled model (or its external data), a file of the output
-/// directory (several models, or a TensorRT package), or each other.
+/// Checks every output of the run (the model or output directory, `--report`, `--auto-map`,
+/// `--qparams`) before any work: a regular file or a new path, never an input model, the
+/// precision map, a calibration sample, a file inside the output directory (several models, a
+/// TensorRT package) or another output.
 fn check_side_outputs(args: &CompileArgs) -> Result<(), Failure> {
-    let output = identity(&args.output);
     let output_dir = args.inputs.len() > 1 || args.target == CompileTarget::Trt;
-    let mut taken: Vec<(PathBuf, String)> = args
-        .inputs
-        .iter()
-        .map(|p| (identity(p), format!("the input model {}", p.display())))
-        .collect();
-    taken.push((
-        output.clone(),
-        format!("the output {}", args.output.display()),
-    ));
-    let mut data = output.clone().into_os_string();
-    data.push(".data");
-    taken.push((PathBuf::from(data), "the output's external data".to_owned()));
-    let calib = args.calib.as_deref().map(identity);
+    let mut files = RunFiles::new();
+    for p in &args.inputs {
+        files = files.input("the input model", p);
+    }
+    if let Some(map) = &args.precision_map {
+        files = files.input("the precision map", map);
+    }
+    if let Some(calib) = &args.calib {
+        files = files.input_dir("the calibration folder", calib);
+    }
+    if output_dir {
+        files = files.output_dir("-o", &args.output);
+    } else {
+        let mut data = args.output.clone().into_os_string();
+        data.push(".data");
+        files = files.output("-o", "the output", &args.output).output(
+            "-o",
+            "the output's external data",
+            Path::new(&data),
+        );
+    }
     let auto_map = args.auto.map(|_| {
         args.auto_map
             .clone()
             .unwrap_or_else(|| args.output.with_extension("precision.toml"))
     });
-    for (flag, path) in [
-        ("--report", args.report.as_ref()),
-        ("--auto-map", auto_map.as_ref()),
+    for (flag, what, path) in [
+        ("--report", "the --report file", args.report.as_ref()),
+        ("--auto-map", "the --auto-map file", auto_map.as_ref()),
     ] {
-        let Some(path) = path else { continue };
-        let id = identity(path);
-        if output_dir && id.starts_with(&output) {
-            return Err(Failure::usage(format!(
-                "{flag} {}: that is inside the output directory {}, which the compiled models \
-                 are written to; choose a path outside it",
-                path.display(),
-                args.output.display()
-            )));
+        if let Some(path) = path {
+            files = files.output(flag, what, path);
         }
-        if let Some((_, what)) = taken.iter().find(|(t, _)| *t == id) {
-            return Err(Failure::usage(format!(
-                "{flag} {}: that is {what}; choose another path",
-                path.display()
-            )));
-        }
-        if let Some(dir) = &calib
-            && id.parent() == Some(dir.as_path())
-        {
-            return Err(Failure::usage(format!(
-                "{flag} {}: that is in the calibration folder; choose another path",
-                path.display()
-            )));
-        }
-        taken.push((id, format!("the {flag} file")));
     }
-    Ok(())
+    if let Some(table) = &args.qparams {
+        // The table may lie beside the models it serves (they then read their scales from it).
+        files = files.output_beside("--qparams", "the --qparams file", table);
+    }
+    files.check().map_err(|e| Failure::usage(e.to_string()))
 }
 
 /// The accuracy table (`--report`) or line (a quantizing run) of `report`.

@@ -344,8 +344,25 @@ fn qparams(command: &QparamsCommand) -> Result<String, Failure> {
     }
 }
 
+/// Checks, before any work, that the output `-o` of a command that reads `inputs` can be
+/// written: a regular file or a new path, and none of the inputs (a usage error otherwise).
+fn check_files<'a>(
+    inputs: impl IntoIterator<Item = &'a std::path::Path>,
+    output: &std::path::Path,
+) -> Result<(), Failure> {
+    let mut files = mmq_compiler::run_files::RunFiles::new();
+    for p in inputs {
+        files = files.input("an input", p);
+    }
+    files
+        .output("-o", "the output", output)
+        .check()
+        .map_err(|e| Failure::usage(e.to_string()))
+}
+
 fn html_report(report: &std::path::Path, output: &std::path::Path) -> Result<(), Failure> {
     let fail = |m: String| Failure::user(format!("error: {m}\n"));
+    check_files([report], output)?;
     mmq_ir::check_regular_file(report).map_err(|e| fail(format!("{}: {e}", report.display())))?;
     let text =
         std::fs::read_to_string(report).map_err(|e| fail(format!("{}: {e}", report.display())))?;
@@ -587,6 +604,7 @@ fn convert(
     ext: ExternalArg,
     sync: bool,
 ) -> Result<(), Failure> {
+    check_files([input], output)?;
     let loaded = load::load(std::slice::from_ref(&input.to_path_buf()))?;
     warn(&loaded.verify()?);
     let graph = loaded.module.entries[0].graph;

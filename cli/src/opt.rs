@@ -28,6 +28,9 @@ pub fn run(args: &OptArgs) -> Result<(String, String), Failure> {
         rendered: format!("error: {}\n", pass_message(&e)),
         code: 2,
     })?;
+    if let Some(out) = &args.output {
+        crate::check_files([args.input.as_path()], out)?;
+    }
     let output_kind = match &args.output {
         None => None,
         Some(p) => Some(output_kind(p)?),

@@ -13,6 +13,9 @@ pub fn run(
     options: &PlanOptions,
     output: Option<&std::path::Path>,
 ) -> Result<String, Failure> {
+    if let Some(out) = output {
+        crate::check_files(inputs.iter().map(PathBuf::as_path), out)?;
+    }
     let loaded = load::load(inputs)?;
     let (module, warnings) = loaded.verified()?;
     crate::warn(&warnings);

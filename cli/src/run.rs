@@ -31,6 +31,16 @@ fn user(msg: impl std::fmt::Display) -> Failure {
 
 /// Runs the model; returns what to print on stdout.
 pub fn run(args: &RunArgs) -> Result<String, Failure> {
+    if let Some(out) = &args.output {
+        let mut inputs: Vec<PathBuf> = args.inputs.iter().cloned().collect();
+        inputs.extend(
+            args.input
+                .iter()
+                .filter_map(|s| s.split_once('=').map(|(_, f)| PathBuf::from(f))),
+        );
+        inputs.push(args.model.clone());
+        crate::check_files(inputs.iter().map(PathBuf::as_path), out)?;
+    }
     let loaded = load::load_with_weights(std::slice::from_ref(&args.model))?;
     crate::warn(&loaded.verify()?);
     let m = &loaded.module;
@@ -42,13 +52,11 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
     };
 
     let mut feeds: HashMap<String, RtValue> = HashMap::new();
-    let mut sources: Vec<PathBuf> = Vec::new();
     if let Some(path) = &args.inputs {
         let arrays = mmq_kernels::io::read_npz(path).map_err(user)?;
         for (name, t) in arrays {
             feeds.insert(name, RtValue::from(t));
         }
-        sources.push(path.clone());
     }
     for spec in &args.input {
         let Some((name, file)) = spec
@@ -62,12 +70,7 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
         };
         let t = mmq_kernels::io::read_npy(Path::new(file)).map_err(user)?;
         feeds.insert(name.to_owned(), RtValue::from(t));
-        sources.push(PathBuf::from(file));
     }
-    if let Some(out) = &args.output {
-        refuse_overwriting_inputs(out, &args.model, &sources)?;
-    }
-
     let interp = if args.stats {
         Interpreter::new(m).with_stats()
     } else {
@@ -150,23 +153,6 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
         let _ = writeln!(text, "peak live tensor bytes: {}", stats.peak_live_bytes);
     }
     Ok(text)
-}
-
-/// An output file must not be the model or one of the input files.
-fn refuse_overwriting_inputs(out: &Path, model: &Path, inputs: &[PathBuf]) -> Result<(), Failure> {
-    let canon = |p: &Path| std::fs::canonicalize(p).ok();
-    let Some(out_c) = canon(out) else {
-        return Ok(()); // does not exist yet
-    };
-    for p in std::iter::once(&model.to_path_buf()).chain(inputs) {
-        if canon(p).as_ref() == Some(&out_c) {
-            return Err(user(format!(
-                "the output {} is also an input; choose another path",
-                out.display()
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// One line per output: name, dtype, shape, statistics and the first values.

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{repo, run_in, scratch};
+use common::{fixture, repo, run_in, scratch};
 
 /// Runs `args` in a fresh scratch directory; checks the exit code, that stderr holds every
 /// string of `want` and no panic, that the corpus files are unchanged and that the directory
@@ -633,4 +633,177 @@ fn unrelated_models_compile_together_and_never_over_their_inputs() {
     );
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("inside the output directory"), "{stderr}");
+}
+
+/// Makes a FIFO and, where the test runs as root, a character device node (the null device's
+/// numbers, 1:3) in `dir`: never the system's own devices. Returns what was made; without root
+/// the device case says why it is not made.
+fn special_files(dir: &Path) -> Vec<(String, std::path::PathBuf)> {
+    let fifo = dir.join("fifo");
+    let ok = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(ok.success(), "mkfifo failed");
+    let mut made = vec![("a FIFO".to_owned(), fifo)];
+    let dev = dir.join("null-device");
+    let status = std::process::Command::new("mknod")
+        .args([dev.as_os_str(), "c".as_ref(), "1".as_ref(), "3".as_ref()])
+        .status()
+        .expect("mknod");
+    if status.success() {
+        made.push(("a character device".to_owned(), dev));
+    } else {
+        eprintln!("device-node case not run: mknod needs root (the FIFO case ran)");
+    }
+    made
+}
+
+/// The file type of `p` (not following links).
+fn kind(p: &Path) -> std::fs::FileType {
+    std::fs::symlink_metadata(p).expect("stat").file_type()
+}
+
+#[test]
+fn special_files_at_output_paths_are_refused_before_any_work_and_left_in_place() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = scratch("hostile-special-outputs");
+    let vit = fixture("vit");
+    let pipeline_dec = repo()
+        .join("tests/fixtures/gpt2_kv/model.onnx")
+        .display()
+        .to_string();
+    std::fs::write(dir.join("report.json"), b"{}").expect("report");
+    let made = special_files(&dir);
+    for (what, special) in &made {
+        let s = special.display().to_string();
+        let cases: Vec<Vec<&str>> = vec![
+            vec!["compile", &vit, "--target", "ort", "-o", &s],
+            vec!["compile", &vit, "-o", "out.onnx", "--report", &s],
+            vec![
+                "compile",
+                &vit,
+                "-o",
+                "out.onnx",
+                "--quant",
+                "int8",
+                "--calib-random",
+                "2",
+                "--qparams",
+                &s,
+            ],
+            vec![
+                "compile",
+                &vit,
+                "-o",
+                "out.onnx",
+                "--auto",
+                "0.99",
+                "--auto-map",
+                &s,
+            ],
+            vec!["run", &vit, "--inputs", "in.npz", "-o", &s],
+            vec!["convert", &vit, "-o", &s],
+            vec!["opt", &vit, "--rules", "simplify", "-o", &s],
+            vec!["report", "report.json", "-o", &s],
+            vec!["plan-cache", &pipeline_dec, "--budget", "1GiB", "-o", &s],
+        ];
+        for args in cases {
+            let (code, _, stderr) = run_in(&dir, &args);
+            assert_eq!(code, 2, "{what}: {args:?}: {stderr}");
+            assert!(
+                stderr.contains(what.as_str()) && stderr.contains("not a regular file"),
+                "{what}: {args:?}: {stderr}"
+            );
+            assert!(!stderr.contains("panicked"), "{stderr}");
+            // Still the special file, and nothing written beside it.
+            let t = kind(special);
+            assert!(
+                t.is_fifo() || t.is_char_device(),
+                "{what}: {args:?} replaced it"
+            );
+            assert!(!dir.join("out.onnx").exists(), "{args:?}");
+        }
+    }
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    let mut want = vec!["fifo".to_owned(), "report.json".to_owned()];
+    if made.len() == 2 {
+        want.insert(1, "null-device".to_owned());
+    }
+    assert_eq!(left, want);
+}
+
+#[test]
+fn outputs_onto_this_runs_own_inputs_or_onto_each_other_are_refused() {
+    let dir = scratch("hostile-outputs-onto-inputs");
+    let vit = fixture("vit");
+    std::fs::create_dir_all(dir.join("calib")).expect("calib");
+    std::fs::copy(
+        repo().join("tests/fixtures/precision_maps/clip.toml"),
+        dir.join("map.toml"),
+    )
+    .expect("map");
+    std::fs::write(dir.join("calib/s.npz"), b"sample").expect("sample");
+    let snapshot = || {
+        (
+            std::fs::read(dir.join("map.toml")).expect("map"),
+            std::fs::read(dir.join("calib/s.npz")).expect("sample"),
+        )
+    };
+    let before = snapshot();
+    let base = ["compile", vit.as_str(), "-o", "out.onnx"];
+    for (extra, want) in [
+        (
+            &["--precision-map", "map.toml", "--qparams", "map.toml"][..],
+            "--qparams map.toml: that is the precision map",
+        ),
+        (
+            &[
+                "--quant",
+                "int8",
+                "--calib",
+                "calib",
+                "--qparams",
+                "calib/s.npz",
+            ][..],
+            "--qparams calib/s.npz: that is in the calibration folder",
+        ),
+        (
+            &[
+                "--quant",
+                "int8",
+                "--calib-random",
+                "2",
+                "--qparams",
+                "t.qpqr",
+                "--report",
+                "./t.qpqr",
+            ][..],
+            "--qparams t.qpqr: that is the --report file",
+        ),
+        (
+            &[
+                "--quant",
+                "int8",
+                "--calib-random",
+                "2",
+                "--qparams",
+                "out.onnx",
+            ][..],
+            "--qparams out.onnx: that is the output,",
+        ),
+    ] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let (code, _, stderr) = run_in(&dir, &args);
+        assert_eq!(code, 2, "{extra:?}: {stderr}");
+        assert!(stderr.contains(want), "{extra:?}: {stderr}");
+        assert_eq!(snapshot(), before, "{extra:?}");
+        assert!(!dir.join("out.onnx").exists() && !dir.join("t.qpqr").exists());
+    }
 }

@@ -246,7 +246,10 @@ fn bad_files_are_user_errors() {
     write_npz(&dir.join("in.npz"), &[("pixel_values", &pixel_values())]).expect("write");
     let before = std::fs::read(dir.join("in.npz")).expect("read");
     let (code, _, stderr) = run_in(&dir, &["run", model, "--inputs", "in.npz", "-o", "in.npz"]);
-    assert_eq!(code, 1, "{stderr}");
-    assert!(stderr.contains("is also an input"), "{stderr}");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("-o in.npz: that is an input (in.npz), which this run reads"),
+        "{stderr}"
+    );
     assert_eq!(std::fs::read(dir.join("in.npz")).expect("read"), before);
 }

@@ -32,9 +32,11 @@ pub fn check_distinct_outputs(inputs: &[PathBuf], output: &Path) -> Result<(), E
     Ok(())
 }
 
-/// Checks, before any work, that a single output can be written at `output` (its directory
-/// exists).
+/// Checks, before any work, that a single output can be written at `output`: its directory
+/// exists, and it is a regular file or a new path ([`mmq_ir::check_output_file`]).
 pub fn check_output(output: &Path) -> Result<(), ExportError> {
+    mmq_ir::check_output_file(output)
+        .map_err(|e| ExportError(format!("cannot write {}: {e}", output.display())))?;
     let dir = match output.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),

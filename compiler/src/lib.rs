@@ -28,6 +28,7 @@ mod options;
 pub mod precision_map;
 pub mod qparams;
 mod report;
+pub mod run_files;
 mod steps;
 
 use std::sync::{Arc, Mutex};

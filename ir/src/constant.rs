@@ -30,33 +30,6 @@ pub struct ExternalFile {
     map: Mmap,
 }
 
-/// Fails, before anything opens it, when `path` is not a regular file (after symlinks): a FIFO
-/// would block the open forever, a device or a directory gives errors that do not say why. The
-/// error says what the path is.
-pub fn check_regular_file(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    let t = std::fs::metadata(path)?.file_type();
-    let what = if t.is_file() {
-        return Ok(());
-    } else if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO (named pipe)"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
-    };
-    Err(std::io::Error::new(
-        std::io::ErrorKind::InvalidInput,
-        format!("it is {what}, not a regular file"),
-    ))
-}
-
 impl ExternalFile {
     /// Opens external data `location` (as a model records it) relative to the model's directory
     /// `dir`: the location must be a relative path of plain components, and the file must resolve,
@@ -94,7 +67,7 @@ impl ExternalFile {
 
     /// Opens and maps `path`. `location` is the name recorded in the model.
     pub fn open(path: &Path, location: &str) -> std::io::Result<ExternalFile> {
-        check_regular_file(path)?;
+        crate::fsio::check_regular_file(path)?;
         let file = File::open(path)?;
         // SAFETY: the map is read-only; we document that external data files must not be modified
         // while a module that maps them is alive (the same contract as ONNX Runtime's mmap loader).

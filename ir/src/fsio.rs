@@ -7,6 +7,13 @@
 //! has no `O_TMPFILE` (or `/proc` is not mounted), a named temporary file beside the target
 //! stands in, removed on every exit path but a hard kill.
 //!
+//! Outputs go to regular files only. An existing output path that names anything else (a
+//! character or block device such as the null device, a FIFO, a socket, a directory) is refused
+//! by [`check_output_file`], which front ends call before any work and [`AtomicFile::create`]
+//! calls again: renaming over such a path would replace the device or pipe itself, and writing
+//! into it in place would give up the atomicity every output has. To discard an output, write it
+//! into a temporary directory.
+//!
 //! [`lock_dir`] serializes publications into one directory: a model and its external data
 //! renamed into place under the lock form one unit, so two writers of the same output cannot
 //! leave one's model beside the other's data.
@@ -55,9 +62,66 @@ fn temp_name(dir: &Path, target: &Path) -> PathBuf {
     ))
 }
 
+/// What a file that is not a regular file is, for messages (`None` for a regular file).
+fn special_kind(t: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    Some(if t.is_file() {
+        return None;
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    })
+}
+
+/// Fails, before anything opens it, when `path` is not a regular file (after symlinks): a FIFO
+/// would block the open forever, a device or a directory gives errors that do not say why. The
+/// error says what the path is.
+pub fn check_regular_file(path: &Path) -> io::Result<()> {
+    match special_kind(std::fs::metadata(path)?.file_type()) {
+        None => Ok(()),
+        Some(what) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("it is {what}, not a regular file"),
+        )),
+    }
+}
+
+/// Fails when the output path `path` exists (after symlinks) and is not a regular file: a
+/// device, a FIFO, a socket or a directory is never replaced or written into (see the module
+/// documentation). A path that does not exist yet, or that cannot be examined, passes; writing
+/// it then reports what is wrong.
+pub fn check_output_file(path: &Path) -> io::Result<()> {
+    let Ok(md) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    match special_kind(md.file_type()) {
+        None => Ok(()),
+        Some(what) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "it is {what}, not a regular file; mmq writes each output as a new file renamed \
+                 into place, so it never replaces or writes into a device, FIFO, socket or \
+                 directory: name a regular file (to discard an output, write it into a \
+                 temporary directory)"
+            ),
+        )),
+    }
+}
+
 impl AtomicFile {
     /// Starts writing `target` (mode 0666 less the umask, as any program's ordinary file).
+    /// Fails when `target` exists and is not a regular file ([`check_output_file`]).
     pub fn create(target: &Path) -> io::Result<AtomicFile> {
+        check_output_file(target)?;
         let dir = dir_of(target);
         let anonymous = if Path::new("/proc/self/fd").is_dir() {
             OpenOptions::new()
@@ -221,6 +285,34 @@ mod tests {
         g.write_all(b"never").expect("write");
         drop(g);
         assert_eq!(entries(&d), ["model.onnx"]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn special_files_are_never_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let d = scratch("special");
+        let fifo = d.join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        let e = write_atomic(&fifo, b"x").expect_err("refused");
+        assert!(
+            e.to_string()
+                .contains("a FIFO (named pipe), not a regular file"),
+            "{e}"
+        );
+        let e = write_atomic(&d, b"x").expect_err("refused");
+        assert!(e.to_string().contains("a directory"), "{e}");
+        assert!(
+            std::fs::metadata(&fifo)
+                .expect("stat")
+                .file_type()
+                .is_fifo()
+        );
+        assert_eq!(entries(&d), ["fifo"]);
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -42,10 +42,11 @@ pub mod view;
 
 pub use arena::{Arena, EntityRef, SecondaryMap};
 pub use attr::{Attr, AttrValue};
-pub use constant::{Const, ConstData, ExternalFile, Storage, check_regular_file};
+pub use constant::{Const, ConstData, ExternalFile, Storage};
 pub use diag::{Entity, IrError, Severity};
 pub use dim::{Dim, DimExpr, Sym, SymbolData};
 pub use dtype::DType;
+pub use fsio::{check_output_file, check_regular_file};
 pub use module::{
     At, Entry, GraphData, GraphId, Link, ModelInfo, Module, Node, NodeData, Value, ValueData,
     ValueDef,
