@@ -42,6 +42,11 @@ Subcommands:
   run MODEL.onnx INPUTS.npz -o OUT.npz
       Run MODEL on the inputs and save all outputs.
 
+  run-pipeline PACKAGE_DIR INPUTS.npz -o OUT.npz
+      Run an mmq package's stages (pipeline.json) in order in ONNX Runtime, each input
+      taken from the output bound to it or from INPUTS.npz by name; save every stage's
+      outputs (as STAGE.NAME where two stages have an output of one name).
+
 Only the standard library, onnx, onnxruntime and numpy are used.
 """
 
@@ -764,6 +769,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_pipeline(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    root = Path(args.package)
+    spec = json.loads((root / "pipeline.json").read_text())
+    feeds_all = load_npz(args.inputs)
+    produced: dict[tuple[str, str], Any] = {}
+    results: list[tuple[str, str, Any]] = []
+    for stage in spec["stages"]:
+        sess = make_session(str(root / stage["file"]))
+        feeds = {}
+        for inp in sess.get_inputs():
+            bound = [b for b in spec["bindings"]
+                     if b["to"]["stage"] == stage["name"] and b["to"]["port"] == inp.name]
+            if bound:
+                feeds[inp.name] = produced[(bound[0]["from"]["stage"], bound[0]["from"]["port"])]
+            elif inp.name in feeds_all:
+                feeds[inp.name] = to_ort_value(feeds_all[inp.name])
+            else:
+                print(f"run-pipeline: stage {stage['name']}: input {inp.name} not given",
+                      file=sys.stderr)
+                return 1
+        names = [o.name for o in sess.get_outputs()]
+        for name, value in zip(names, session_run(sess, names, feeds)):
+            produced[(stage["name"], name)] = value
+            results.append((stage["name"], name, value))
+    counts: dict[str, int] = {}
+    for _, name, _ in results:
+        counts[name] = counts.get(name, 0) + 1
+    arrays = {(f"{st}.{n}" if counts[n] > 1 else n): v for st, n, v in results}
+    np.savez(args.output, **arrays)
+    return 0
+
+
 # --------------------------------------------------------------------------
 
 
@@ -819,6 +858,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("inputs")
     s.add_argument("-o", "--output", required=True)
     s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("run-pipeline", help="run an mmq package's stages in order")
+    s.add_argument("package")
+    s.add_argument("inputs")
+    s.add_argument("-o", "--output", required=True)
+    s.set_defaults(func=cmd_run_pipeline)
 
     args = p.parse_args(argv)
     return args.func(args)

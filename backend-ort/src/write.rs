@@ -191,10 +191,16 @@ fn check_not_input(
 }
 
 /// The file stem each entry graph is written under when a module of several graphs goes to one
-/// directory: the stem of the file it was loaded from (`inputs`, in entry order), else the
-/// graph's name. Two graphs with one stem would overwrite each other: that is an error naming
+/// directory: the stem of the file it was loaded from (`inputs`, in entry order, when there is
+/// one file per entry), else the graph's name (the graphs of a split: `vision_encoder`,
+/// `language_model`). Two graphs with one stem would overwrite each other: that is an error naming
 /// both sources, found before any work (the stems depend on the input paths alone).
 pub fn entry_stems(m: &Module, inputs: &[PathBuf]) -> Result<Vec<String>, String> {
+    let inputs = if inputs.len() == m.entries.len() {
+        inputs
+    } else {
+        &[]
+    };
     let stems: Vec<(String, String)> = m
         .entries
         .iter()

@@ -133,6 +133,14 @@ pub struct CompileArgs {
     pub image_cache: Option<mmq_kernels::cache::CacheFormat>,
     /// `--qparams TABLE.qpqr`.
     pub qparams: Option<PathBuf>,
+    /// `--split`.
+    pub split: bool,
+    /// `--package`.
+    pub package: bool,
+    /// `--generation-config FILE`.
+    pub generation_config: Option<PathBuf>,
+    /// `--tokenizer FILE`.
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// The end-to-end cosine a quantized model should keep; below it the accuracy line says how to
@@ -202,6 +210,7 @@ fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, F
         modality: args.modality.clone(),
         kv_cache: args.kv_cache,
         image_cache: args.image_cache,
+        split: args.split,
         accuracy: if args.report.is_some() {
             Accuracy::Full
         } else if args.no_accuracy {
@@ -252,6 +261,57 @@ fn progress_bar() -> Option<mmq_compiler::ProgressFn> {
     }))
 }
 
+/// `--package`'s settings (read before any work), or `None` without `--package`.
+fn package_settings(
+    args: &CompileArgs,
+) -> Result<Option<mmq_compiler::export::PackageSettings>, Failure> {
+    if !args.package {
+        for (flag, given) in [
+            ("--generation-config", args.generation_config.is_some()),
+            ("--tokenizer", args.tokenizer.is_some()),
+        ] {
+            if given {
+                return Err(Failure::usage(format!(
+                    "{flag} goes into a deployment package; it needs --package"
+                )));
+            }
+        }
+        return Ok(None);
+    }
+    if args.target == CompileTarget::Trt {
+        return Err(Failure::usage(
+            "--package writes an ONNX Runtime package; --target trt writes its own package \
+             directory (docs/trt.md)"
+                .to_owned(),
+        ));
+    }
+    if args.qparams.is_some() {
+        return Err(Failure::usage(
+            "--qparams cannot be combined with --package yet: a package's models keep their \
+             own scales"
+                .to_owned(),
+        ));
+    }
+    let generation = match &args.generation_config {
+        None => mmq_compiler::GenerationConfig::default(),
+        Some(path) => {
+            let read = mmq_ir::check_regular_file(path)
+                .and_then(|()| std::fs::read_to_string(path))
+                .map_err(|e| Failure::user(format!("error: {}: {e}\n", path.display())))?;
+            mmq_compiler::GenerationConfig::from_json(&read).map_err(|e| {
+                Failure::user(format!(
+                    "error: --generation-config {}: {e}\n",
+                    path.display()
+                ))
+            })?
+        }
+    };
+    Ok(Some(mmq_compiler::export::PackageSettings {
+        generation,
+        tokenizer: args.tokenizer.clone(),
+    }))
+}
+
 /// Runs `compile`; returns what to print on stderr.
 pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     let (precision, warnings) = precision(args)?;
@@ -262,18 +322,21 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
             "--symbol sets TensorRT profiles; it needs --target trt".to_owned(),
         ));
     }
-    check_side_outputs(args)?;
-    // Fail before the work, not after it, when a single output cannot be written there.
-    if args.inputs.len() == 1 || args.target == CompileTarget::Trt {
-        mmq_compiler::export::check_output(&args.output)?;
-    }
-    if args.inputs.len() > 1 {
-        mmq_compiler::export::check_distinct_outputs(&args.inputs, &args.output)?;
-    }
+    let package = package_settings(args)?;
+    // Loading only reads (weights are mapped lazily); every output is checked before the work.
     let (mut module, load_warnings) = load::load(&args.inputs)?.verified()?;
     crate::warn(&load_warnings);
     if module.entries.is_empty() {
         return Err(Failure::user("error: the module has no graph\n".to_owned()));
+    }
+    let several = mmq_compiler::writes_several_models(&module, &options);
+    let output_dir = several || args.target == CompileTarget::Trt || args.package;
+    check_side_outputs(args, output_dir)?;
+    if !output_dir || args.target == CompileTarget::Trt {
+        mmq_compiler::export::check_output(&args.output)?;
+    }
+    if args.inputs.len() > 1 {
+        mmq_compiler::export::check_distinct_outputs(&args.inputs, &args.output)?;
     }
     let mut stderr = warnings;
     let report = mmq_compiler::compile(&mut module, &options).map_err(|e| match e {
@@ -303,7 +366,8 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     } else {
         // The quantization passes always say what they did.
         for p in report
-            .stage(Stage::Quantize)
+            .stage(Stage::Split)
+            .chain(report.stage(Stage::Quantize))
             .chain(report.stage(Stage::Finish))
         {
             let counters = counter_list(&p.counters);
@@ -377,10 +441,83 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
                 let _ = writeln!(stderr, "  {f}");
             }
         }
+    } else if let Some(settings) = &package {
+        let written = mmq_compiler::export::write_package(
+            &module,
+            &args.inputs,
+            &args.output,
+            &options,
+            settings,
+        )?;
+        stderr.push_str(&package_text(&args.output, &written));
     } else {
         mmq_compiler::export::write_referencing(&module, &args.inputs, &args.output, &references)?;
     }
     Ok(stderr)
+}
+
+/// What a written package holds, for stderr.
+fn package_text(dir: &Path, written: &mmq_deploy::Written) -> String {
+    let mut s = String::new();
+    let names: Vec<String> = written
+        .files
+        .iter()
+        .map(|f| {
+            f.strip_prefix(dir)
+                .unwrap_or(f)
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    let _ = writeln!(s, "package: wrote {}: {}", dir.display(), names.join(", "));
+    let spec = &written.spec;
+    for stage in &spec.stages {
+        let ports = |p: &[mmq_deploy::spec::Port]| {
+            p.iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(
+            s,
+            "package: stage {} ({:?}): {} -> {}",
+            stage.name,
+            stage.role,
+            ports(&stage.inputs),
+            ports(&stage.outputs)
+        );
+    }
+    if let Some(kv) = &spec.kv_cache {
+        let _ = writeln!(
+            s,
+            "package: KV cache: {} pairs, {}",
+            kv.pairs.len(),
+            kv.format
+        );
+    }
+    if let Some(g) = &spec.generation {
+        let _ = writeln!(
+            s,
+            "package: generation: vocab {}, context {}, bos {:?}, eos {:?}",
+            g.vocab_size, g.context_length, g.bos_token_id, g.eos_token_id
+        );
+    }
+    match (
+        &spec.onnxruntime_genai.config,
+        &spec.onnxruntime_genai.reason,
+    ) {
+        (Some(c), _) => {
+            let _ = writeln!(
+                s,
+                "package: onnxruntime-genai: {c} written (onnxruntime_genai.Model(DIR) runs it)"
+            );
+        }
+        (None, Some(why)) => {
+            let _ = writeln!(s, "package: onnxruntime-genai: no config: {why}");
+        }
+        (None, None) => {}
+    }
+    s
 }
 
 /// `--qparams TABLE`: writes the table; returns the references that make the exported ONNX
@@ -445,18 +582,23 @@ pub fn parse_symbol(s: &str) -> Result<(String, mmq_backend_trt::Profile), Strin
     Ok((name.to_owned(), range.parse()?))
 }
 
-/// Checks every output of the run (the model or output directory, `--report`, `--auto-map`,
-/// `--qparams`) before any work: a regular file or a new path, never an input model, the
+/// Checks every output of the run (the model, or the output directory when `output_dir`,
+/// `--report`, `--auto-map`, `--qparams`) before any work: a regular file or a new path, never an input model, the
 /// precision map, a calibration sample, a file inside the output directory (several models, a
 /// TensorRT package) or another output.
-fn check_side_outputs(args: &CompileArgs) -> Result<(), Failure> {
-    let output_dir = args.inputs.len() > 1 || args.target == CompileTarget::Trt;
+fn check_side_outputs(args: &CompileArgs, output_dir: bool) -> Result<(), Failure> {
     let mut files = RunFiles::new();
     for p in &args.inputs {
         files = files.input("the input model", p);
     }
     if let Some(map) = &args.precision_map {
         files = files.input("the precision map", map);
+    }
+    if let Some(p) = &args.generation_config {
+        files = files.input("the --generation-config file", p);
+    }
+    if let Some(p) = &args.tokenizer {
+        files = files.input("the --tokenizer file", p);
     }
     if let Some(calib) = &args.calib {
         files = files.input_dir("the calibration folder", calib);

@@ -5,6 +5,7 @@
 
 mod compile;
 mod failure;
+mod generate;
 mod inspect;
 mod modality;
 mod opt;
@@ -107,9 +108,11 @@ enum Command {
         #[arg(long)]
         fsync: bool,
     },
-    /// Run a model's first entry graph in the reference interpreter.
+    /// Run a model's first entry graph, or a deployment package's whole pipeline, in the
+    /// reference interpreter.
     Run {
-        /// The model: an ONNX file or a `.mmir` file (external weights next to it).
+        /// The model: an ONNX file, a `.mmir` file (external weights next to it), or a package
+        /// directory (`mmq compile ... --package`).
         model: PathBuf,
         /// An `.npz` with one array per graph input, keyed by input name.
         #[arg(long)]
@@ -127,6 +130,22 @@ enum Command {
         /// runs (with --stats); the outputs are the last run's.
         #[arg(long, value_name = "N", default_value_t = 0)]
         repeat: usize,
+    },
+    /// Generate tokens greedily with a deployment package (`mmq compile ... --package`) in the
+    /// reference interpreter: the vision encoder once on the images, then the decoder on the
+    /// prompt and each new token (its KV cache fed back). Prints the new token ids.
+    Generate {
+        /// The package directory.
+        package: PathBuf,
+        /// The prompt's token ids, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true, value_name = "ID,ID,...")]
+        input_ids: Vec<i64>,
+        /// The image inputs (an `.npz` keyed by input name) of a package with a vision encoder.
+        #[arg(long, value_name = "IMAGE.npz")]
+        inputs: Option<PathBuf>,
+        /// The most tokens to generate (fewer at an end-of-sequence token or the context length).
+        #[arg(long, default_value_t = 16, value_name = "N")]
+        max_new_tokens: usize,
     },
     /// Parse and verify a `.mmir` file (or an ONNX model).
     Verify {
@@ -287,6 +306,24 @@ enum Command {
         /// dequantizes it.
         #[arg(long, value_name = "int4", value_parser = parse_cache_format)]
         image_cache: Option<mmq_kernels::cache::CacheFormat>,
+        /// Split a merged multimodal graph (one graph from the image and token inputs to the
+        /// logits) at its modality boundary into `vision_encoder` (image inputs -> image
+        /// features) and `language_model` (features + token inputs -> logits); -o is then a
+        /// directory. Implied by --image-cache.
+        #[arg(long)]
+        split: bool,
+        /// Write a deployment package into the directory -o: the compiled models,
+        /// pipeline.json (stages, bindings, cache layouts, generation settings, hashes) and,
+        /// where the decoder fits onnxruntime-genai's contract, genai_config.json.
+        #[arg(long)]
+        package: bool,
+        /// Generation settings for --package: a Hugging Face generation_config.json or
+        /// config.json (bos/eos/pad token ids, max_position_embeddings as the context length).
+        #[arg(long, value_name = "FILE")]
+        generation_config: Option<PathBuf>,
+        /// A tokenizer.json to copy into the --package (tokenizer_config.json beside it too).
+        #[arg(long, value_name = "tokenizer.json")]
+        tokenizer: Option<PathBuf>,
         /// Write every scale and zero point into one memory-mapped table (QPQR, see
         /// docs/qparams.md); in the model's directory, the ONNX Runtime model reads its scales
         /// from it, so processes serving the model share one copy.
@@ -452,6 +489,20 @@ fn main() -> ExitCode {
             fsync,
         } => convert(&input, &output, external_data, fsync),
         Command::Verify { input } => verify(&input),
+        Command::Generate {
+            package,
+            input_ids,
+            inputs,
+            max_new_tokens,
+        } => generate::run(&generate::GenerateArgs {
+            package,
+            input_ids,
+            inputs,
+            max_new_tokens,
+        })
+        .map(|err| {
+            let _ = std::io::stderr().write_all(err.as_bytes());
+        }),
         Command::Report { report, output } => html_report(&report, &output),
         Command::Qparams { command } => qparams(&command).and_then(|text| emit(&text)),
         Command::PlanCache {
@@ -537,6 +588,10 @@ fn main() -> ExitCode {
             kv_cache,
             image_cache,
             qparams,
+            split,
+            package,
+            generation_config,
+            tokenizer,
         } => compile::run(&compile::CompileArgs {
             inputs,
             target,
@@ -566,6 +621,10 @@ fn main() -> ExitCode {
             kv_cache,
             image_cache,
             qparams,
+            split,
+            package,
+            generation_config,
+            tokenizer,
         })
         .map(|err| {
             let _ = std::io::stderr().write_all(err.as_bytes());

@@ -41,6 +41,9 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
         inputs.push(args.model.clone());
         crate::check_files(inputs.iter().map(PathBuf::as_path), out)?;
     }
+    if mmq_deploy::is_package(&args.model) {
+        return run_package(args);
+    }
     let loaded = load::load_with_weights(std::slice::from_ref(&args.model))?;
     crate::warn(&loaded.verify()?);
     let m = &loaded.module;
@@ -51,26 +54,7 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
         )));
     };
 
-    let mut feeds: HashMap<String, RtValue> = HashMap::new();
-    if let Some(path) = &args.inputs {
-        let arrays = mmq_kernels::io::read_npz(path).map_err(user)?;
-        for (name, t) in arrays {
-            feeds.insert(name, RtValue::from(t));
-        }
-    }
-    for spec in &args.input {
-        let Some((name, file)) = spec
-            .split_once('=')
-            .filter(|(n, f)| !n.is_empty() && !f.is_empty())
-        else {
-            return Err(Failure {
-                rendered: format!("error: --input takes NAME=FILE.npy, got '{spec}'\n"),
-                code: 2,
-            });
-        };
-        let t = mmq_kernels::io::read_npy(Path::new(file)).map_err(user)?;
-        feeds.insert(name.to_owned(), RtValue::from(t));
-    }
+    let feeds = feeds(args)?;
     let interp = if args.stats {
         Interpreter::new(m).with_stats()
     } else {
@@ -86,40 +70,7 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
         }
     }
 
-    let mut text = String::new();
-    match &args.output {
-        Some(path) => {
-            let mut arrays: Vec<(String, &Tensor)> = Vec::new();
-            for (name, value) in &outputs {
-                match value {
-                    RtValue::Tensor(t) => arrays.push((name.clone(), t)),
-                    RtValue::Sequence(ts) => arrays.extend(
-                        ts.iter()
-                            .enumerate()
-                            .map(|(i, t)| (format!("{name}[{i}]"), &**t)),
-                    ),
-                    RtValue::Optional(Some(v)) => match &**v {
-                        RtValue::Tensor(t) => arrays.push((name.clone(), t)),
-                        _ => {
-                            return Err(user(format!(
-                                "output {name}: an optional sequence cannot be saved as .npz"
-                            )));
-                        }
-                    },
-                    RtValue::Optional(None) => {
-                        let _ = writeln!(text, "{name}: empty optional, not saved");
-                    }
-                }
-            }
-            let refs: Vec<(&str, &Tensor)> = arrays.iter().map(|(n, t)| (n.as_str(), *t)).collect();
-            mmq_kernels::io::write_npz(path, &refs).map_err(user)?;
-        }
-        None => {
-            for (name, value) in &outputs {
-                summarize(&mut text, name, value);
-            }
-        }
-    }
+    let mut text = write_outputs(args.output.as_deref(), &outputs)?;
     if let Some(stats) = interp.stats() {
         let mut ops: Vec<_> = stats.per_op.iter().collect();
         ops.sort_by(|a, b| b.1.1.cmp(&a.1.1).then(a.0.cmp(b.0)));
@@ -153,6 +104,96 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
         let _ = writeln!(text, "peak live tensor bytes: {}", stats.peak_live_bytes);
     }
     Ok(text)
+}
+
+/// The input arrays: `--inputs IN.npz`, then each `--input NAME=FILE.npy`.
+fn feeds(args: &RunArgs) -> Result<HashMap<String, RtValue>, Failure> {
+    let mut feeds: HashMap<String, RtValue> = HashMap::new();
+    if let Some(path) = &args.inputs {
+        let arrays = mmq_kernels::io::read_npz(path).map_err(user)?;
+        for (name, t) in arrays {
+            feeds.insert(name, RtValue::from(t));
+        }
+    }
+    for spec in &args.input {
+        let Some((name, file)) = spec
+            .split_once('=')
+            .filter(|(n, f)| !n.is_empty() && !f.is_empty())
+        else {
+            return Err(Failure {
+                rendered: format!("error: --input takes NAME=FILE.npy, got '{spec}'\n"),
+                code: 2,
+            });
+        };
+        let t = mmq_kernels::io::read_npy(Path::new(file)).map_err(user)?;
+        feeds.insert(name.to_owned(), RtValue::from(t));
+    }
+    Ok(feeds)
+}
+
+/// Writes `outputs` to the `.npz` `path`, or, without one, returns a summary line for each.
+fn write_outputs(path: Option<&Path>, outputs: &[(String, RtValue)]) -> Result<String, Failure> {
+    let mut text = String::new();
+    match path {
+        Some(path) => {
+            let mut arrays: Vec<(String, &Tensor)> = Vec::new();
+            for (name, value) in outputs {
+                match value {
+                    RtValue::Tensor(t) => arrays.push((name.clone(), t)),
+                    RtValue::Sequence(ts) => arrays.extend(
+                        ts.iter()
+                            .enumerate()
+                            .map(|(i, t)| (format!("{name}[{i}]"), &**t)),
+                    ),
+                    RtValue::Optional(Some(v)) => match &**v {
+                        RtValue::Tensor(t) => arrays.push((name.clone(), t)),
+                        _ => {
+                            return Err(user(format!(
+                                "output {name}: an optional sequence cannot be saved as .npz"
+                            )));
+                        }
+                    },
+                    RtValue::Optional(None) => {
+                        let _ = writeln!(text, "{name}: empty optional, not saved");
+                    }
+                }
+            }
+            let refs: Vec<(&str, &Tensor)> = arrays.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+            mmq_kernels::io::write_npz(path, &refs).map_err(user)?;
+        }
+        None => {
+            for (name, value) in outputs {
+                summarize(&mut text, name, value);
+            }
+        }
+    }
+    Ok(text)
+}
+
+/// `mmq run DIR`: one forward pass of a package's whole pipeline; every stage's outputs
+/// (named `STAGE.NAME` where two stages have an output of one name).
+fn run_package(args: &RunArgs) -> Result<String, Failure> {
+    if args.stats || args.repeat > 0 {
+        return Err(Failure::usage(
+            "--stats and --repeat time one model; run a stage's file of the package".to_owned(),
+        ));
+    }
+    let package = mmq_deploy::Package::open(&args.model).map_err(user)?;
+    let feeds = feeds(args)?;
+    let outputs = package.run(&feeds).map_err(user)?;
+    let count = |n: &str| outputs.iter().filter(|o| o.name == n).count();
+    let named: Vec<(String, RtValue)> = outputs
+        .iter()
+        .map(|o| {
+            let name = if count(&o.name) > 1 {
+                format!("{}.{}", o.stage, o.name)
+            } else {
+                o.name.clone()
+            };
+            (name, o.value.clone())
+        })
+        .collect();
+    write_outputs(args.output.as_deref(), &named)
 }
 
 /// One line per output: name, dtype, shape, statistics and the first values.

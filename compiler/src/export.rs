@@ -180,3 +180,34 @@ fn reference(
         note: None,
     })
 }
+
+/// What a deployment package holds besides the compiled module (`--package`).
+#[derive(Clone, Debug, Default)]
+pub struct PackageSettings {
+    /// Generation settings (`--generation-config`).
+    pub generation: mmq_deploy::GenerationConfig,
+    /// A `tokenizer.json` to copy in (`--tokenizer`).
+    pub tokenizer: Option<PathBuf>,
+}
+
+/// Writes `m`, compiled with `options`, as a deployment package into the directory `output`
+/// (see [`mmq_deploy::write_package`]): the models, `pipeline.json` and, where the package fits
+/// onnxruntime-genai's decoder contract, `genai_config.json`.
+pub fn write_package(
+    m: &Module,
+    inputs: &[PathBuf],
+    output: &Path,
+    options: &crate::CompileOptions,
+    settings: &PackageSettings,
+) -> Result<mmq_deploy::Written, ExportError> {
+    let package = mmq_deploy::PackageOptions {
+        target: options.target.name().to_owned(),
+        kv_cache: options.kv_cache,
+        image_cache: options.image_cache,
+        generation: settings.generation.clone(),
+        tokenizer: settings.tokenizer.clone(),
+        cache_plan: None,
+        modality: options.modality.clone(),
+    };
+    mmq_deploy::write_package(m, inputs, output, &package).map_err(|e| ExportError(e.to_string()))
+}

@@ -39,6 +39,7 @@ use mmq_passes::quant::calibrate::Sample;
 use mmq_passes::{Pass, PassError, PassOptions};
 
 pub use calibration::{CalibrationSource, DEFAULT_RANDOM_SAMPLES};
+pub use mmq_deploy::GenerationConfig;
 pub use options::{
     Accuracy, CompileOptions, Int4Options, Precision, Progress, ProgressFn, QuantScheme,
 };
@@ -144,6 +145,29 @@ fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Bo
     out
 }
 
+/// The modality split, when asked for (`split`) or implied (`image_cache`: a merged graph has
+/// no vision-only output until it is split; a pipeline already split is left as it is).
+fn split_passes(options: &CompileOptions) -> Vec<(Stage, Box<dyn Pass>)> {
+    if options.split || options.image_cache.is_some() {
+        vec![(
+            Stage::Split,
+            Box::new(mmq_passes::split::ModalitySplit {
+                modality: options.modality.clone(),
+            }),
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Whether compiling `module` with `options` gives several models (several entry graphs, or
+/// the two graphs of a split), written into a directory rather than one file.
+pub fn writes_several_models(module: &Module, options: &CompileOptions) -> bool {
+    module.entries.len() > 1
+        || ((options.split || options.image_cache.is_some())
+            && mmq_passes::split::splits(module, &options.modality))
+}
+
 /// The passes that change the graph interface, run after the accuracy figures.
 fn interface_passes(options: &CompileOptions) -> Vec<(Stage, Box<dyn Pass>)> {
     let mut out: Vec<(Stage, Box<dyn Pass>)> = Vec::new();
@@ -166,8 +190,9 @@ fn interface_passes(options: &CompileOptions) -> Vec<(Stage, Box<dyn Pass>)> {
 /// can select).
 pub fn pass_names(options: &CompileOptions) -> Vec<String> {
     let ctx = Arc::new(context(options));
-    passes(options, &ctx)
+    split_passes(options)
         .iter()
+        .chain(&passes(options, &ctx))
         .chain(&interface_passes(options))
         .map(|(_, p)| p.name().to_owned())
         .collect()
@@ -216,6 +241,9 @@ pub fn compile(
             )));
         }
     }
+    // The split first: the accuracy figures compare the split float pipeline with the compiled
+    // one.
+    let (split_run, split_stages) = run_stage(module, options, split_passes(options))?;
     let quantizing = options.precision.quantizes();
     let measure = match options.accuracy {
         Accuracy::Off => None,
@@ -226,7 +254,7 @@ pub fn compile(
 
     let ctx = Arc::new(context(options));
     let (run, stages) = run_stage(module, options, passes(options, &ctx))?;
-    let mut report = CompileReport::new(options, &run, &stages);
+    let mut report = CompileReport::new(options, &split_run, &split_stages).with_run(&run, &stages);
     report.auto = ctx.auto.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let (Some(mode), Some(original)) = (measure, &original) {
         let samples = accuracy_samples(original, options).map_err(CompileError::Accuracy)?;

@@ -196,6 +196,9 @@ pub struct CompileOptions {
     pub kv_cache: Option<CacheFormat>,
     /// Vision feature outputs as INT4 groups (`--image-cache int4`).
     pub image_cache: Option<CacheFormat>,
+    /// Split a merged multimodal graph into a vision encoder and a language graph before
+    /// anything else (`--split`; implied by `image_cache`). See [`mmq_passes::split`].
+    pub split: bool,
     /// Keep the module text after the selected passes in the report.
     pub dump_after: Option<DumpAfter>,
     /// Verify the module before the first pass and after each one (on in debug builds).
@@ -222,6 +225,7 @@ impl Default for CompileOptions {
             accuracy: Accuracy::EndToEnd,
             kv_cache: None,
             image_cache: None,
+            split: false,
             dump_after: None,
             verify: cfg!(debug_assertions),
             progress: None,
@@ -246,6 +250,7 @@ impl fmt::Debug for CompileOptions {
             .field("accuracy", &self.accuracy)
             .field("kv_cache", &self.kv_cache)
             .field("image_cache", &self.image_cache)
+            .field("split", &self.split)
             .field("dump_after", &self.dump_after)
             .field("verify", &self.verify)
             .finish_non_exhaustive()

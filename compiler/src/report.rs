@@ -13,6 +13,8 @@ use crate::steps::AutoOutcome;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
+    /// The modality split of a merged multimodal graph, before everything else.
+    Split,
     /// The optimization passes of the level.
     Optimize,
     /// The quantization passes of the precision plan.

@@ -13,6 +13,7 @@ pub mod manager;
 pub mod pass;
 pub mod quant;
 mod rules;
+pub mod split;
 pub mod target;
 
 pub use canonicalize::Canonicalize;

@@ -69,6 +69,9 @@ struct Options {
     /// `--image-cache`.
     #[serde(default)]
     image_cache: Option<String>,
+    /// `--split`.
+    #[serde(default)]
+    split: bool,
     /// `--granularity`.
     #[serde(default)]
     granularity: Option<String>,
@@ -183,6 +186,7 @@ fn options(o: Options, samples: Option<Vec<Arrays>>) -> PyResult<(CompileOptions
                 .map(str::parse)
                 .transpose()
                 .map_err(err)?,
+            split: o.split,
             accuracy: match o.accuracy.as_str() {
                 "off" => Accuracy::Off,
                 "end_to_end" => Accuracy::EndToEnd,
@@ -280,13 +284,13 @@ fn compile(
     options.progress = progress.map(progress_fn);
     options.check().map_err(err)?;
     py.allow_threads(|| {
-        if inputs.len() == 1 || trt {
+        let mut module = load(&inputs)?;
+        if !mmq_compiler::writes_several_models(&module, &options) || trt {
             mmq_compiler::export::check_output(&output).map_err(err)?;
         }
         if inputs.len() > 1 {
             mmq_compiler::export::check_distinct_outputs(&inputs, &output).map_err(err)?;
         }
-        let mut module = load(&inputs)?;
         let report = mmq_compiler::compile(&mut module, &options).map_err(err)?;
         if trt {
             let package = mmq_compiler::export::write_trt(

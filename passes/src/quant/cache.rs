@@ -63,8 +63,9 @@ pub struct KvPair {
     pub width: usize,
 }
 
-/// The name of the output that continues input `past`, if the name follows a convention.
-fn present_name(past: &str) -> Vec<String> {
+/// The names the output that continues input `past` may have, by the conventions exporters
+/// follow (`past_key_values.0.key` -> `present.0.key`, `past_key_0` -> `present_key_0`).
+pub fn present_name(past: &str) -> Vec<String> {
     let mut out = Vec::new();
     for (from, to) in [
         ("past_key_values", "present"),
