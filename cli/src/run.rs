@@ -131,15 +131,40 @@ fn feeds(args: &RunArgs) -> Result<HashMap<String, RtValue>, Failure> {
     Ok(feeds)
 }
 
-/// Writes `outputs` to the `.npz` `path`, or, without one, returns a summary line for each.
+/// INT4 and UINT4 codes widened to INT8 and UINT8 (NumPy has no 4-bit type); `None` for
+/// every other tensor.
+fn widened(t: &Tensor) -> Result<Option<Tensor>, Failure> {
+    let data = match t.dtype {
+        mmq_ir::DType::I4 => Data::I8(t.to_i64().map_err(user)?.iter().map(|&v| v as i8).collect()),
+        mmq_ir::DType::U4 => Data::U8(t.to_i64().map_err(user)?.iter().map(|&v| v as u8).collect()),
+        _ => return Ok(None),
+    };
+    let dtype = match data {
+        Data::I8(_) => mmq_ir::DType::I8,
+        _ => mmq_ir::DType::U8,
+    };
+    Tensor::new(dtype, t.shape.clone(), data)
+        .map(Some)
+        .map_err(user)
+}
+
+/// Writes `outputs` to the `.npz` `path` (4-bit codes widened to 8 bits), or, without one,
+/// returns a summary line for each.
 fn write_outputs(path: Option<&Path>, outputs: &[(String, RtValue)]) -> Result<String, Failure> {
     let mut text = String::new();
     match path {
         Some(path) => {
+            let wide: Vec<Option<Tensor>> = outputs
+                .iter()
+                .map(|(_, v)| match v {
+                    RtValue::Tensor(t) => widened(t),
+                    _ => Ok(None),
+                })
+                .collect::<Result<_, _>>()?;
             let mut arrays: Vec<(String, &Tensor)> = Vec::new();
-            for (name, value) in outputs {
+            for ((name, value), wide) in outputs.iter().zip(&wide) {
                 match value {
-                    RtValue::Tensor(t) => arrays.push((name.clone(), t)),
+                    RtValue::Tensor(t) => arrays.push((name.clone(), wide.as_ref().unwrap_or(t))),
                     RtValue::Sequence(ts) => arrays.extend(
                         ts.iter()
                             .enumerate()

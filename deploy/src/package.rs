@@ -83,7 +83,7 @@ pub fn write_package(
         }
         let gd = &m.graphs[g];
         stages.push(Stage {
-            name: gd.name.clone(),
+            name: stem.clone(),
             file,
             role: describe::role(m, g, &options.modality),
             inputs: gd.inputs.iter().map(|&v| describe::port(m, v)).collect(),

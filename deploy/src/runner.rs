@@ -221,7 +221,10 @@ impl Package {
     /// Greedy generation: the stages before the decoder run once on `images` (the image
     /// inputs, by name), then the decoder runs on `prompt` and on each new token (feeding its
     /// KV cache back, or the whole sequence again when it has none) until `max_new_tokens`, an
-    /// end-of-sequence token or the context length. `on_token` sees each new token as it comes.
+    /// end-of-sequence token or the context length. A decoder with a KV cache reads the image
+    /// features with the prompt and none (token dim 0) at later steps; the prompt holds the
+    /// placeholder tokens the model expects for them. `on_token` sees each new token as it
+    /// comes.
     pub fn generate(
         &self,
         prompt: &[i64],
@@ -253,6 +256,12 @@ impl Package {
             .kv_cache
             .as_ref()
             .filter(|k| k.stage == generation.stage);
+        // With a KV cache the features enter with the prompt; later steps read none (the token
+        // dim 0), as LLaVA-style decoders take them.
+        let no_features: HashMap<(usize, String), RtValue> = bound
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), no_tokens(v)?)))
+            .collect::<Result<_, DeployError>>()?;
         let mut cache: HashMap<String, RtValue> = HashMap::new();
         if let Some(kv) = kv {
             let g = self.graphs[dec];
@@ -292,7 +301,12 @@ impl Package {
                 let p = (past as i64..(past + step.len()) as i64).collect();
                 feeds.insert(pos.clone(), int(vec![1, step.len()], p)?);
             }
-            let outputs = self.run_stage(&interp, dec, &feeds, &bound)?;
+            let features = if kv.is_some() && done > 0 {
+                &no_features
+            } else {
+                &bound
+            };
+            let outputs = self.run_stage(&interp, dec, &feeds, features)?;
             let mut next = None;
             for (name, value) in outputs {
                 if name == generation.logits {
@@ -327,6 +341,18 @@ impl Package {
     pub fn stage_of(&self, role: Role) -> Option<&crate::spec::Stage> {
         self.spec.stages.iter().find(|s| s.role == role)
     }
+}
+
+/// `v` with no token: dim 1 (`[batch, tokens, ...]`) of size 0.
+fn no_tokens(v: &RtValue) -> Result<RtValue, DeployError> {
+    let t = tensor(v, "an image feature")?;
+    let mut shape = t.shape.clone();
+    if shape.len() >= 2 {
+        shape[1] = 0;
+    }
+    Tensor::zeros(t.dtype, shape)
+        .map(RtValue::from)
+        .map_err(|e| DeployError::Invalid(e.to_string()))
 }
 
 /// A zero-token value for cache input `name` of graph `g`: batch 1, every symbolic dim 0.

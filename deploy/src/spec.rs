@@ -82,7 +82,7 @@ pub enum Role {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Stage {
-    /// The graph's name.
+    /// The stage's name: its file's stem (the graph's name for the graphs of a split).
     pub name: String,
     /// The ONNX file, relative to the package.
     pub file: String,

@@ -26,8 +26,9 @@ import numpy as np
 
 from . import _mmq
 from ._mmq import MmqError
+from .pipeline import Pipeline
 
-__all__ = ["MmqError", "Model", "compile", "load", "run", "__version__"]
+__all__ = ["MmqError", "Model", "Pipeline", "compile", "load", "run", "__version__"]
 __version__: str = _mmq.__version__
 
 ModelLike = Union[str, os.PathLike, bytes, "onnx.ModelProto", "Model"]  # noqa: F821

@@ -1,0 +1,236 @@
+"""Deployment packages (`mmq compile --package`) run three ways: onnxruntime-genai (from the
+package's own genai_config.json, no hand edits), mmq.Pipeline (ONNX Runtime with the KV cache in
+its pool), `mmq generate` (the reference interpreter) - against a plain ONNX Runtime greedy loop
+over the package's model."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import mmq
+from conftest import REPO, fixture
+from decode import cosine, greedy
+
+PROMPT = [1, 17, 33, 100, 7, 99]
+NEW = 8
+
+# The KV-cache decoders with dynamic dims, and their generation settings (tools/gen_fixtures.py,
+# tools/gen_matrix.py: GPT-2 has bos = eos = 0 and a learned position table).
+GPT2 = {"bos_token_id": 0, "eos_token_id": 0, "n_positions": 128}
+GPT2_MATRIX = {"bos_token_id": 0, "eos_token_id": 0, "n_positions": 32}
+LLAMA = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "max_position_embeddings": 256}
+DECODERS = {"gpt2_kv": GPT2, "llama_gqa_kv": LLAMA}
+for family, config in (("gpt2_kv", GPT2_MATRIX), ("llama_gqa_kv", LLAMA), ("qwen2_kv", LLAMA)):
+    for form in ("dynamo18_sdpa_dynamic", "dynamo23_sdpa_dynamic", "torchscript17_sdpa_dynamic"):
+        DECODERS[f"matrix/{family}_{form}"] = config
+STATIC = ["matrix/llama_gqa_kv_dynamo20_eager_static", "matrix/gpt2_kv_torchscript17_eager_static"]
+
+
+def package(mmq_bin, tmp_path: Path, name: str, config: dict | None, *extra: str) -> Path:
+    out = tmp_path / (name.replace("/", "-") + "-" + "-".join(extra).replace("-", ""))
+    args = [mmq_bin, "compile", fixture(name) / "model.onnx", "--package", "-o", out,
+            "--no-accuracy", *extra]
+    if config is not None:
+        gen = tmp_path / "generation_config.json"
+        gen.write_text(json.dumps(config))
+        args += ["--generation-config", gen]
+    run = subprocess.run(args, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return out
+
+
+def genai_tokens(pkg: Path, prompt: list[int], new: int) -> list[int]:
+    import onnxruntime_genai as og
+
+    model = og.Model(str(pkg))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + new, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompt)
+    out = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    return out
+
+
+def ort_loop(model: Path, prompt: list[int], new: int, eos: set[int]) -> list[int]:
+    tokens, _ = greedy(
+        str(model), {"input_ids": np.array([prompt], np.int64)}, new,
+        lambda t: {"input_ids": t},
+    )
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def mmq_generate(mmq_bin, pkg: Path, prompt: list[int], new: int, *extra: str) -> list[int]:
+    run = subprocess.run(
+        [mmq_bin, "generate", pkg, "--input-ids", ",".join(map(str, prompt)),
+         "--max-new-tokens", str(new), *extra],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "new tokens" in run.stderr
+    return [int(t) for t in run.stdout.split()]
+
+
+def eos_of(config: dict) -> set[int]:
+    e = config.get("eos_token_id")
+    return set(e if isinstance(e, list) else [e]) if e is not None else set()
+
+
+@pytest.mark.parametrize("name", sorted(DECODERS))
+def test_decoder_packages_generate_the_same_tokens_everywhere(mmq_bin, tmp_path, name):
+    config = DECODERS[name]
+    fp32 = package(mmq_bin, tmp_path, name, config, "-O2")
+    spec = json.loads((fp32 / "pipeline.json").read_text())
+    assert spec["onnxruntime_genai"] == {"config": "genai_config.json", "reason": None}
+    genai = json.loads((fp32 / "genai_config.json").read_text())
+    assert genai["model"]["decoder"]["num_hidden_layers"] == len(spec["kv_cache"]["pairs"]) // 2
+    want = ort_loop(fp32 / "model.onnx", PROMPT, NEW, eos_of(config))
+    assert genai_tokens(fp32, PROMPT, NEW) == want
+    assert mmq.Pipeline(fp32).generate(PROMPT, max_new_tokens=NEW) == want
+    assert mmq_generate(mmq_bin, fp32, PROMPT, NEW) == want
+
+    int4 = package(mmq_bin, tmp_path, name, config, "--quant", "int4")
+    assert (int4 / "genai_config.json").is_file()
+    model = onnx.load(str(int4 / "model.onnx"), load_external_data=False)
+    assert any(n.op_type == "MatMulNBits" for n in model.graph.node), name
+    want4 = ort_loop(int4 / "model.onnx", PROMPT, NEW, eos_of(config))
+    assert genai_tokens(int4, PROMPT, NEW) == want4
+    assert mmq.Pipeline(int4).generate(PROMPT, max_new_tokens=NEW) == want4
+
+
+@pytest.mark.parametrize("name", STATIC)
+def test_packages_outside_the_genai_contract_say_why(mmq_bin, tmp_path, name):
+    pkg = package(mmq_bin, tmp_path, name, LLAMA)
+    spec = json.loads((pkg / "pipeline.json").read_text())
+    assert not (pkg / "genai_config.json").exists()
+    assert "static dims" in spec["onnxruntime_genai"]["reason"]
+    # The quantized KV cache is outside it too, and the compile says so.
+    out = tmp_path / "kv"
+    run = subprocess.run(
+        [mmq_bin, "compile", fixture("llama_gqa_kv") / "model.onnx", "--package", "-o", out,
+         "--kv-cache", "int8"],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "onnxruntime-genai: no config: its KV cache is quantized (int8" in run.stderr
+    assert not (out / "genai_config.json").exists()
+
+
+def test_int8_kv_and_int4_image_features_against_fp32(mmq_bin, tmp_path):
+    """A vision encoder and a LLaVA-style decoder with a KV cache, packaged in FP32 and with an
+    INT8 KV cache and INT4 image features: the same first token, step-1 logits cosine >= 0.99,
+    the second request with the same image identical and faster (the encoder does not run)."""
+    from decode import with_image_input
+
+    src = tmp_path / "src"
+    src.mkdir()
+    enc = src / "vision_encoder.onnx"
+    enc.write_bytes((fixture("pipeline") / "vision_encoder.onnx").read_bytes())
+    dec = src / "decoder.onnx"
+    onnx.save(with_image_input(onnx.load(fixture("llama_gqa_kv") / "model.onnx"), 64), dec)
+    gen = tmp_path / "gen.json"
+    gen.write_text(json.dumps(LLAMA))
+
+    def build(out: Path, *extra: str) -> Path:
+        run = subprocess.run(
+            [mmq_bin, "compile", enc, dec, "--package", "-o", out, "--generation-config", gen,
+             *extra],
+            capture_output=True, text=True,
+        )
+        assert run.returncode == 0, run.stderr
+        return out
+
+    fp32 = build(tmp_path / "fp32")
+    quant = build(tmp_path / "quant", "--kv-cache", "int8", "--image-cache", "int4")
+    spec = json.loads((quant / "pipeline.json").read_text())
+    assert [s["role"] for s in spec["stages"]] == ["vision_encoder", "decoder"]
+    assert spec["kv_cache"]["format"] == "int8" and spec["kv_cache"]["scales"]["kind"] == "blocks"
+    assert spec["image_cache"]["outputs"] == [
+        {"name": "image_embeds", "scale": "image_embeds_scale", "group": 64}
+    ]
+    assert {(b["from"]["port"], b["to"]["port"]) for b in spec["bindings"]} == {
+        ("image_embeds", "image_embeds"), ("image_embeds_scale", "image_embeds_scale")
+    }
+    pixels = np.load(fixture("pipeline") / "inputs.npz")["pixel_values"][:1]
+    prompt = [0] * 16 + [5, 17, 42, 99, 3]
+
+    p32, pq = mmq.Pipeline(fp32), mmq.Pipeline(quant)
+    want = p32.generate(prompt, pixels, max_new_tokens=NEW)
+    got = pq.generate(prompt, pixels, max_new_tokens=NEW)
+    first = pq.last_stats
+    assert first["image_cache_hit"] is False
+    assert got[0] == want[0], (got, want)
+    again = pq.generate(prompt, pixels, max_new_tokens=NEW)
+    second = pq.last_stats
+    assert again == got and second["image_cache_hit"] is True
+    assert second["vision_seconds"] < first["vision_seconds"]
+    # The KV cache in the pool: INT8 codes and f32 block scales take under a third of FP32's.
+    assert 0 < pq.kv_bytes * 3 < p32.kv_bytes
+
+    # Step-1 logits: the package's models on the same prompt and image.
+    np.savez(tmp_path / "image.npz", pixel_values=pixels)
+    def step1(p):
+        feeds = {"pixel_values": pixels, "input_ids": np.array([prompt], np.int64)}
+        feeds["attention_mask"] = np.ones((1, len(prompt)), np.int64)
+        feeds["position_ids"] = np.arange(len(prompt), dtype=np.int64)[None]
+        for past in p.sessions["decoder"].get_inputs():
+            if "past" in past.name:
+                shape = [1 if i == 0 else (d if isinstance(d, int) else 0)
+                         for i, d in enumerate(past.shape)]
+                dtype = {"tensor(int8)": np.int8}.get(past.type, np.float32)
+                feeds[past.name] = np.zeros(shape, dtype)
+        return p.run(feeds)["logits"][0, -1]
+
+    assert cosine(step1(p32), step1(pq)) >= 0.99
+
+    # The reference interpreter agrees with ONNX Runtime on the FP32 package.
+    assert mmq_generate(mmq_bin, fp32, prompt, NEW, "--inputs", str(tmp_path / "image.npz")) \
+        == want
+
+
+def test_a_merged_export_splits_into_a_runnable_package(mmq_bin, tmp_path):
+    """The LLaVA fixture (one graph from pixel_values and input_ids to logits) with
+    --image-cache int4: split, packaged, and run by mmq.Pipeline and `mmq run DIR`."""
+    out = tmp_path / "llava"
+    run = subprocess.run(
+        [mmq_bin, "compile", fixture("llava") / "model.onnx", "--package", "-o", out,
+         "--image-cache", "int4"],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "modality-split: graph 'main_graph' split" in run.stderr
+    inputs = dict(np.load(fixture("llava") / "inputs.npz"))
+    ref = np.load(fixture("llava") / "outputs.npz")["logits"]
+    got = mmq.Pipeline(out).run(inputs)
+    assert got["logits"].shape == ref.shape
+    assert cosine(got["logits"], ref) >= 0.99  # INT4 image features
+    npz = tmp_path / "out.npz"
+    run = subprocess.run(
+        [mmq_bin, "run", out, "--inputs", fixture("llava") / "inputs.npz", "-o", npz],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    interp = np.load(npz)["logits"]
+    np.testing.assert_allclose(interp, got["logits"], rtol=1e-4, atol=1e-4)
+
+
+def test_packages_refuse_changed_files(tmp_path, mmq_bin):
+    pkg = package(mmq_bin, tmp_path, "gpt2_kv", GPT2)
+    data = bytearray((pkg / "model.onnx").read_bytes())
+    data[-1] ^= 1
+    (pkg / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="changed after the package was written"):
+        mmq.Pipeline(pkg)
+    run = subprocess.run(
+        [mmq_bin, "generate", pkg, "--input-ids", "1,2"], capture_output=True, text=True
+    )
+    assert run.returncode == 1 and "changed after the package was written" in run.stderr
