@@ -480,9 +480,13 @@ fn package_text(dir: &Path, written: &mmq_deploy::Written) -> String {
         };
         let _ = writeln!(
             s,
-            "package: stage {} ({:?}): {} -> {}",
+            "package: stage {} ({}): {} -> {}",
             stage.name,
-            stage.role,
+            match stage.role {
+                mmq_deploy::spec::Role::VisionEncoder => "vision encoder",
+                mmq_deploy::spec::Role::Decoder => "decoder",
+                mmq_deploy::spec::Role::Model => "model",
+            },
             ports(&stage.inputs),
             ports(&stage.outputs)
         );
@@ -601,7 +605,7 @@ fn check_side_outputs(args: &CompileArgs, output_dir: bool) -> Result<(), Failur
         files = files.input("the --tokenizer file", p);
     }
     if let Some(calib) = &args.calib {
-        files = files.input_dir("the calibration folder", calib);
+        files = files.input_dir("the calibration folder", calib, "npz");
     }
     if output_dir {
         files = files.output_dir("-o", &args.output);

@@ -163,7 +163,12 @@ fn convert_round_trips_and_refuses_to_overwrite_input() {
     let model = write(&dir, "m.onnx", &small_model());
     let before = std::fs::read(&model).expect("read");
     let (code, _, stderr) = run_in(&dir, &["convert", "m.onnx", "-o", "m.onnx"]);
-    assert_eq!(code, 1, "{stderr}");
+    // Refused before the model is read: a usage error naming both.
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("-o m.onnx: that is an input (m.onnx)"),
+        "{stderr}"
+    );
     assert_eq!(
         std::fs::read(&model).expect("read"),
         before,

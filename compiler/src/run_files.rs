@@ -1,6 +1,6 @@
 //! The files of one run, checked together before any work: every output is a regular file or
 //! a path still to be made (never a device, FIFO, socket or directory: see
-//! [`mmq_ir::fsio`]), and no output is an input of the run, a file in one of its input folders,
+//! [`mmq_ir::fsio`]), and no output is an input of the run, a file it reads from an input folder,
 //! a file inside a directory the run writes, or another output of the run.
 //!
 //! ```no_run
@@ -9,7 +9,7 @@
 //!
 //! RunFiles::new()
 //!     .input("the input model", Path::new("model.onnx"))
-//!     .input_dir("the calibration folder", Path::new("calib"))
+//!     .input_dir("the calibration folder", Path::new("calib"), "npz")
 //!     .output("-o", "the output", Path::new("model.int8.onnx"))
 //!     .output("--report", "the report", Path::new("report.json"))
 //!     .check()?;
@@ -68,7 +68,8 @@ impl Entry {
 #[derive(Debug, Default)]
 pub struct RunFiles {
     inputs: Vec<Entry>,
-    input_dirs: Vec<Entry>,
+    /// Folders and the extension of the files the run reads from them.
+    input_dirs: Vec<(Entry, String)>,
     outputs: Vec<Entry>,
     output_dirs: Vec<Entry>,
 }
@@ -85,9 +86,10 @@ impl RunFiles {
         self
     }
 
-    /// A folder whose files the run reads (calibration samples).
-    pub fn input_dir(mut self, what: impl Into<String>, path: &Path) -> RunFiles {
-        self.input_dirs.push(Entry::new(what.into(), path));
+    /// A folder whose files with extension `ext` the run reads (calibration samples, `npz`).
+    pub fn input_dir(mut self, what: impl Into<String>, path: &Path, ext: &str) -> RunFiles {
+        self.input_dirs
+            .push((Entry::new(what.into(), path), ext.to_owned()));
         self
     }
 
@@ -134,11 +136,10 @@ impl RunFiles {
                     input.path.display()
                 )));
             }
-            if let Some(dir) = self
-                .input_dirs
-                .iter()
-                .find(|d| out.id.parent() == Some(d.id.as_path()))
-            {
+            if let Some((dir, _)) = self.input_dirs.iter().find(|(d, ext)| {
+                out.id.parent() == Some(d.id.as_path())
+                    && out.id.extension().is_some_and(|e| e == ext.as_str())
+            }) {
                 return Err(fail(format!(
                     "that is in {} ({}), which this run reads; choose another path",
                     dir.what,
@@ -225,7 +226,7 @@ mod tests {
             RunFiles::new()
                 .input("the input model", &model)
                 .input("the precision map", &map)
-                .input_dir("the calibration folder", &d.join("calib"))
+                .input_dir("the calibration folder", &d.join("calib"), "npz")
                 .output("-o", "the output", &d.join("out.onnx"))
         };
         assert!(base().check().is_ok());
@@ -240,8 +241,15 @@ mod tests {
         );
         let r = reason(base().output("--qparams", "the table", &d.join("calib/s.npz")));
         assert!(r.contains("the calibration folder"), "{r}");
-        let r = reason(base().output("--qparams", "the table", &d.join("calib/new.qpqr")));
+        let r = reason(base().output("--qparams", "the table", &d.join("calib/new.npz")));
         assert!(r.contains("the calibration folder"), "{r}");
+        // A file the calibration does not read may go there (`--calib .`, `-o out.onnx`).
+        assert!(
+            base()
+                .output("--report", "the report", &d.join("calib/r.json"))
+                .check()
+                .is_ok()
+        );
         let r = reason(
             base()
                 .output("--qparams", "the table", &d.join("t.qpqr"))
