@@ -46,11 +46,70 @@ fn plan_cache_lays_out_a_llava_style_pair_and_writes_json() {
 }
 
 #[test]
+fn plan_cache_plans_image_slots_without_a_kv_cache() {
+    let dir = scratch("plan-cache-images");
+    let enc = common::repo()
+        .join("tests/fixtures/pipeline/vision_encoder.onnx")
+        .display()
+        .to_string();
+    let (code, text, stderr) = run_in(
+        &dir,
+        &[
+            "plan-cache",
+            &enc,
+            "--budget",
+            "1MiB",
+            "--images",
+            "3",
+            "-o",
+            "plan.json",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    for want in [
+        "pool: 1920 bytes",
+        "kv: none (no past…/present… pairs in the models)",
+        "'image_embeds' [16 tokens, 64] as INT4 groups of 64, 3 slots of 640 bytes",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["kv_pages"].as_u64(), Some(0));
+    assert!(plan["kv_page"].is_null());
+    assert_eq!(plan["image_slots"].as_u64(), Some(3));
+}
+
+#[test]
 fn plan_cache_errors_say_why() {
     let dir = scratch("plan-cache-errors");
-    let (code, _, stderr) = run_in(&dir, &["plan-cache", &fixture("vit"), "--budget", "1GiB"]);
+    // A text model without a KV cache has nothing to plan.
+    let bert = common::repo()
+        .join("tests/fixtures/matrix/bert_dynamo18_sdpa_dynamic/model.onnx")
+        .display()
+        .to_string();
+    let (code, _, stderr) = run_in(&dir, &["plan-cache", &bert, "--budget", "1GiB"]);
     assert_eq!(code, 1);
-    assert!(stderr.contains("no KV cache"), "{stderr}");
+    assert!(
+        stderr.contains("no KV cache (past…/present… pairs) and no vision feature output"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run_in(
+        &dir,
+        &[
+            "plan-cache",
+            &fixture("vit"),
+            "--budget",
+            "1GiB",
+            "--images",
+            "0",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("ask for image slots (--images N)"),
+        "{stderr}"
+    );
     let (code, _, stderr) = run_in(
         &dir,
         &["plan-cache", &fixture("llama_gqa_kv"), "--budget", "4000"],

@@ -109,8 +109,8 @@ pub struct CachePlan {
     pub request: PlanRequest,
     /// Alignment of every region.
     pub align: u64,
-    /// One KV page.
-    pub kv_page: KvPageLayout,
+    /// One KV page (`None` when the models have no KV cache: a plan of image slots only).
+    pub kv_page: Option<KvPageLayout>,
     /// One image slot, when the model has image features.
     pub image_slot: Option<ImageSlotLayout>,
     /// Offset of the first image slot (0).
@@ -138,9 +138,18 @@ pub struct CachePlan {
 /// Why a plan cannot be made.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
-    /// The model has no KV tensor.
-    #[error("the model has no KV cache (past…/present… pairs)")]
-    NoKv,
+    /// The models have neither a KV tensor nor image features to plan.
+    #[error(
+        "the models have no KV cache (past…/present… pairs) and no vision feature output: \
+         nothing to plan"
+    )]
+    Nothing,
+    /// Image features but no KV cache, and no image slot asked for.
+    #[error(
+        "the models have no KV cache (past…/present… pairs); ask for image slots (--images N) \
+         to plan the image features alone"
+    )]
+    NoSlots,
     /// KV tensors of different head sizes.
     #[error("KV tensors '{0}' and '{1}' have different head sizes")]
     MixedHeads(String, String),
@@ -163,42 +172,11 @@ pub enum PlanError {
 
 /// Plans the pool.
 pub fn plan(request: PlanRequest) -> Result<CachePlan, PlanError> {
-    let first = request.kv.first().ok_or(PlanError::NoKv)?;
-    if let Some(other) = request.kv.iter().find(|t| t.head_dim != first.head_dim) {
-        return Err(PlanError::MixedHeads(
-            first.name.clone(),
-            other.name.clone(),
-        ));
-    }
-    let head_dim = first.head_dim;
-    let scales = request
-        .kv_format
-        .scales(head_dim as usize)
-        .map_err(PlanError::Geometry)?;
-    let heads: u64 = request.kv.iter().map(|t| t.heads).sum();
-    // Per page: one 512-byte code block per (tensor, head).
-    let code_bits = request.kv_format.format().bits() as u64;
-    let tokens = PAGE_CODE_BYTES * 8 / code_bits / head_dim;
-    let codes = Region {
-        offset: 0,
-        bytes: heads * PAGE_CODE_BYTES,
-    };
-    let (scale_bytes, scale_dtype) = match scales {
-        CacheScales::Blocks { .. } => (heads * 4, "f32"),
-        CacheScales::Groups { group } => (heads * tokens * (head_dim / group as u64) * 2, "f16"),
-    };
-    let scale_region = Region {
-        offset: align(codes.bytes),
-        bytes: scale_bytes,
-    };
-    let page_bytes = align(scale_region.offset + scale_region.bytes);
-    let kv_page = KvPageLayout {
-        tokens,
-        bytes: page_bytes,
-        codes,
-        code_stride: PAGE_CODE_BYTES,
-        scales: scale_region,
-        scale_dtype,
+    let kv_page = match request.kv.first() {
+        Some(first) => Some(kv_page_layout(&request, first)?),
+        None if request.image.is_none() => return Err(PlanError::Nothing),
+        None if request.images == 0 => return Err(PlanError::NoSlots),
+        None => None,
     };
     let image_slot = match &request.image {
         Some(img) => {
@@ -237,8 +215,13 @@ pub fn plan(request: PlanRequest) -> Result<CachePlan, PlanError> {
             need: images_bytes,
         });
     }
-    let kv_pages = (request.budget - images_bytes) / page_bytes;
-    if kv_pages == 0 {
+    let (page_bytes, tokens) = kv_page.as_ref().map_or((0, 0), |p| (p.bytes, p.tokens));
+    let kv_pages = if page_bytes == 0 {
+        0
+    } else {
+        (request.budget - images_bytes) / page_bytes
+    };
+    if kv_page.is_some() && kv_pages == 0 {
         return Err(PlanError::Budget {
             budget: request.budget,
             what: "one KV page besides the image slots".into(),
@@ -258,8 +241,16 @@ pub fn plan(request: PlanRequest) -> Result<CachePlan, PlanError> {
         kv_offset: images_bytes,
         kv_pages,
         pool_bytes: images_bytes + kv_pages * page_bytes,
-        kv_bytes_per_token: page_bytes as f64 / tokens as f64,
-        kv_bytes_per_token_per_layer: page_bytes as f64 / tokens as f64 / layers as f64,
+        kv_bytes_per_token: if tokens == 0 {
+            0.0
+        } else {
+            page_bytes as f64 / tokens as f64
+        },
+        kv_bytes_per_token_per_layer: if tokens == 0 {
+            0.0
+        } else {
+            page_bytes as f64 / tokens as f64 / layers as f64
+        },
         fp32_bytes_per_token,
         image_bytes,
         token_capacity: kv_pages * tokens,
@@ -270,9 +261,40 @@ pub fn plan(request: PlanRequest) -> Result<CachePlan, PlanError> {
 }
 
 impl CachePlan {
+    /// The KV lines of [`CachePlan::summary`].
+    fn kv_summary(&self, p: &KvPageLayout) -> String {
+        let r = &self.request;
+        let mut s = format!(
+            "kv: {} tensors ({} heads in all, head_dim {}), {} pages of {} tokens, {} bytes each \
+             at offset {}\n  codes: {} blocks of {} bytes at +{}; scales ({}) at +{}, {} bytes\n",
+            r.kv.len(),
+            r.kv.iter().map(|t| t.heads).sum::<u64>(),
+            r.kv[0].head_dim,
+            self.kv_pages,
+            p.tokens,
+            p.bytes,
+            self.kv_offset,
+            p.codes.bytes / p.code_stride,
+            p.code_stride,
+            p.codes.offset,
+            p.scale_dtype,
+            p.scales.offset,
+            p.scales.bytes
+        );
+        s += &format!(
+            "  {:.2} bytes per token ({:.2} per layer), fp32 {} ({:.2}x smaller); {} tokens fit\n",
+            self.kv_bytes_per_token,
+            self.kv_bytes_per_token_per_layer,
+            self.fp32_bytes_per_token,
+            self.fp32_bytes_per_token as f64 / self.kv_bytes_per_token,
+            self.token_capacity
+        );
+        s
+    }
+
     /// Offset of KV page `page` in the pool.
     pub fn kv_page_offset(&self, page: u64) -> u64 {
-        self.kv_offset + page * self.kv_page.bytes
+        self.kv_offset + page * self.kv_page.as_ref().map_or(0, |p| p.bytes)
     }
 
     /// Offset of image slot `slot` in the pool.
@@ -298,7 +320,9 @@ impl CachePlan {
                 ));
             }
         }
-        let p = &self.kv_page;
+        let Some(p) = &self.kv_page else {
+            return out;
+        };
         for i in 0..self.kv_pages {
             let at = self.kv_page_offset(i);
             for b in 0..p.codes.bytes / p.code_stride {
@@ -320,7 +344,6 @@ impl CachePlan {
     /// The plan as text, for a terminal.
     pub fn summary(&self) -> String {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let p = &self.kv_page;
         let r = &self.request;
         let mut s = format!(
             "pool: {} bytes ({:.3} GiB) of a {} byte budget, every region aligned to {} bytes\n",
@@ -329,31 +352,11 @@ impl CachePlan {
             r.budget,
             self.align
         );
-        s += &format!(
-            "kv: {} tensors ({} heads in all, head_dim {}), {} pages of {} tokens, {} bytes each \
-             at offset {}\n  codes: {} blocks of {} bytes at +{}; scales ({}) at +{}, {} bytes\n",
-            r.kv.len(),
-            r.kv.iter().map(|t| t.heads).sum::<u64>(),
-            r.kv[0].head_dim,
-            self.kv_pages,
-            p.tokens,
-            p.bytes,
-            self.kv_offset,
-            p.codes.bytes / p.code_stride,
-            p.code_stride,
-            p.codes.offset,
-            p.scale_dtype,
-            p.scales.offset,
-            p.scales.bytes
-        );
-        s += &format!(
-            "  {:.2} bytes per token ({:.2} per layer), fp32 {} ({:.2}x smaller); {} tokens fit\n",
-            self.kv_bytes_per_token,
-            self.kv_bytes_per_token_per_layer,
-            self.fp32_bytes_per_token,
-            self.fp32_bytes_per_token as f64 / self.kv_bytes_per_token,
-            self.token_capacity
-        );
+        if let Some(p) = &self.kv_page {
+            s += &self.kv_summary(p);
+        } else {
+            s += "kv: none (no past…/present… pairs in the models)\n";
+        }
         match (&self.image_slot, &r.image, self.image_bytes) {
             (Some(slot), Some(img), Some((bytes, fp32))) => {
                 s += &format!(
@@ -378,6 +381,46 @@ impl CachePlan {
         }
         s
     }
+}
+
+/// The layout of one KV page for the tensors of `request` (`first` among them).
+fn kv_page_layout(request: &PlanRequest, first: &KvTensor) -> Result<KvPageLayout, PlanError> {
+    if let Some(other) = request.kv.iter().find(|t| t.head_dim != first.head_dim) {
+        return Err(PlanError::MixedHeads(
+            first.name.clone(),
+            other.name.clone(),
+        ));
+    }
+    let head_dim = first.head_dim;
+    let scales = request
+        .kv_format
+        .scales(head_dim as usize)
+        .map_err(PlanError::Geometry)?;
+    let heads: u64 = request.kv.iter().map(|t| t.heads).sum();
+    // Per page: one 512-byte code block per (tensor, head).
+    let code_bits = request.kv_format.format().bits() as u64;
+    let tokens = PAGE_CODE_BYTES * 8 / code_bits / head_dim;
+    let codes = Region {
+        offset: 0,
+        bytes: heads * PAGE_CODE_BYTES,
+    };
+    let (scale_bytes, scale_dtype) = match scales {
+        CacheScales::Blocks { .. } => (heads * 4, "f32"),
+        CacheScales::Groups { group } => (heads * tokens * (head_dim / group as u64) * 2, "f16"),
+    };
+    let scale_region = Region {
+        offset: align(codes.bytes),
+        bytes: scale_bytes,
+    };
+    let page_bytes = align(scale_region.offset + scale_region.bytes);
+    Ok(KvPageLayout {
+        tokens,
+        bytes: page_bytes,
+        codes,
+        code_stride: PAGE_CODE_BYTES,
+        scales: scale_region,
+        scale_dtype,
+    })
 }
 
 #[cfg(test)]
@@ -446,8 +489,9 @@ mod tests {
                             // Capacity: one more page would not fit.
                             let images =
                                 p.image_slot.as_ref().map_or(0, |s| s.bytes) * p.image_slots;
-                            assert!(images + (p.kv_pages + 1) * p.kv_page.bytes > budget);
-                            assert_eq!(p.token_capacity, p.kv_pages * p.kv_page.tokens);
+                            let page = p.kv_page.as_ref().expect("a KV page");
+                            assert!(images + (p.kv_pages + 1) * page.bytes > budget);
+                            assert_eq!(p.token_capacity, p.kv_pages * page.tokens);
                         }
                     }
                 }
@@ -464,16 +508,17 @@ mod tests {
             ..request(CacheFormat::Int8, 2, 16, 2, 1 << 20)
         })
         .unwrap();
-        assert_eq!(p.kv_page.tokens, 32);
-        assert_eq!(p.kv_page.codes.bytes, 8 * 512);
+        let page = p.kv_page.as_ref().expect("a KV page");
+        assert_eq!(page.tokens, 32);
+        assert_eq!(page.codes.bytes, 8 * 512);
         assert_eq!(
-            p.kv_page.scales,
+            page.scales,
             Region {
                 offset: 4096,
                 bytes: 32
             }
         );
-        assert_eq!(p.kv_page.bytes, 4096 + 128);
+        assert_eq!(page.bytes, 4096 + 128);
         // fp32: 4 tensors x 2 heads x 16 x 4 bytes = 512 bytes per token; INT8: a page of
         // 4096 code bytes + 128 (32 scale bytes, aligned) per 32 tokens = 132.
         assert_eq!(p.fp32_bytes_per_token, 512);

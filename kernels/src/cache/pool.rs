@@ -99,6 +99,13 @@ impl CachePool {
         &mut self.raw[at..at + len as usize]
     }
 
+    /// The plan's KV page layout (an error for a plan of image slots only).
+    fn kv_page(&self) -> Result<&crate::cache::plan::KvPageLayout, PoolError> {
+        self.plan.kv_page.as_ref().ok_or_else(|| {
+            PoolError::Invalid("the plan has no KV pages (the models have no KV cache)".into())
+        })
+    }
+
     fn check_page(&self, page: PageId, tensor: usize, head: usize) -> Result<(), PoolError> {
         let kv = &self.plan.request.kv;
         let heads = kv.get(tensor).map(|t| t.heads as usize);
@@ -127,7 +134,7 @@ impl CachePool {
         head: usize,
     ) -> Result<&mut [u8], PoolError> {
         self.check_page(page, tensor, head)?;
-        let p = &self.plan.kv_page;
+        let p = self.kv_page()?.clone();
         let off = self.plan.kv_page_offset(page.0)
             + p.codes.offset
             + self.block(tensor, head) * p.code_stride;
@@ -138,7 +145,7 @@ impl CachePool {
     /// The scale table of `page` (raw bytes: f32 per block, or binary16 per token and group).
     pub fn page_scales(&mut self, page: PageId) -> Result<&mut [u8], PoolError> {
         self.check_page(page, 0, 0)?;
-        let s = self.plan.kv_page.scales;
+        let s = self.kv_page()?.scales;
         let off = self.plan.kv_page_offset(page.0) + s.offset;
         Ok(self.region(off, s.bytes))
     }
@@ -174,7 +181,7 @@ impl CachePool {
                 step.len()
             )));
         }
-        let per_page = self.plan.kv_page.tokens;
+        let per_page = self.kv_page()?.tokens;
         let page = *pages.get((pos / per_page) as usize).ok_or_else(|| {
             PoolError::Invalid(format!(
                 "position {pos} needs page {} of the sequence",
@@ -216,7 +223,7 @@ impl CachePool {
             .kv
             .get(tensor)
             .map_or(0, |t| t.head_dim as usize);
-        let per_page = self.plan.kv_page.tokens;
+        let per_page = self.kv_page()?.tokens;
         let mut out = Vec::with_capacity(len as usize * dim);
         for pos in 0..len {
             let page = *pages
