@@ -216,11 +216,9 @@ pub fn plan(request: PlanRequest) -> Result<CachePlan, PlanError> {
         });
     }
     let (page_bytes, tokens) = kv_page.as_ref().map_or((0, 0), |p| (p.bytes, p.tokens));
-    let kv_pages = if page_bytes == 0 {
-        0
-    } else {
-        (request.budget - images_bytes) / page_bytes
-    };
+    let kv_pages = (request.budget - images_bytes)
+        .checked_div(page_bytes)
+        .unwrap_or(0);
     if kv_page.is_some() && kv_pages == 0 {
         return Err(PlanError::Budget {
             budget: request.budget,
