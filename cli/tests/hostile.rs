@@ -807,3 +807,115 @@ fn outputs_onto_this_runs_own_inputs_or_onto_each_other_are_refused() {
         assert!(!dir.join("out.onnx").exists() && !dir.join("t.qpqr").exists());
     }
 }
+
+#[test]
+fn packages_that_lie_or_are_broken_are_refused_with_the_file_named() {
+    let dir = scratch("hostile-packages");
+    let model = fixture("gpt2_kv");
+    let (code, _, stderr) = run_in(&dir, &["compile", &model, "--package", "-o", "pkg"]);
+    assert_eq!(code, 0, "{stderr}");
+    let spec_path = dir.join("pkg/pipeline.json");
+    let spec = std::fs::read_to_string(&spec_path).expect("spec");
+    let generate = |d: &str| run_in(&dir, &["generate", d, "--input-ids", "1,2,3"]);
+    // A directory that is no package, and a file where a package should be.
+    std::fs::create_dir_all(dir.join("empty")).expect("dir");
+    let (code, _, stderr) = generate("empty");
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("not a package: pipeline.json"), "{stderr}");
+    let (code, _, stderr) = run_in(&dir, &["run", "pkg/model.onnx", "--inputs", "nowhere.npz"]);
+    assert_eq!(code, 1, "{stderr}");
+    for (what, text, want) in [
+        ("not JSON", "{".to_owned(), "line 1, column 1"),
+        (
+            "another version",
+            spec.replace("\"version\": 1", "\"version\": 9"),
+            "version 9; this mmq reads 'mmq-pipeline' version 1",
+        ),
+        (
+            "a file outside the package",
+            spec.replace("\"file\": \"model.onnx\",\n          \"bytes\"", "\"file\": \"../model.onnx\",\n          \"bytes\""),
+            "is not a plain name inside the package",
+        ),
+        (
+            "a wrong hash",
+            spec.replacen("\"sha256\": \"", "\"sha256\": \"0", 1),
+            "changed after the package was written",
+        ),
+        (
+            "a binding to nowhere",
+            spec.replace(
+                "\"bindings\": []",
+                "\"bindings\": [{\"from\": {\"stage\": \"x\", \"port\": \"a\"}, \"to\": {\"stage\": \"model\", \"port\": \"b\"}}]",
+            ),
+            "a binding names stage 'x'",
+        ),
+        (
+            "an unknown field",
+            spec.replacen("{", "{\"surprise\": 1,", 1),
+            "unknown field `surprise`",
+        ),
+    ] {
+        assert_ne!(text, spec, "{what}: the corruption did not apply");
+        std::fs::write(&spec_path, &text).expect("write");
+        let (code, _, stderr) = generate("pkg");
+        assert_eq!(code, 1, "{what}: {stderr}");
+        assert!(stderr.contains(want), "{what}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    }
+    std::fs::write(&spec_path, &spec).expect("restore");
+    let (code, out, stderr) = generate("pkg");
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(out.split_whitespace().count(), 16, "{out}");
+    // Usage errors: no prompt, a package with --target trt, package options without --package.
+    let (code, _, stderr) = run_in(&dir, &["generate", "pkg", "--input-ids", ""]);
+    assert_eq!(code, 2, "{stderr}");
+    for (args, want) in [
+        (
+            vec![
+                "compile",
+                model.as_str(),
+                "--package",
+                "--target",
+                "trt",
+                "-o",
+                "t",
+            ],
+            "--package writes an ONNX Runtime package",
+        ),
+        (
+            vec![
+                "compile",
+                model.as_str(),
+                "--tokenizer",
+                "tok.json",
+                "-o",
+                "x.onnx",
+            ],
+            "--tokenizer goes into a deployment package; it needs --package",
+        ),
+    ] {
+        let (code, _, stderr) = run_in(&dir, &args);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains(want), "{stderr}");
+    }
+    // A generation config that is not one.
+    std::fs::write(dir.join("gen.json"), "{\"eos_token_id\": \"two\"}").expect("write");
+    let (code, _, stderr) = run_in(
+        &dir,
+        &[
+            "compile",
+            &model,
+            "--package",
+            "-o",
+            "pkg2",
+            "--generation-config",
+            "gen.json",
+        ],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("--generation-config gen.json: 'eos_token_id' is \"two\", not an integer"),
+        "{stderr}"
+    );
+    assert!(!dir.join("pkg2").exists());
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""The decoder-package benchmark's inputs (docs/benchmarks.md, "Decoder packages"): a small
+LLaMA-style checkpoint with random weights saved locally with `transformers`, a tokenizer for it
+(onnxruntime-genai's model builder needs one), and `torch.onnx`'s export of the same checkpoint
+with the KV cache at the interface (the exporter code of tools/gen_fixtures.py).
+
+    .venv-fixtures/bin/python tools/bench_decoder.py OUT
+
+writes OUT/hf (the checkpoint, tokenizer, config) and OUT/torch/model.onnx (+ .data). Then:
+
+    python -m onnxruntime_genai.models.builder -i OUT/hf -o OUT/builder_int4 -p int4 -e cpu
+    python -m onnxruntime_genai.models.builder -i OUT/hf -o OUT/builder_fp32 -p fp32 -e cpu
+    mmq compile OUT/torch/model.onnx --package --quant int4 -o OUT/mmq_int4 \\
+        --generation-config OUT/hf/config.json --tokenizer OUT/hf/tokenizer.json
+    mmq compile OUT/torch/model.onnx --package --quant int4 --kv-cache int8 -o OUT/mmq_int4_kv8 \\
+        --generation-config OUT/hf/config.json
+    python tools/genai_bench.py --fp32 OUT/builder_fp32 --package builder-int4=OUT/builder_int4 \\
+        --package mmq-int4=OUT/mmq_int4 --pipeline mmq-int4-kv8=OUT/mmq_int4_kv8
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gen_fixtures as gf  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+
+CONFIG = dict(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+WORDS = ["the", "a", "model", "token", "cache", "key", "value", "attention", "layer", "head",
+         "onnx", "runtime", "benchmark", "decode", "prefill", "random", "weight", "matrix",
+         "vector", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world"]
+
+
+def tokenizer(out: Path) -> None:
+    """A byte-level BPE of the model's vocabulary size, trained on generated sentences; ids 0-3
+    are <pad>, <s>, </s>, <unk>."""
+    rng = random.Random(0)
+
+    def sentence() -> str:
+        w = [rng.choice(WORDS) for _ in range(rng.randint(4, 16))]
+        w += ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+              for _ in range(rng.randint(1, 4))]
+        w.append(str(rng.randint(0, 100000)))
+        rng.shuffle(w)
+        return " ".join(w).capitalize() + rng.choice([".", "!", "?", ","])
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=CONFIG["vocab_size"], special_tokens=specials,
+                                  min_frequency=1,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([sentence() for _ in range(50000)], trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            pad_token="<pad>", unk_token="<unk>").save_pretrained(out)
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    hf = out / "hf"
+    rng = gf.seed_everything(0)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.float32).eval()
+    model.save_pretrained(hf)
+    tokenizer(hf)
+    gf.set_attn_impl(model.config)
+    (out / "torch").mkdir(parents=True, exist_ok=True)
+    gf.export_causal_lm_with_past(
+        "bench_llama", out / "torch", model, CONFIG["num_hidden_layers"],
+        CONFIG["num_key_value_heads"], CONFIG["hidden_size"] // CONFIG["num_attention_heads"],
+        CONFIG["vocab_size"], with_position_ids=True, rng=rng, external_data=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
