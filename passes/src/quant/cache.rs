@@ -177,14 +177,20 @@ impl Pass for KvCachePass {
         let first = geometry[0];
         for (p, scales) in all.iter().zip(geometry) {
             let past_name = m.values[p.past].name.clone().unwrap_or_default();
-            dequantize_input(m, p.graph, p.past, self.format, scales, plugin)
-                .map_err(|e| fail(pass, format!("input '{past_name}': {e}")))?;
+            let (past_float, past_scales) =
+                dequantize_input(m, p.graph, p.past, self.format, scales, plugin)
+                    .map_err(|e| fail(pass, format!("input '{past_name}': {e}")))?;
+            let rank = m.value_type(p.past).shape().map_or(0, <[Dim]>::len);
+            let past = continues(m, p.present, past_float, rank).then_some((p.past, past_scales));
+            if past.is_some() {
+                report.count("kv-cache-blocks-kept", 1);
+            }
             let index = m.graphs[p.graph]
                 .outputs
                 .iter()
                 .position(|&o| o == p.present);
             let index = index.ok_or_else(|| fail(pass, "the present output went away"))?;
-            quantize_output(m, p.graph, index, self.format, scales, plugin)
+            quantize_output(m, p.graph, index, self.format, scales, plugin, past)
                 .map_err(|e| fail(pass, format!("input '{past_name}': {e}")))?;
             report.count("kv-cache-tensors", 1);
         }
@@ -301,7 +307,7 @@ impl Pass for ImageCachePass {
             let Some(i) = m.graphs[g].outputs.iter().position(|&x| x == o) else {
                 continue;
             };
-            quantize_output(m, g, i, self.format, scales, false)
+            quantize_output(m, g, i, self.format, scales, false, None)
                 .map_err(|e| fail(pass, format!("output '{name}': {e}")))?;
             report.count("image-cache-outputs", 1);
             report.notes.push(format!(
@@ -417,7 +423,7 @@ fn dequantize_input(
     format: CacheFormat,
     scales: CacheScales,
     plugin: bool,
-) -> Result<(), String> {
+) -> Result<(Value, Value), String> {
     let ty = m.value_type(v).clone();
     let (dtype, rank, width) = cache_width(&ty).ok_or("not a float tensor of static width")?;
     let dims = ty.shape().unwrap_or_default().to_vec();
@@ -457,12 +463,32 @@ fn dequantize_input(
     m.replace_uses(v, out, graph, &readers);
     m.set_type(out, Type::tensor(dtype, dims));
     place(m, e, true);
-    Ok(())
+    Ok((out, s))
+}
+
+/// Whether output `present` is the dequantized past `past_float` followed by new tokens
+/// (`Concat(past_float, ...)` along the token axis), so that the past's full blocks are
+/// present's full blocks unchanged.
+fn continues(m: &Module, present: Value, past_float: Value, rank: usize) -> bool {
+    let ValueDef::Output { node, .. } = m.values[present].def else {
+        return false;
+    };
+    let n = &m.nodes[node];
+    let Op::Concat { axis: Some(axis) } = n.op else {
+        return false;
+    };
+    let axis = if axis < 0 { axis + rank as i64 } else { axis };
+    axis == rank as i64 - 2 && n.inputs.first().copied().flatten() == Some(past_float)
 }
 
 /// Output `index` of `graph` becomes codes (its name) and a scales output `<name>_scale` right
 /// after it; the float value keeps its other readers. With `plugin`, `MmqDynamicQuantize`
 /// quantizes each head's row of `tokens · width` in blocks (see [`dequantize_input`]).
+///
+/// `past` (the codes and scales inputs the output continues, when it provably continues them,
+/// [`continues`]): in blocks, the past's full blocks go to the output as they are (their codes
+/// and scales cannot change) and only the last, partial block and the new tokens are quantized,
+/// so a step costs the new tokens, not the whole cache.
 fn quantize_output(
     m: &mut Module,
     graph: GraphId,
@@ -470,6 +496,7 @@ fn quantize_output(
     format: CacheFormat,
     scales: CacheScales,
     plugin: bool,
+    past: Option<(Value, Value)>,
 ) -> Result<(), String> {
     let v = m.graphs[graph].outputs[index];
     let ty = m.value_type(v).clone();
@@ -494,6 +521,37 @@ fn quantize_output(
             let [codes, scale] = e.op2(m, op, vec![rows]);
             let shape = e.shape(m, v);
             (e.reshape(m, codes, shape), scale)
+        }
+        (false, CacheScales::Blocks { tokens }) if past.is_some() => {
+            let (past_codes, past_scales) = past.ok_or("no past")?;
+            let t = rank as i64 - 2;
+            let past_tokens = e.op(
+                m,
+                Op::Shape {
+                    start: Some(t),
+                    end: Some(t + 1),
+                },
+                vec![past_codes],
+            );
+            let per_block = e.i64s(m, &[tokens as i64]);
+            let blocks = e.binary(m, Op::Div {}, past_tokens, per_block);
+            let kept = e.binary(m, Op::Mul {}, blocks, per_block);
+            let (zero, end) = (e.i64s(m, &[0]), e.i64s(m, &[i64::MAX]));
+            let token_axis = e.i64s(m, &[t]);
+            let slice = || Op::Slice {
+                starts: None,
+                ends: None,
+                axes: None,
+            };
+            let keep_codes = e.op(m, slice(), vec![past_codes, zero, kept, token_axis]);
+            let keep_scales = e.op(m, slice(), vec![past_scales, zero, blocks, token_axis]);
+            let tail = e.op(m, slice(), vec![x, kept, end, token_axis]);
+            let (codes, scale) = quantize_standard(m, &mut e, tail, rank, width, format, scales);
+            let concat = Op::Concat { axis: Some(t) };
+            (
+                e.op(m, concat.clone(), vec![keep_codes, codes]),
+                e.op(m, concat, vec![keep_scales, scale]),
+            )
         }
         _ => quantize_standard(m, &mut e, x, rank, width, format, scales),
     };
