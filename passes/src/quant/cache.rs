@@ -15,9 +15,12 @@
 //! name reads the codes and scales and dequantizes them.
 //!
 //! The forms are standard ONNX ops (`ReduceMax`, `Round`, `Clip`, `Cast`), emitted where the
-//! target's [`QdqRules::cache_io`](crate::target::QdqRules::cache_io) allows them; the scale of
-//! a KV block is recomputed from the block's content on every step (old tokens dequantized, new
-//! tokens as computed), so it is the CUDA kernels' growing block scale up to rounding.
+//! target's [`QdqRules::cache_io`](crate::target::QdqRules::cache_io) allows them. Where the
+//! present is the past followed by the new tokens (`Concat(past, new)` along the tokens, as
+//! exporters write it), INT8 codes of the past's whole blocks pass to the present unchanged and only the last, partial block and the new tokens are quantized: the
+//! last block's scale grows with its content, as in the CUDA kernels' append. Elsewhere (and for
+//! FP8 and INT4 codes, which ONNX Runtime does not slice or concatenate) the whole present is
+//! quantized from its float value every step.
 
 use mmq_ir::modality::{self, Modality};
 use mmq_ir::{DType, Dim, GraphId, Module, Node, Op, Type, Value, ValueDef};
@@ -181,7 +184,10 @@ impl Pass for KvCachePass {
                 dequantize_input(m, p.graph, p.past, self.format, scales, plugin)
                     .map_err(|e| fail(pass, format!("input '{past_name}': {e}")))?;
             let rank = m.value_type(p.past).shape().map_or(0, <[Dim]>::len);
-            let past = continues(m, p.present, past_float, rank).then_some((p.past, past_scales));
+            // ONNX Runtime slices and concatenates INT8 codes, not FP8 or INT4 ones.
+            let past = (self.format.code_dtype() == DType::I8
+                && continues(m, p.present, past_float, rank))
+            .then_some((p.past, past_scales));
             if past.is_some() {
                 report.count("kv-cache-blocks-kept", 1);
             }
@@ -486,9 +492,10 @@ fn continues(m: &Module, present: Value, past_float: Value, rank: usize) -> bool
 /// quantizes each head's row of `tokens · width` in blocks (see [`dequantize_input`]).
 ///
 /// `past` (the codes and scales inputs the output continues, when it provably continues them,
-/// [`continues`]): in blocks, the past's full blocks go to the output as they are (their codes
-/// and scales cannot change) and only the last, partial block and the new tokens are quantized,
-/// so a step costs the new tokens, not the whole cache.
+/// [`continues`]): the past's whole blocks (every past token, for per-token groups) go to the
+/// output as they are, their codes and scales unchanged, and only the last, partial block and
+/// the new tokens are quantized, so a step costs the new tokens, not the whole cache (as the
+/// CUDA kernels' append does).
 fn quantize_output(
     m: &mut Module,
     graph: GraphId,
@@ -512,49 +519,57 @@ fn quantize_output(
     } else {
         e.cast(m, v, DType::F32)
     };
-    let (codes, scale) = match (plugin, scales) {
+    // What is quantized: the whole output, or, where it continues the past, what follows the
+    // past's whole blocks (every past token for per-token groups).
+    let mut keep = None;
+    let mut part = x;
+    if let Some((past_codes, past_scales)) = past {
+        let t = rank as i64 - 2;
+        let past_tokens = e.op(
+            m,
+            Op::Shape {
+                start: Some(t),
+                end: Some(t + 1),
+            },
+            vec![past_codes],
+        );
+        let (blocks, kept) = match scales {
+            CacheScales::Blocks { tokens } => {
+                let per_block = e.i64s(m, &[tokens as i64]);
+                let blocks = e.binary(m, Op::Div {}, past_tokens, per_block);
+                (blocks, e.binary(m, Op::Mul {}, blocks, per_block))
+            }
+            CacheScales::Groups { .. } => (past_tokens, past_tokens),
+        };
+        let (zero, end) = (e.i64s(m, &[0]), e.i64s(m, &[i64::MAX]));
+        let token_axis = e.i64s(m, &[t]);
+        let slice = || Op::Slice {
+            starts: None,
+            ends: None,
+            axes: None,
+        };
+        let codes = e.op(m, slice(), vec![past_codes, zero, kept, token_axis]);
+        let scales = e.op(m, slice(), vec![past_scales, zero, blocks, token_axis]);
+        part = e.op(m, slice(), vec![x, kept, end, token_axis]);
+        keep = Some((codes, scales, t));
+    }
+    let (mut codes, mut scale) = match (plugin, scales) {
         (true, CacheScales::Blocks { tokens }) => {
             let shape = e.rows(m, rank - 2, &[]);
-            let rows = e.reshape(m, x, shape);
+            let rows = e.reshape(m, part, shape);
             let block = (tokens * width) as i64;
             let op = plugin_op("MmqDynamicQuantize", &[("block_size", block)]);
             let [codes, scale] = e.op2(m, op, vec![rows]);
-            let shape = e.shape(m, v);
+            let shape = e.shape(m, part);
             (e.reshape(m, codes, shape), scale)
         }
-        (false, CacheScales::Blocks { tokens }) if past.is_some() => {
-            let (past_codes, past_scales) = past.ok_or("no past")?;
-            let t = rank as i64 - 2;
-            let past_tokens = e.op(
-                m,
-                Op::Shape {
-                    start: Some(t),
-                    end: Some(t + 1),
-                },
-                vec![past_codes],
-            );
-            let per_block = e.i64s(m, &[tokens as i64]);
-            let blocks = e.binary(m, Op::Div {}, past_tokens, per_block);
-            let kept = e.binary(m, Op::Mul {}, blocks, per_block);
-            let (zero, end) = (e.i64s(m, &[0]), e.i64s(m, &[i64::MAX]));
-            let token_axis = e.i64s(m, &[t]);
-            let slice = || Op::Slice {
-                starts: None,
-                ends: None,
-                axes: None,
-            };
-            let keep_codes = e.op(m, slice(), vec![past_codes, zero, kept, token_axis]);
-            let keep_scales = e.op(m, slice(), vec![past_scales, zero, blocks, token_axis]);
-            let tail = e.op(m, slice(), vec![x, kept, end, token_axis]);
-            let (codes, scale) = quantize_standard(m, &mut e, tail, rank, width, format, scales);
-            let concat = Op::Concat { axis: Some(t) };
-            (
-                e.op(m, concat.clone(), vec![keep_codes, codes]),
-                e.op(m, concat, vec![keep_scales, scale]),
-            )
-        }
-        _ => quantize_standard(m, &mut e, x, rank, width, format, scales),
+        _ => quantize_standard(m, &mut e, part, rank, width, format, scales),
     };
+    if let Some((kept_codes, kept_scales, t)) = keep {
+        let concat = Op::Concat { axis: Some(t) };
+        codes = e.op(m, concat.clone(), vec![kept_codes, codes]);
+        scale = e.op(m, concat, vec![kept_scales, scale]);
+    }
     let float_name = format!("{name}_float");
     m.values[v].name = Some(float_name);
     m.values[codes].name = Some(name);
