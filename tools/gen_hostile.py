@@ -167,8 +167,41 @@ def wrong_in_text():
                            producer_name="gen_hostile"), OUT / "wrong_output_rank.onnx")
 
 
+def interpreter_answers():
+    """Answers the interpreter got wrong or panicked on, where ONNX Runtime and numpy answer."""
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 2])
+    save("einsum_repeated_output",
+         [h.make_node("Einsum", ["x"], ["y"], name="diag_out", equation="ij->jj")], [x], [],
+         opset=12)
+    lo, hi = -(2**63), 2**63 - 1
+    cases = [(lo, hi, hi), (0, hi, hi), (hi, lo, lo), (-1, lo, -hi), (2, hi, hi), (lo, hi, 2)]
+    nodes, inits = [], []
+    for k, (start, end, step) in enumerate(cases):
+        for n, v in (("s", start), ("e", end), ("t", step)):
+            inits.append(nh.from_array(np.array([v], np.int64), f"{n}{k}"))
+        nodes.append(h.make_node("Slice", ["v", f"s{k}", f"e{k}", "axis", f"t{k}"], [f"y{k}"],
+                                 name=f"extreme_{k}"))
+    inits.append(nh.from_array(np.array([0], np.int64), "axis"))
+    nodes.append(h.make_node("Concat", [f"y{k}" for k in range(len(cases))], ["y"], axis=0))
+    save("slice_int64_extremes", nodes, [h.make_tensor_value_info("v", T.FLOAT, [5])], inits,
+         opset=13)
+    # An If whose branches return different element types for one result.
+    then_g = h.make_graph([h.make_node("Neg", ["c"], ["a"])], "then", [],
+                          [h.make_tensor_value_info("a", T.FLOAT, [1])])
+    else_g = h.make_graph([h.make_node("Cast", ["c"], ["b"], to=T.INT64)], "else", [],
+                          [h.make_tensor_value_info("b", T.INT64, [1])])
+    save("if_branch_types",
+         [h.make_node("If", ["cond"], ["y"], name="typed_branch", then_branch=then_g,
+                      else_branch=else_g)],
+         [h.make_tensor_value_info("c", T.FLOAT, [1]),
+          h.make_tensor_value_info("cond", T.BOOL, [])], [])
+    np.savez(OUT / "v5.npz", v=np.arange(5, dtype=np.float32))
+    np.savez(OUT / "x22.npz", x=np.arange(4, dtype=np.float32).reshape(2, 2))
+
+
 if __name__ == "__main__":
     main()
     data_sized()
     unshaped()
     wrong_in_text()
+    interpreter_answers()

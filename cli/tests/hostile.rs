@@ -919,3 +919,76 @@ fn packages_that_lie_or_are_broken_are_refused_with_the_file_named() {
     );
     assert!(!dir.join("pkg2").exists());
 }
+
+#[test]
+fn interpreter_answers_match_onnx_runtime_or_are_errors() {
+    // Einsum with a repeated output label: an error naming the node (it panicked).
+    refused(
+        "einsum_repeated_output",
+        &[
+            "run",
+            &file("einsum_repeated_output.onnx"),
+            "--inputs",
+            &file("x22.npz"),
+        ],
+        &["diag_out", "output label 'j' appears more than once"],
+    );
+    // An If whose branches return different element types: refused by the verifier, in `run`
+    // and in `compile` (it took one branch's type for the other's result).
+    let (model, inputs) = (file("if_branch_types.onnx"), file("x.npz"));
+    for (command, args) in [
+        (
+            "run",
+            vec!["run", model.as_str(), "--inputs", inputs.as_str()],
+        ),
+        ("compile", vec!["compile", model.as_str(), "-o", "out.onnx"]),
+    ] {
+        refused(
+            &format!("if_branch_types-{command}"),
+            &args,
+            &[
+                "typed_branch",
+                "result 0 is f32 from the then branch and i64 from the else",
+            ],
+        );
+    }
+    // Slice with INT64 extreme starts, ends and steps: ONNX Runtime's answer (the interpreter
+    // returned no element where it returns one).
+    let dir = scratch("hostile-slice-extremes");
+    let (code, _, stderr) = run_in(
+        &dir,
+        &[
+            "run",
+            &file("slice_int64_extremes.onnx"),
+            "--inputs",
+            &file("v5.npz"),
+            "-o",
+            "mmq.npz",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let ort = std::process::Command::new(common::python())
+        .arg(repo().join("tools/oracle.py"))
+        .args([
+            "run",
+            &file("slice_int64_extremes.onnx"),
+            &file("v5.npz"),
+            "-o",
+        ])
+        .arg(dir.join("ort.npz"))
+        .output()
+        .expect("oracle");
+    assert!(
+        ort.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ort.stderr)
+    );
+    let read = |name: &str| {
+        mmq_kernels::io::read_npz(&dir.join(name)).expect("npz")[0]
+            .1
+            .to_f64()
+            .expect("numbers")
+    };
+    assert_eq!(read("mmq.npz"), read("ort.npz"));
+    assert_eq!(read("mmq.npz"), [0.0, 0.0, 4.0, 4.0, 2.0, 0.0, 2.0, 4.0]);
+}

@@ -648,6 +648,26 @@ impl Verifier<'_> {
                         );
                     }
                 }
+                // Each result has one element type, whichever branch runs.
+                let outs =
+                    |g: &Option<GraphId>| g.and_then(|g| m.graphs.get(g)).map(|gd| &gd.outputs);
+                if let (Some(t), Some(e)) = (outs(then_branch), outs(else_branch)) {
+                    for (i, (&a, &b)) in t.iter().zip(e).enumerate() {
+                        let (ta, tb) = (m.value_type(a).dtype(), m.value_type(b).dtype());
+                        if let (Some(ta), Some(tb)) = (ta, tb)
+                            && ta != tb
+                        {
+                            self.err(
+                                Entity::Node(n),
+                                format!(
+                                    "{}: result {i} is {ta} from the then branch and {tb} from \
+                                     the else branch; both branches must return one type",
+                                    self.nl(n)
+                                ),
+                            );
+                        }
+                    }
+                }
             }
             if let Op::Custom(c) = &d.op
                 && let Some(known) = Op::attr_names(&c.domain, &c.op_type)

@@ -78,6 +78,21 @@ fn parse(eq: &str, ranks: &[usize]) -> Result<(Vec<Vec<u32>>, Vec<u32>), String>
             {
                 return Err(format!("bad output term '{r}'"));
             }
+            let named: Vec<char> = pre.chars().chain(post.chars()).collect();
+            for (i, c) in named.iter().enumerate() {
+                if named[..i].contains(c) {
+                    return Err(format!(
+                        "output label '{c}' appears more than once in '{r}' (as numpy and ONNX \
+                         Runtime refuse it)"
+                    ));
+                }
+                if !out.iter().flatten().any(|&x| x == *c as u32) {
+                    return Err(format!("output label '{c}' is in no input term"));
+                }
+            }
+            if has_ell && !any_ell {
+                return Err(format!("output term '{r}' has '...' and no input term has"));
+            }
             let mut l: Vec<u32> = pre.chars().map(|c| c as u32).collect();
             if has_ell {
                 l.extend((0..ell_rank).map(|i| ELL + i as u32));
@@ -354,6 +369,15 @@ mod tests {
         assert_eq!(out(&r, 0).1, vec![1.0, 4.0]);
         // Sum, outer product, batch with ellipsis.
         let r = run_op(es("ij->"), vec![f32t(&[2, 2], &a)], 1, 12).expect("run");
+        // A repeated output label, a label no input has: errors, not a panic.
+        for (eq, want) in [
+            ("ij->jj", "appears more than once"),
+            ("ij->ik", "is in no input term"),
+            ("ij->...i", "has '...'"),
+        ] {
+            let e = run_op(es(eq), vec![f32t(&[2, 2], &a)], 1, 12).expect_err(eq);
+            assert!(e.to_string().contains(want), "{eq}: {e}");
+        }
         assert_eq!(out(&r, 0).1, vec![10.0]);
         let r = run_op(
             es("i,j"),

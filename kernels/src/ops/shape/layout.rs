@@ -177,11 +177,14 @@ fn slice_axis(dim: i64, start: i64, end: i64, step: i64) -> (i64, i64) {
     } else if step > 0 {
         let s = start.clamp(0, dim);
         let e = end.clamp(0, dim);
-        (s, if e > s { (e - s + step - 1) / step } else { 0 })
+        // ceil((e - s) / step) without overflow for steps near i64::MAX.
+        (s, if e > s { (e - s - 1) / step + 1 } else { 0 })
     } else {
         let s = start.clamp(0, dim - 1);
         let e = end.clamp(-1, dim - 1);
-        (s, if s > e { (s - e - step - 1) / -step } else { 0 })
+        // The same with |step| (i64::MIN has no i64 negation).
+        let len = ((s - e - 1) as u64 / step.unsigned_abs()) as i64 + 1;
+        (s, if s > e { len } else { 0 })
     }
 }
 
@@ -245,7 +248,8 @@ pub(super) fn slice(
         if len > 0 {
             base += start as isize * st[a];
         }
-        pst[a] = st[a] * step as isize;
+        // One element or none: the stride is never taken (and `step` may be near i64::MAX).
+        pst[a] = if len > 1 { st[a] * step as isize } else { 0 };
     }
     let data = if shape.contains(&0) {
         take(&x.data, &[])
@@ -627,6 +631,15 @@ mod tests {
         assert_eq!(slice_axis(5, 1, i64::MAX, 2), (1, 2));
         assert_eq!(slice_axis(5, 3, 1, 1), (3, 0));
         assert_eq!(slice_axis(0, 0, -1, -1), (0, 0));
+        // INT64 extremes (ONNX Runtime 1.32 and numpy on 5 elements): one element each, where
+        // `(e - s + step - 1) / step` overflowed and gave none.
+        let (min, max) = (i64::MIN, i64::MAX);
+        assert_eq!(slice_axis(5, min, max, max), (0, 1));
+        assert_eq!(slice_axis(5, 0, max, max), (0, 1));
+        assert_eq!(slice_axis(5, 2, max, max), (2, 1));
+        assert_eq!(slice_axis(5, max, min, min), (4, 1));
+        assert_eq!(slice_axis(5, -1, min, -max), (4, 1));
+        assert_eq!(slice_axis(5, min, max, 2), (0, 3));
     }
 
     #[test]
