@@ -898,6 +898,30 @@ fn packages_that_lie_or_are_broken_are_refused_with_the_file_named() {
         assert_eq!(code, 2, "{stderr}");
         assert!(stderr.contains(want), "{stderr}");
     }
+    // The context length bounds the prompt and the tokens generated.
+    std::fs::write(dir.join("short.json"), "{\"n_positions\": 4}").expect("write");
+    let (code, _, stderr) = run_in(
+        &dir,
+        &[
+            "compile",
+            &model,
+            "--package",
+            "-o",
+            "short",
+            "--generation-config",
+            "short.json",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = run_in(&dir, &["generate", "short", "--input-ids", "1,2,3,4"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("the prompt of 4 tokens leaves no room in the context length of 4"),
+        "{stderr}"
+    );
+    let (code, out, stderr) = run_in(&dir, &["generate", "short", "--input-ids", "1,2,3"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(out.split_whitespace().count(), 1, "{out}");
     // A generation config that is not one.
     std::fs::write(dir.join("gen.json"), "{\"eos_token_id\": \"two\"}").expect("write");
     let (code, _, stderr) = run_in(

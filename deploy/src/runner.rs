@@ -241,6 +241,13 @@ impl Package {
         if prompt.is_empty() {
             return Err(DeployError::Invalid("the prompt holds no token".to_owned()));
         }
+        if prompt.len() as u64 >= generation.context_length {
+            return Err(DeployError::Invalid(format!(
+                "the prompt of {} tokens leaves no room in the context length of {}",
+                prompt.len(),
+                generation.context_length
+            )));
+        }
         let dec = self
             .stage_index(&generation.stage)
             .ok_or_else(|| DeployError::Invalid(format!("no stage '{}'", generation.stage)))?;
@@ -280,7 +287,7 @@ impl Package {
                 .map(RtValue::from)
                 .map_err(|e| DeployError::Invalid(e.to_string()))
         };
-        while new.len() < max_new_tokens && tokens.len() < context.max(prompt.len() + 1) {
+        while new.len() < max_new_tokens && tokens.len() < context {
             let step: Vec<i64> = if kv.is_some() {
                 tokens[done..].to_vec()
             } else {

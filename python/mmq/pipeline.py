@@ -297,6 +297,11 @@ class Pipeline:
         prompt = [int(t) for t in np.asarray(input_ids).ravel()]
         if not prompt:
             raise ValueError("input_ids holds no token")
+        if len(prompt) >= int(gen["context_length"]):
+            raise ValueError(
+                f"the prompt of {len(prompt)} tokens leaves no room in the context length of "
+                f"{gen['context_length']}"
+            )
         images = dict(images or {})
         if pixel_values is not None:
             images["pixel_values"] = pixel_values
@@ -323,7 +328,7 @@ class Pipeline:
         first_at = None
         which = 0
         io = sess.io_binding()
-        while new < max_new_tokens and len(tokens) < max(context, len(prompt) + 1):
+        while new < max_new_tokens and len(tokens) < context:
             step = tokens[done:] if kv else tokens
             past = done if kv else 0
             io.clear_binding_inputs()
