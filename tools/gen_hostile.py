@@ -199,9 +199,33 @@ def interpreter_answers():
     np.savez(OUT / "x22.npz", x=np.arange(4, dtype=np.float32).reshape(2, 2))
 
 
+def archives():
+    """.npz archives that lie: a wrong CRC-32, one array under two member names."""
+    import io
+    import zipfile
+
+    def npy(a):
+        buf = io.BytesIO()
+        np.save(buf, a)
+        return buf.getvalue()
+
+    ones = npy(np.ones(4, np.float32))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("x.npy", ones)
+    data = bytearray(buf.getvalue())
+    at = data.find(ones) + len(ones) - 1
+    data[at] ^= 0x01  # the last element's byte: the stored CRC no longer matches
+    (OUT / "bad_crc.npz").write_bytes(bytes(data))
+    with zipfile.ZipFile(OUT / "dup_names.npz", "w", zipfile.ZIP_STORED) as z:
+        z.writestr("x.npy", ones)
+        z.writestr("x", npy(np.zeros(4, np.float32)))
+
+
 if __name__ == "__main__":
     main()
     data_sized()
     unshaped()
     wrong_in_text()
     interpreter_answers()
+    archives()

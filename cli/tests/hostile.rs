@@ -1016,3 +1016,18 @@ fn interpreter_answers_match_onnx_runtime_or_are_errors() {
     assert_eq!(read("mmq.npz"), read("ort.npz"));
     assert_eq!(read("mmq.npz"), [0.0, 0.0, 4.0, 4.0, 2.0, 0.0, 2.0, 4.0]);
 }
+
+#[test]
+fn archives_that_lie_are_refused_naming_the_member() {
+    // An input model taking x: f32[4] is not needed: the archive is refused as it is read.
+    let model = file("expand_by_input.onnx");
+    for (npz, want) in [
+        ("bad_crc.npz", "(x): the member is corrupt: Invalid checksum"),
+        (
+            "dup_names.npz",
+            "member 'x' names the array 'x' a second time",
+        ),
+    ] {
+        refused(npz, &["run", &model, "--inputs", &file(npz)], &[npz, want]);
+    }
+}

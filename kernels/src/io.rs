@@ -84,7 +84,26 @@ fn npz_from_reader<R: Read + std::io::Seek>(reader: R) -> Result<Vec<(String, Te
             .map_err(|e| (None, format!("member #{i}: {e}")))?
             .into_owned();
         let name = full.strip_suffix(".npy").unwrap_or(&full).to_owned();
-        let t = npy_from_reader(member).map_err(|m| (Some(name.clone()), m))?;
+        if let Some((other, _)) = out.iter().find(|(n, _)| *n == name) {
+            return Err((
+                Some(name.clone()),
+                format!(
+                    "member '{full}' names the array '{other}' a second time (an archive holds \
+                     each array once)"
+                ),
+            ));
+        }
+        let mut member = member;
+        let t = npy_from_reader(&mut member).map_err(|m| (Some(name.clone()), m))?;
+        // The member's CRC-32 is checked when it is read to its end.
+        let rest = std::io::copy(&mut member, &mut std::io::sink())
+            .map_err(|e| (Some(name.clone()), format!("the member is corrupt: {e}")))?;
+        if rest > 0 {
+            return Err((
+                Some(name.clone()),
+                format!("{rest} bytes follow the array's data in its member"),
+            ));
+        }
         out.push((name, t));
     }
     Ok(out)
