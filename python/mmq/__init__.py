@@ -37,7 +37,8 @@ Sample = Mapping[str, np.ndarray]
 
 def _npy(array: Any) -> bytes:
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(np.asarray(array)), allow_pickle=False)
+    # np.require keeps a 0-d array 0-d (np.ascontiguousarray makes it shape [1]).
+    np.save(buf, np.require(np.asarray(array), requirements="C"), allow_pickle=False)
     return buf.getvalue()
 
 

@@ -71,7 +71,7 @@ def _sha256(path: Path) -> str:
 def _image_key(images: Mapping[str, np.ndarray]) -> str:
     h = hashlib.sha256()
     for name in sorted(images):
-        a = np.ascontiguousarray(images[name])
+        a = _contiguous(images[name])
         h.update(name.encode())
         h.update(str(a.dtype).encode())
         h.update(str(a.shape).encode())
@@ -233,7 +233,7 @@ class Pipeline:
         sess = self.sessions[stage["name"]]
         values = {
             k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(
-                np.ascontiguousarray(v)
+                _contiguous(v)
             )
             for k, v in feeds.items()
         }
@@ -365,7 +365,7 @@ class Pipeline:
                 if isinstance(value, ort.OrtValue):
                     io.bind_ortvalue_input(name, value)
                 else:
-                    io.bind_cpu_input(name, np.ascontiguousarray(value))
+                    io.bind_cpu_input(name, _contiguous(value))
             total = past + len(step)
             for name in out_names:
                 slot = next((s for s in self._slots if s.present == name), None)
@@ -415,6 +415,12 @@ class Pipeline:
         :attr:`last_stats`."""
         self.last_stats = {}
         return list(self.stream(input_ids, pixel_values, max_new_tokens, images=images))
+
+
+def _contiguous(a: Any) -> np.ndarray:
+    """``a`` as a C-contiguous array, a 0-d array staying 0-d (``np.ascontiguousarray`` would
+    make it shape [1])."""
+    return np.require(np.asarray(a), requirements="C")
 
 
 def _fixed(gen: dict, step: Sequence[int], past: int) -> dict[str, np.ndarray]:

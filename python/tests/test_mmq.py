@@ -252,3 +252,24 @@ def test_the_example_of_docs_python_md_runs(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "['input_ids', 'attention_mask', 'pixel_values']" in out
     assert "int8" in out and "cosine_mean" in out
+
+
+def test_a_scalar_input_stays_a_scalar():
+    """A 0-d array feeds a scalar input (it became shape [1]); ONNX Runtime agrees."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    g = h.make_graph(
+        [h.make_node("Mul", ["s", "v"], ["y"]), h.make_node("Shape", ["s"], ["rank_of_s"])],
+        "scalar",
+        [h.make_tensor_value_info("s", T.FLOAT, []), h.make_tensor_value_info("v", T.FLOAT, [3])],
+        [h.make_tensor_value_info("y", T.FLOAT, [3]),
+         h.make_tensor_value_info("rank_of_s", T.INT64, [0])],
+    )
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    feeds = {"s": np.float32(2.0), "v": np.arange(3, dtype=np.float32)}
+    got = mmq.run(model, feeds)
+    assert got["rank_of_s"].shape == (0,)
+    np.testing.assert_array_equal(got["y"], [0.0, 2.0, 4.0])
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"s": np.array(2.0, np.float32), "v": feeds["v"]})
+    np.testing.assert_array_equal(got["rank_of_s"], want[1])
