@@ -898,20 +898,25 @@ fn packages_that_lie_or_are_broken_are_refused_with_the_file_named() {
         assert_eq!(code, 2, "{stderr}");
         assert!(stderr.contains(want), "{stderr}");
     }
+    // A package of the model with the generation config `config` (JSON text).
+    let package_with = |out: &str, config: &str| {
+        let file = format!("{out}.json");
+        std::fs::write(dir.join(&file), config).expect("write");
+        run_in(
+            &dir,
+            &[
+                "compile",
+                &model,
+                "--package",
+                "-o",
+                out,
+                "--generation-config",
+                &file,
+            ],
+        )
+    };
     // The context length bounds the prompt and the tokens generated.
-    std::fs::write(dir.join("short.json"), "{\"n_positions\": 4}").expect("write");
-    let (code, _, stderr) = run_in(
-        &dir,
-        &[
-            "compile",
-            &model,
-            "--package",
-            "-o",
-            "short",
-            "--generation-config",
-            "short.json",
-        ],
-    );
+    let (code, _, stderr) = package_with("short", "{\"n_positions\": 4}");
     assert_eq!(code, 0, "{stderr}");
     let (code, _, stderr) = run_in(&dir, &["generate", "short", "--input-ids", "1,2,3,4"]);
     assert_eq!(code, 1, "{stderr}");
@@ -923,22 +928,10 @@ fn packages_that_lie_or_are_broken_are_refused_with_the_file_named() {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(out.split_whitespace().count(), 1, "{out}");
     // A generation config that is not one.
-    std::fs::write(dir.join("gen.json"), "{\"eos_token_id\": \"two\"}").expect("write");
-    let (code, _, stderr) = run_in(
-        &dir,
-        &[
-            "compile",
-            &model,
-            "--package",
-            "-o",
-            "pkg2",
-            "--generation-config",
-            "gen.json",
-        ],
-    );
+    let (code, _, stderr) = package_with("pkg2", "{\"eos_token_id\": \"two\"}");
     assert_eq!(code, 1, "{stderr}");
     assert!(
-        stderr.contains("--generation-config gen.json: 'eos_token_id' is \"two\", not an integer"),
+        stderr.contains("--generation-config pkg2.json: 'eos_token_id' is \"two\", not an integer"),
         "{stderr}"
     );
     assert!(!dir.join("pkg2").exists());
@@ -1022,7 +1015,10 @@ fn archives_that_lie_are_refused_naming_the_member() {
     // An input model taking x: f32[4] is not needed: the archive is refused as it is read.
     let model = file("expand_by_input.onnx");
     for (npz, want) in [
-        ("bad_crc.npz", "(x): the member is corrupt: Invalid checksum"),
+        (
+            "bad_crc.npz",
+            "(x): the member is corrupt: Invalid checksum",
+        ),
         (
             "dup_names.npz",
             "member 'x' names the array 'x' a second time",

@@ -32,15 +32,20 @@ STATIC = ["matrix/llama_gqa_kv_dynamo20_eager_static", "matrix/gpt2_kv_torchscri
 
 def package(mmq_bin, tmp_path: Path, name: str, config: dict | None, *extra: str) -> Path:
     out = tmp_path / (name.replace("/", "-") + "-" + "-".join(extra).replace("-", ""))
-    args = [mmq_bin, "compile", fixture(name) / "model.onnx", "--package", "-o", out,
-            "--no-accuracy", *extra]
+    args = [fixture(name) / "model.onnx", "--package", "-o", out, "--no-accuracy", *extra]
     if config is not None:
         gen = tmp_path / "generation_config.json"
         gen.write_text(json.dumps(config))
         args += ["--generation-config", gen]
-    run = subprocess.run(args, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
+    compile_cmd(mmq_bin, *args)
     return out
+
+
+def compile_cmd(mmq_bin, *args) -> subprocess.CompletedProcess:
+    """`mmq compile ARGS`, which must succeed."""
+    run = subprocess.run([mmq_bin, "compile", *args], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return run
 
 
 def genai_tokens(pkg: Path, prompt: list[int], new: int) -> list[int]:
@@ -115,12 +120,8 @@ def test_packages_outside_the_genai_contract_say_why(mmq_bin, tmp_path, name):
     assert "static dims" in spec["onnxruntime_genai"]["reason"]
     # The quantized KV cache is outside it too, and the compile says so.
     out = tmp_path / "kv"
-    run = subprocess.run(
-        [mmq_bin, "compile", fixture("llama_gqa_kv") / "model.onnx", "--package", "-o", out,
-         "--kv-cache", "int8"],
-        capture_output=True, text=True,
-    )
-    assert run.returncode == 0, run.stderr
+    run = compile_cmd(mmq_bin, fixture("llama_gqa_kv") / "model.onnx", "--package", "-o", out,
+                      "--kv-cache", "int8")
     assert "onnxruntime-genai: no config: its KV cache is quantized (int8" in run.stderr
     assert not (out / "genai_config.json").exists()
 
@@ -141,12 +142,7 @@ def test_int8_kv_and_int4_image_features_against_fp32(mmq_bin, tmp_path):
     gen.write_text(json.dumps(LLAMA))
 
     def build(out: Path, *extra: str) -> Path:
-        run = subprocess.run(
-            [mmq_bin, "compile", enc, dec, "--package", "-o", out, "--generation-config", gen,
-             *extra],
-            capture_output=True, text=True,
-        )
-        assert run.returncode == 0, run.stderr
+        compile_cmd(mmq_bin, enc, dec, "--package", "-o", out, "--generation-config", gen, *extra)
         return out
 
     fp32 = build(tmp_path / "fp32")
@@ -201,12 +197,8 @@ def test_a_merged_export_splits_into_a_runnable_package(mmq_bin, tmp_path):
     """The LLaVA fixture (one graph from pixel_values and input_ids to logits) with
     --image-cache int4: split, packaged, and run by mmq.Pipeline and `mmq run DIR`."""
     out = tmp_path / "llava"
-    run = subprocess.run(
-        [mmq_bin, "compile", fixture("llava") / "model.onnx", "--package", "-o", out,
-         "--image-cache", "int4"],
-        capture_output=True, text=True,
-    )
-    assert run.returncode == 0, run.stderr
+    run = compile_cmd(mmq_bin, fixture("llava") / "model.onnx", "--package", "-o", out,
+                      "--image-cache", "int4")
     assert "modality-split: graph 'main_graph' split" in run.stderr
     inputs = dict(np.load(fixture("llava") / "inputs.npz"))
     ref = np.load(fixture("llava") / "outputs.npz")["logits"]
