@@ -837,6 +837,14 @@ fn packages_that_lie_or_are_broken_are_refused_with_the_file_named() {
             "is not a plain name inside the package",
         ),
         (
+            "a stage loading an unhashed file",
+            spec.replace(
+                "\"file\": \"model.onnx\",\n      \"role\"",
+                "\"file\": \"../elsewhere.onnx\",\n      \"role\"",
+            ),
+            "loads '../elsewhere.onnx', which is not among its hashed files",
+        ),
+        (
             "a wrong hash",
             spec.replacen("\"sha256\": \"", "\"sha256\": \"0", 1),
             "changed after the package was written",

@@ -176,9 +176,12 @@ pub(crate) fn kv_cache(
             continue;
         };
         let present_name = name(m, present);
-        let past_scale = find(m, &gd.inputs, &format!("{past_name}_scale")).map(|v| name(m, v));
-        let present_scale =
-            find(m, &gd.outputs, &format!("{present_name}_scale")).map(|v| name(m, v));
+        let scale_of = |list: &[Value], of: &str| {
+            let scale = format!("{of}_scale");
+            find(m, list, &scale).map(|_| scale)
+        };
+        let past_scale = scale_of(&gd.inputs, &past_name);
+        let present_scale = scale_of(&gd.outputs, &present_name);
         if past_scale.is_some() != present_scale.is_some() {
             return Err(format!(
                 "KV input '{past_name}' and output '{present_name}': one has scales, the other not"
@@ -267,15 +270,13 @@ pub(crate) fn image_cache(
                 .last()
                 .and_then(Dim::as_known)
                 .and_then(|w| usize::try_from(w).ok())?;
-            // INT4 codes are packed two a byte in the last dim of the scales' rows.
-            let group = match format.scales(width) {
-                Ok(CacheScales::Groups { group }) => group as u64,
-                _ => 64,
+            let Ok(CacheScales::Groups { group }) = format.scales(width) else {
+                return None;
             };
             Some(ImageFeature {
                 name: n,
                 scale: name(m, scale),
-                group,
+                group: group as u64,
             })
         })
         .collect();

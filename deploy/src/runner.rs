@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use mmq_ir::{GraphId, Link, Module};
 use mmq_kernels::{Interpreter, RtValue, Tensor};
 
-use crate::spec::{PipelineSpec, Role};
+use crate::spec::PipelineSpec;
 use crate::{DeployError, PIPELINE_JSON};
 
 /// An opened package: its spec and its models as one module.
@@ -91,10 +91,25 @@ impl Package {
         }
         let mut paths = Vec::new();
         for stage in &spec.stages {
-            for f in stage.files.iter().chain(&spec.tokenizer) {
+            for f in &stage.files {
+                plain_name(dir, &f.file)?;
+            }
+            // The model loaded is one of the files checked.
+            if !stage.files.iter().any(|f| f.file == stage.file) {
+                return Err(DeployError::Invalid(format!(
+                    "{}: stage '{}' loads '{}', which is not among its hashed files",
+                    path.display(),
+                    stage.name,
+                    stage.file
+                )));
+            }
+            for f in &stage.files {
                 check_file(dir, f)?;
             }
             paths.push(dir.join(&stage.file));
+        }
+        if let Some(f) = &spec.tokenizer {
+            check_file(dir, f)?;
         }
         let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
         let mut module = mmq_onnx::load_files(&refs, &mmq_onnx::LoadOptions::default())
@@ -265,10 +280,14 @@ impl Package {
             .filter(|k| k.stage == generation.stage);
         // With a KV cache the features enter with the prompt; later steps read none (the token
         // dim 0), as LLaVA-style decoders take them.
-        let no_features: HashMap<(usize, String), RtValue> = bound
-            .iter()
-            .map(|(k, v)| Ok((k.clone(), no_tokens(v)?)))
-            .collect::<Result<_, DeployError>>()?;
+        let no_features: HashMap<(usize, String), RtValue> = if kv.is_some() {
+            bound
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), no_tokens(v)?)))
+                .collect::<Result<_, DeployError>>()?
+        } else {
+            HashMap::new()
+        };
         let mut cache: HashMap<String, RtValue> = HashMap::new();
         if let Some(kv) = kv {
             let g = self.graphs[dec];
@@ -343,11 +362,6 @@ impl Package {
         }
         Ok(new)
     }
-
-    /// The stage whose role is `role`, if any.
-    pub fn stage_of(&self, role: Role) -> Option<&crate::spec::Stage> {
-        self.spec.stages.iter().find(|s| s.role == role)
-    }
 }
 
 /// `v` with no token: dim 1 (`[batch, tokens, ...]`) of size 0.
@@ -415,19 +429,24 @@ fn last_argmax(logits: &RtValue, vocab: usize) -> Result<i64, DeployError> {
     Ok(best as i64)
 }
 
-fn check_file(dir: &Path, f: &crate::spec::FileEntry) -> Result<(), DeployError> {
-    let rel = Path::new(&f.file);
+/// Fails unless `file` is a relative path of plain components (inside the package).
+fn plain_name<'a>(dir: &Path, file: &'a str) -> Result<&'a Path, DeployError> {
+    let rel = Path::new(file);
     if rel.is_absolute()
         || rel
             .components()
             .any(|c| !matches!(c, std::path::Component::Normal(_)))
     {
         return Err(DeployError::Invalid(format!(
-            "{}: file '{}' is not a plain name inside the package",
-            dir.display(),
-            f.file
+            "{}: file '{file}' is not a plain name inside the package",
+            dir.display()
         )));
     }
+    Ok(rel)
+}
+
+fn check_file(dir: &Path, f: &crate::spec::FileEntry) -> Result<(), DeployError> {
+    let rel = plain_name(dir, &f.file)?;
     let got = crate::hash_file(dir, &f.file)?;
     let (bytes, sha) = (got.bytes, got.sha256);
     if bytes != f.bytes || sha != f.sha256 {

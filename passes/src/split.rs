@@ -150,6 +150,7 @@ fn plan(m: &Module, g: GraphId, overrides: &[(String, Modality)]) -> Result<Cut,
         deps.insert(l.value, d);
     }
     let gd = &m.graphs[g];
+    let read: HashMap<Node, Vec<Value>> = gd.nodes.iter().map(|&n| (n, reads(m, n))).collect();
     let mut side: HashMap<Node, Side> = HashMap::new();
     let mut rebased = HashMap::new();
     for &n in &gd.nodes {
@@ -157,7 +158,7 @@ fn plan(m: &Module, g: GraphId, overrides: &[(String, Modality)]) -> Result<Cut,
         if let Some(r) = rebase_shape(m, n, &vision_inputs) {
             rebased.insert(n, r);
         } else {
-            for v in reads(m, n) {
+            for &v in &read[&n] {
                 let (a, b) = deps.get(&v).copied().unwrap_or((false, false));
                 vis |= a;
                 other |= b;
@@ -190,7 +191,7 @@ fn plan(m: &Module, g: GraphId, overrides: &[(String, Modality)]) -> Result<Cut,
     let mut read_outside: HashSet<Value> = gd.outputs.iter().copied().collect();
     let mut crosses = false;
     for &n in gd.nodes.iter().filter(|&&n| !is(n, Side::Vision)) {
-        let r = reads(m, n);
+        let r = &read[&n];
         crosses |= is(n, Side::Rest) && r.iter().any(|v| defined.contains(v));
         read_outside.extend(r);
     }
@@ -213,11 +214,15 @@ fn plan(m: &Module, g: GraphId, overrides: &[(String, Modality)]) -> Result<Cut,
         .flat_map(|&n| m.nodes[n].outputs.iter().flatten().map(move |&v| (v, n)))
         .collect();
     let mut needed: HashSet<Node> = HashSet::new();
-    let mut stack: Vec<Value> = vision_nodes.iter().flat_map(|&n| reads(m, n)).collect();
+    let mut stack: Vec<Value> = vision_nodes
+        .iter()
+        .flat_map(|n| &read[n])
+        .copied()
+        .collect();
     while let Some(v) = stack.pop() {
         let Some(&p) = producer.get(&v) else { continue };
         if is(p, Side::Shared) && needed.insert(p) && !rebased.contains_key(&p) {
-            stack.extend(reads(m, p));
+            stack.extend(&read[&p]);
         }
     }
     let shared_nodes: Vec<Node> = gd
@@ -303,16 +308,16 @@ fn apply(m: &mut Module, g: GraphId, cut: &Cut, vision_name: &str) -> GraphId {
     }
     // The vision inputs: moved to the vision graph, or, where the language part reads them
     // too, an input of each under the same name.
-    let language_reads: HashSet<Value> = m.graphs[g]
+    // What the language graph's nodes read (the vision inputs and the boundary are replaced
+    // only in the vision graph until the boundary below, so one set serves both).
+    let node_reads: HashSet<Value> = m.graphs[g]
         .nodes
-        .clone()
-        .into_iter()
-        .flat_map(|n| reads(m, n))
-        .chain(m.graphs[g].outputs.iter().copied())
+        .iter()
+        .flat_map(|&n| reads(m, n))
         .collect();
     let mut gone = Vec::new();
     for &x in &cut.vision_inputs {
-        if language_reads.contains(&x) {
+        if node_reads.contains(&x) || m.graphs[g].outputs.contains(&x) {
             let ty = m.value_type(x).clone();
             let name = m.values[x].name.clone();
             let xv = m.add_input(v, name, ty);
@@ -359,12 +364,6 @@ fn apply(m: &mut Module, g: GraphId, cut: &Cut, vision_name: &str) -> GraphId {
         .iter()
         .chain(&m.graphs[g].outputs)
         .filter_map(|&x| m.values[x].name.clone())
-        .collect();
-    let node_reads: HashSet<Value> = m.graphs[g]
-        .nodes
-        .clone()
-        .into_iter()
-        .flat_map(|n| reads(m, n))
         .collect();
     for (i, &b) in cut.boundary.iter().enumerate() {
         let out_index = m.graphs[v].outputs.len() as u32;

@@ -116,6 +116,14 @@ class Pipeline:
             raise ValueError(f"{spec_path}: not an mmq-pipeline version 1 description")
         if verify:
             for stage in self.spec["stages"]:
+                names = [f["file"] for f in stage["files"]]
+                if stage["file"] not in names or any(
+                    Path(n).is_absolute() or Path(n).name != n for n in names
+                ):
+                    raise ValueError(
+                        f"{spec_path}: stage {stage['name']} loads {stage['file']} or lists "
+                        f"files that are not plain names among its hashed files"
+                    )
                 for f in stage["files"]:
                     got = _sha256(self.dir / f["file"])
                     if got != f["sha256"]:
@@ -131,6 +139,11 @@ class Pipeline:
                 str(self.dir / s["file"]), sess_options=opts, providers=list(providers)
             )
             for s in self.spec["stages"]
+        }
+        # (stage, input) -> (stage, output) that feeds it.
+        self._sources = {
+            (b["to"]["stage"], b["to"]["port"]): (b["from"]["stage"], b["from"]["port"])
+            for b in self.spec["bindings"]
         }
         self._images: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._image_cache_size = image_cache_size
@@ -211,13 +224,9 @@ class Pipeline:
     def _stage_feeds(self, stage: dict, feeds: Mapping[str, Any], produced: dict) -> dict:
         out = {}
         for inp in self.sessions[stage["name"]].get_inputs():
-            bound = [
-                b for b in self.spec["bindings"]
-                if b["to"]["stage"] == stage["name"] and b["to"]["port"] == inp.name
-            ]
-            if bound:
-                key = (bound[0]["from"]["stage"], bound[0]["from"]["port"])
-                out[inp.name] = produced[key]
+            source = self._sources.get((stage["name"], inp.name))
+            if source:
+                out[inp.name] = produced[source]
             elif inp.name in feeds:
                 out[inp.name] = feeds[inp.name]
             else:
@@ -305,21 +314,41 @@ class Pipeline:
         images = dict(images or {})
         if pixel_values is not None:
             images["pixel_values"] = pixel_values
+        self.last_stats = {"image_cache_hit": None}
         start = time.perf_counter()
         stage = next(s for s in self.spec["stages"] if s["name"] == gen["stage"])
         produced = self._vision(images, gen["stage"])
-        self.last_stats.setdefault("image_cache_hit", None)
         vision_s = time.perf_counter() - start
         sess = self.sessions[stage["name"]]
         kv = self.spec.get("kv_cache")
         if kv and kv["stage"] != stage["name"]:
             kv = None
         out_names = [o.name for o in sess.get_outputs()]
+        inputs = sess.get_inputs()
         other_cache: dict[str, Any] = {}
         if kv:
+            infos = {i.name: i for i in inputs}
             for past, _ in self._kv_other:
-                info = next(i for i in sess.get_inputs() if i.name == past)
-                other_cache[past] = _empty(info)
+                other_cache[past] = _empty(infos[past])
+        past_slots = {s.past: s for s in self._slots}
+        present_slots = {s.present: s for s in self._slots}
+        fixed_names = {gen["input_ids"], gen.get("attention_mask"), gen.get("position_ids")}
+        # The other inputs, decided once: (the prompt step's value, a later step's value).
+        features: dict[str, tuple[Any, Any]] = {}
+        for inp in inputs:
+            name = inp.name
+            if name in past_slots or name in other_cache or name in fixed_names:
+                continue
+            source = self._sources.get((stage["name"], name))
+            if source:
+                value = produced[source]
+                features[name] = (value, _no_tokens(value) if kv else value)
+            elif name in images:
+                features[name] = (images[name], images[name])
+            else:
+                raise KeyError(
+                    f"stage {stage['name']}: input {name} ({inp.type} {inp.shape}) is not given"
+                )
         eos = set(gen.get("eos_token_id") or [])
         context = int(gen["context_length"])
         tokens = list(prompt)
@@ -334,10 +363,10 @@ class Pipeline:
             io.clear_binding_inputs()
             io.clear_binding_outputs()
             fixed = _fixed(gen, step, past)
-            # Inputs: the cache (from the pool), the token inputs, the bound features.
-            for inp in sess.get_inputs():
+            # Inputs: the cache (from the pool), the token inputs, the features.
+            for inp in inputs:
                 name = inp.name
-                slot = next((s for s in self._slots if s.past == name), None)
+                slot = past_slots.get(name)
                 if slot is not None:
                     view = self._slot_view(slot, which, past)
                     io.bind_input(name, "cpu", 0, slot.dtype, view.shape, view.ctypes.data)
@@ -345,30 +374,14 @@ class Pipeline:
                 if name in other_cache:
                     io.bind_ortvalue_input(name, other_cache[name])
                     continue
-                value = fixed.get(name)
-                if value is None:
-                    bound = [
-                        b for b in self.spec["bindings"]
-                        if b["to"]["stage"] == stage["name"] and b["to"]["port"] == name
-                    ]
-                    if bound:
-                        value = produced[(bound[0]["from"]["stage"], bound[0]["from"]["port"])]
-                        if kv and past > 0:
-                            value = _no_tokens(value)
-                    elif name in images:
-                        value = images[name]
-                    else:
-                        raise KeyError(
-                            f"stage {stage['name']}: input {name} ({inp.type} {inp.shape}) is "
-                            f"not given"
-                        )
+                value = fixed[name] if name in fixed else features[name][1 if past else 0]
                 if isinstance(value, ort.OrtValue):
                     io.bind_ortvalue_input(name, value)
                 else:
                     io.bind_cpu_input(name, _contiguous(value))
             total = past + len(step)
             for name in out_names:
-                slot = next((s for s in self._slots if s.present == name), None)
+                slot = present_slots.get(name)
                 if slot is not None:
                     view = self._slot_view(slot, 1 - which, total)
                     io.bind_output(name, "cpu", 0, slot.dtype, view.shape, view.ctypes.data)
@@ -413,7 +426,6 @@ class Pipeline:
         then the decoder on the prompt and each new token until ``max_new_tokens``, an
         end-of-sequence token or the context length. Returns the new token ids; timings in
         :attr:`last_stats`."""
-        self.last_stats = {}
         return list(self.stream(input_ids, pixel_values, max_new_tokens, images=images))
 
 

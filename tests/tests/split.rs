@@ -200,6 +200,20 @@ fn graphs_that_are_not_merged_are_left_whole_with_a_reason() {
         let notes = &report.passes[0].notes;
         assert!(notes.iter().any(|n| n.contains(why)), "{rel}: {notes:?}");
     }
+    // With --image-cache the scales enter beside the features; every link still joins an output
+    // and an input of one name (links count ports by position).
+    let mut m = load(&repo_root().join("tests/fixtures/llava/model.onnx"));
+    let cached = CompileOptions {
+        image_cache: Some(mmq_kernels::cache::CacheFormat::Int4),
+        ..options(OptLevel::O1, false)
+    };
+    compile(&mut m, &cached).expect("image cache");
+    assert!(!m.links.is_empty());
+    for l in &m.links {
+        let from = m.graphs[l.from.0].outputs[l.from.1 as usize];
+        let to = m.graphs[l.to.0].inputs[l.to.1 as usize];
+        assert_eq!(m.values[from].name, m.values[to].name, "{l:?}");
+    }
     // A pipeline already split (the vision encoder's output feeds the decoder by a link) stays
     // as it is when split again.
     let mut m = load(&repo_root().join("tests/fixtures/llava/model.onnx"));

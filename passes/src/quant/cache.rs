@@ -579,6 +579,7 @@ fn quantize_output(
     let outs = &mut m.graphs[graph].outputs;
     outs[index] = codes;
     outs.insert(index + 1, scale);
+    shift_links(m, graph, index + 1, true);
     place(m, e, false);
     Ok(())
 }
@@ -685,5 +686,17 @@ fn add_input_after(m: &mut Module, graph: GraphId, after: Value, name: &str, ty:
             *index = i as u32;
         }
     }
+    shift_links(m, graph, pos, false);
     v
+}
+
+/// Links name graph inputs and outputs by position: one inserted at `at` in `graph`'s outputs
+/// (`outputs`) or inputs moves the links to the ones behind it.
+fn shift_links(m: &mut Module, graph: GraphId, at: usize, outputs: bool) {
+    for l in &mut m.links {
+        let end = if outputs { &mut l.from } else { &mut l.to };
+        if end.0 == graph && end.1 as usize >= at {
+            end.1 += 1;
+        }
+    }
 }
