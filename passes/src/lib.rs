@@ -10,6 +10,7 @@ pub mod dce;
 pub mod egraph;
 mod emit;
 pub mod manager;
+mod opset;
 pub mod pass;
 pub mod quant;
 mod rules;

@@ -46,6 +46,7 @@ fn values_read_by_subgraphs(m: &Module, graph: GraphId) -> HashSet<Value> {
 /// Builds the e-graph of top-level or nested graph `graph`.
 pub(crate) fn build(m: &Module, graph: GraphId, mut facts: Facts) -> Built {
     facts.opset = m.onnx_opset(graph).unwrap_or(mmq_ir::infer::DEFAULT_OPSET);
+    facts.max_opset = facts.max_opset.max(facts.opset);
     let mut eg = EG::new(facts);
     let mut class: HashMap<Value, Id> = HashMap::new();
     let none = eg.add(TNode::None);

@@ -80,6 +80,9 @@ pub(crate) struct Facts {
     pub mins: HashMap<u32, f64>,
     /// Default-domain opset of the graph being rewritten.
     pub opset: i64,
+    /// The highest default-domain opset the graph may be raised to for a fused form that
+    /// exists only from a later version ([`crate::opset::can_raise`]); at least `opset`.
+    pub max_opset: i64,
     /// Rule firings (rule, matched class), recorded by every rule's applier.
     pub log: Vec<(egg::Symbol, Id)>,
 }

@@ -19,10 +19,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use egg::{Runner, SimpleScheduler, StopReason};
-use mmq_ir::Module;
+use mmq_ir::{Module, Op};
 
 use crate::pass::{EGraphStats, Firing, Pass, PassError, PassOptions, PassReport};
 use crate::rules::{Rw, rule_set};
+
+/// The opset of the standard fused forms the rules may write (`Attention`, `RotaryEmbedding`):
+/// a graph below it is raised to it when the extracted graph holds one.
+pub(crate) const OPSET_FORMS: i64 = 23;
 
 /// Names of every rule set, in the order `-O2` runs them.
 pub fn rule_sets() -> &'static [&'static str] {
@@ -120,7 +124,12 @@ impl Pass for RewritePass {
         let mut report = PassReport::default();
         let graphs: Vec<_> = module.entries.iter().map(|e| e.graph).collect();
         for g in graphs {
-            let facts = facts::Facts::new(opts.target);
+            let mut facts = facts::Facts::new(opts.target);
+            facts.max_opset = if crate::opset::can_raise(module, g, OPSET_FORMS) {
+                OPSET_FORMS
+            } else {
+                0
+            };
             let mut built = convert::build(module, g, facts);
             let size = module.graphs[g].nodes.len();
             let runner = Runner::default()
@@ -170,6 +179,20 @@ impl Pass for RewritePass {
             let cost = cost::TargetCost(opts.target);
             let choice = extract::extract(&built.egraph, built.root, &cost);
             convert::write_back(module, g, &built, &choice);
+            let later = module.graphs[g].nodes.iter().find_map(|&n| {
+                let op = &module.nodes[n].op;
+                matches!(op, Op::Attention { .. } | Op::RotaryEmbedding { .. })
+                    .then(|| op.op_type())
+            });
+            if let Some(kind) = later {
+                let note =
+                    crate::opset::raise_graph(module, g, OPSET_FORMS, &format!("fused {kind}"))
+                        .map_err(|message| PassError::Failed {
+                            pass: self.name.clone(),
+                            message,
+                        })?;
+                report.notes.extend(note);
+            }
         }
         Ok(report)
     }

@@ -461,6 +461,9 @@ impl Pass for WeightOnlyPass {
                 WeightScheme::Fp8 => self.rewrite_fp8(m, &job, &consts, &mut report),
             }
         }
+        if self.config.scheme == WeightScheme::Int4 && !block_dq {
+            pack_siblings(m, &mut report);
+        }
         if report.changed {
             let dce = Dce.run(m, opts)?;
             for (k, v) in dce.counters {
@@ -468,6 +471,198 @@ impl Pass for WeightOnlyPass {
             }
         }
         Ok(report)
+    }
+}
+
+/// Packs the `MatMulNBits` nodes of one graph that read the same activation with the same
+/// attributes (but `N`) — a transformer block's query, key and value projections, or its gate
+/// and up projections — into one `MatMulNBits` over their weights stacked along N, followed by
+/// a `Split` of its last axis: one product over the activation instead of several, as ONNX
+/// Runtime's own model builder writes them. Exact: each output column reads only its own row
+/// of codes, scales and zero points. Left alone: nodes with a bias, weights another node also
+/// reads (stacking would copy them), and results that are graph outputs (their names stay).
+/// Counter `int4-packed` (nodes packed away).
+fn pack_siblings(m: &mut Module, report: &mut PassReport) {
+    let roots: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
+    let mut uses: HashMap<Value, usize> = HashMap::new();
+    for &root in &roots {
+        for g in m.graph_tree(root) {
+            for &n in &m.graphs[g].nodes {
+                for v in m.nodes[n].inputs.iter().flatten() {
+                    *uses.entry(*v).or_default() += 1;
+                }
+            }
+            for &o in &m.graphs[g].outputs {
+                *uses.entry(o).or_default() += 1;
+            }
+        }
+    }
+    let inline = |m: &Module, v: Value| match m.values[v].def {
+        ValueDef::Const(c) if uses.get(&v) == Some(&1) => match &m.consts[c].storage {
+            Storage::Inline(b) => Some(b.clone()),
+            _ => None,
+        },
+        _ => None,
+    };
+    for root in roots {
+        for g in m.graph_tree(root) {
+            // Group by (activation, attributes but N, operand count).
+            let mut groups: Vec<(Value, String, Vec<Node>)> = Vec::new();
+            for &n in &m.graphs[g].nodes {
+                let nd = &m.nodes[n];
+                if nd.op.domain() != "com.microsoft" || nd.op.op_type() != "MatMulNBits" {
+                    continue;
+                }
+                let Some(Some(x)) = nd.inputs.first().copied() else {
+                    continue;
+                };
+                let plain = matches!(nd.inputs.len(), 3 | 4)
+                    && nd.inputs[1..]
+                        .iter()
+                        .all(|i| i.is_some_and(|v| inline(m, v).is_some()))
+                    && nd.outputs.len() == 1
+                    && nd.outputs[0].is_some_and(|o| !m.graphs[g].outputs.contains(&o));
+                if !plain {
+                    continue;
+                }
+                let mut attrs: Vec<String> = nd
+                    .op
+                    .attrs()
+                    .iter()
+                    .filter(|(k, _)| *k != "N")
+                    .map(|(k, a)| format!("{k}={a:?}"))
+                    .collect();
+                attrs.sort();
+                let key = format!("{}|{}", attrs.join(","), nd.inputs.len());
+                match groups.iter_mut().find(|(v, k, _)| *v == x && *k == key) {
+                    Some((_, _, ns)) => ns.push(n),
+                    None => groups.push((x, key, vec![n])),
+                }
+            }
+            for (x, _, nodes) in groups {
+                if nodes.len() > 1 {
+                    pack_group(m, g, x, &nodes, &inline);
+                    report.count("int4-packed", nodes.len() - 1);
+                }
+            }
+        }
+    }
+}
+
+/// Replaces the sibling `MatMulNBits` `nodes` of graph `g` (reading `x`) by one over their
+/// stacked constants and a `Split` (see [`pack_siblings`]).
+fn pack_group(
+    m: &mut Module,
+    g: GraphId,
+    x: Value,
+    nodes: &[Node],
+    inline: &dyn Fn(&Module, Value) -> Option<Bytes>,
+) {
+    let ns: Vec<i64> = nodes
+        .iter()
+        .map(|&n| match m.nodes[n].op.attr("N") {
+            Some(Attr::Int(v)) => v,
+            _ => 0,
+        })
+        .collect();
+    let total: i64 = ns.iter().sum();
+    let first = nodes[0];
+    // Stacked along N: every constant's rows are N-major.
+    let mut stacked = Vec::new();
+    for i in 1..m.nodes[first].inputs.len() {
+        let mut bytes = Vec::new();
+        for &n in nodes {
+            let v = m.nodes[n].inputs[i].unwrap_or_else(|| unreachable!("checked present"));
+            bytes.extend_from_slice(&inline(m, v).unwrap_or_default());
+        }
+        let v = m.nodes[first].inputs[i].unwrap_or_else(|| unreachable!("checked present"));
+        let ValueDef::Const(c) = m.values[v].def else {
+            unreachable!("checked constant")
+        };
+        let cd = &m.consts[c];
+        let mut shape = cd.shape.clone();
+        let rows: i64 = ns.iter().sum();
+        if let Some(s0) = shape.first_mut() {
+            *s0 = rows;
+        }
+        let name = cd.name.as_deref().map(|s| format!("{s}_packed"));
+        let dtype = cd.dtype;
+        stacked.push(m.add_const(ConstData::new(
+            name,
+            dtype,
+            shape,
+            Storage::Inline(Bytes::from(bytes)),
+        )));
+    }
+    let out_of = |m: &Module, n: Node| m.nodes[n].outputs[0].unwrap_or_else(|| unreachable!());
+    let y0 = out_of(m, first);
+    let ty = m.value_type(y0).clone();
+    let packed_ty = match (ty.dtype(), ty.shape()) {
+        (Some(dt), Some(d)) if !d.is_empty() => {
+            let mut d = d.to_vec();
+            *d.last_mut().unwrap_or_else(|| unreachable!()) = Dim::known(total);
+            Type::tensor(dt, d)
+        }
+        _ => Type::Unknown,
+    };
+    let mut attrs: Vec<(String, Attr)> = m.nodes[first]
+        .op
+        .attrs()
+        .iter()
+        .map(|(k, a)| ((*k).to_owned(), a.clone()))
+        .collect();
+    for (k, a) in &mut attrs {
+        if k == "N" {
+            *a = Attr::Int(total);
+        }
+    }
+    let base = m.nodes[first]
+        .name
+        .clone()
+        .unwrap_or_else(|| "matmul".into());
+    let mut inputs = vec![Some(x)];
+    inputs.extend(stacked.into_iter().map(Some));
+    let product = insert_before(
+        m,
+        g,
+        first,
+        Op::from_parts("com.microsoft", "MatMulNBits", attrs),
+        inputs,
+        (Some(format!("{base}_packed")), packed_ty),
+    );
+    let sizes = m.add_const(ConstData::new(
+        Some(format!("{base}_packed_sizes")),
+        DType::I64,
+        vec![ns.len() as i64],
+        Storage::Inline(Bytes::from(
+            ns.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+        )),
+    ));
+    let outs: Vec<Option<(Option<String>, Type)>> = nodes
+        .iter()
+        .map(|&n| {
+            let y = out_of(m, n);
+            Some((m.values[y].name.take(), m.value_type(y).clone()))
+        })
+        .collect();
+    // The sizes are an operand from opset 13, an attribute before.
+    let operand = m.onnx_opset(g).unwrap_or(mmq_ir::infer::DEFAULT_OPSET) >= 13;
+    let split = m.insert_node(
+        g,
+        At::Before(first),
+        Op::Split {
+            axis: Some(-1),
+            num_outputs: None,
+            split: (!operand).then(|| ns.clone()),
+        },
+        vec![Some(product), operand.then_some(sizes)],
+        outs,
+        Some(format!("{base}_packed_split")),
+    );
+    for (i, &n) in nodes.iter().enumerate() {
+        let old = out_of(m, n);
+        let new = m.nodes[split].outputs[i].unwrap_or_else(|| unreachable!("declared"));
+        m.replace_uses(old, new, g, &[]);
     }
 }
 
@@ -1781,5 +1976,100 @@ mod tests {
             .expect("pass");
         assert!(!report.changed);
         assert_eq!(ops(&m, g), ["MatMul"]);
+    }
+
+    /// `x [3, 64]` read by three `MatMul`s (N = 8, 16, 24, the third asymmetric-friendly) whose
+    /// results go through `Relu` (`packed`), or the first alone (`!packed`).
+    fn siblings_model(all: bool) -> (Module, GraphId) {
+        let (mut m, g) = module(21);
+        let x = m.add_input(g, Some("x".into()), f32_ty(&[3, 64]));
+        let mut outs = Vec::new();
+        for (i, n) in [8i64, 16, 24]
+            .into_iter()
+            .enumerate()
+            .take(if all { 3 } else { 1 })
+        {
+            let w = f32_const(
+                &mut m,
+                &format!("w{i}"),
+                vec![64, n],
+                &weights(64 * n as usize, i as u32 + 3),
+            );
+            let mm = m.add_node(
+                g,
+                Op::MatMul {},
+                vec![Some(x), Some(w)],
+                vec![Some((Some(format!("p{i}")), f32_ty(&[3, n])))],
+                Some(format!("mm{i}")),
+            );
+            let p = m.nodes[mm].outputs[0];
+            let r = m.add_node(
+                g,
+                Op::Relu {},
+                vec![p],
+                vec![Some((Some(format!("y{i}")), f32_ty(&[3, n])))],
+                None,
+            );
+            outs.push(m.nodes[r].outputs[0].expect("output"));
+        }
+        m.graphs[g].outputs = outs;
+        (m, g)
+    }
+
+    #[test]
+    fn siblings_pack_into_one_product_with_identical_results() {
+        let x = weights(3 * 64, 11);
+        for symmetric in [true, false] {
+            let (mut packed, g) = siblings_model(true);
+            let report = int4(32, symmetric)
+                .run(&mut packed, &PassOptions::default())
+                .expect("quantizes");
+            assert_eq!(report.counters.get("int4-packed"), Some(&2));
+            let kinds = ops(&packed, g);
+            assert_eq!(
+                kinds.iter().filter(|k| *k == "MatMulNBits").count(),
+                1,
+                "{kinds:?}"
+            );
+            assert!(kinds.iter().any(|k| k == "Split"), "{kinds:?}");
+            assert!(mmq_ir::verify::verify_all(&packed).is_empty());
+            let (mut alone, g1) = siblings_model(false);
+            int4(32, symmetric)
+                .run(&mut alone, &PassOptions::default())
+                .expect("quantizes");
+            // The first result of the packed product equals the first product quantized alone,
+            // bit for bit.
+            assert_eq!(run(&packed, g, &x, &[3, 64]), run(&alone, g1, &x, &[3, 64]));
+            let names: Vec<_> = packed.graphs[g]
+                .outputs
+                .iter()
+                .map(|&o| packed.values[o].name.clone().unwrap_or_default())
+                .collect();
+            assert_eq!(names, ["y0", "y1", "y2"]);
+        }
+    }
+
+    #[test]
+    fn siblings_that_are_graph_outputs_or_share_weights_stay_apart() {
+        let (mut m, g) = module(21);
+        let x = m.add_input(g, Some("x".into()), f32_ty(&[3, 64]));
+        let w = f32_const(&mut m, "w", vec![64, 8], &weights(64 * 8, 5));
+        let mut outs = Vec::new();
+        for i in 0..2 {
+            let mm = m.add_node(
+                g,
+                Op::MatMul {},
+                vec![Some(x), Some(w)],
+                vec![Some((Some(format!("y{i}")), f32_ty(&[3, 8])))],
+                None,
+            );
+            outs.push(m.nodes[mm].outputs[0].expect("output"));
+        }
+        m.graphs[g].outputs = outs;
+        let report = int4(32, true)
+            .run(&mut m, &PassOptions::default())
+            .expect("quantizes");
+        assert_eq!(report.counters.get("int4-packed"), None);
+        assert_eq!(ops(&m, g), ["MatMulNBits", "MatMulNBits"]);
     }
 }

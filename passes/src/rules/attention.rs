@@ -125,6 +125,113 @@ fn merged_heads(eg: &EG, x: Id, dtype: DType, width: i64) -> Option<Id> {
     )
 }
 
+/// The `[B, G, T, H]` tensor whose heads the 4-D `[B, N, T, H]` value `x` repeats, each
+/// `N / G` times in a row, and `G`: the grouped-query form the exporters write for a model with
+/// fewer key/value heads than query heads (`repeat_kv`):
+/// `Reshape(Expand(Unsqueeze(kv, [2]), [B, G, N/G, T, H]), [B, N, T, H])`. Query head `i` then
+/// reads head `i / (N/G)` of `kv`, which is how the standard `Attention` groups heads. Read from
+/// the types: the unsqueezed `[B, G, 1, T, H]` (the inserted axis checked where its operand is
+/// a constant), broadcast along that axis only, merged back in row-major order.
+fn repeated_heads(eg: &EG, x: Id) -> Option<(Id, i64)> {
+    let shape = |id: Id| {
+        eg[eg.find(id)]
+            .data
+            .ty
+            .as_ref()?
+            .shape()
+            .map(<[Dim]>::to_vec)
+    };
+    let [b, n, t, h] = <[Dim; 4]>::try_from(shape(x)?).ok()?;
+    let (ops, _) = node_of(eg, x, "Reshape")?;
+    let expanded = ops[0];
+    let [b1, g, r, t1, h1] = <[Dim; 5]>::try_from(shape(expanded)?).ok()?;
+    let (groups, rep) = (known(&g)?, known(&r)?);
+    if rep < 2 || known(&n) != Some(groups * rep) {
+        return None;
+    }
+    if !(same(&b, &b1) && same(&t, &t1) && same(&h, &h1)) {
+        return None;
+    }
+    let (ops, _) = node_of(eg, expanded, "Expand")?;
+    let one = ops[0];
+    let [b2, g2, r2, t2, h2] = <[Dim; 5]>::try_from(shape(one)?).ok()?;
+    if !(same(&b2, &b) && same(&g2, &g) && known(&r2) == Some(1) && same(&t2, &t) && same(&h2, &h))
+    {
+        return None;
+    }
+    let (ops, unsqueeze) = node_of(eg, one, "Unsqueeze")?;
+    let axes = match (unsqueeze, ops.get(1)) {
+        (Op::Unsqueeze { axes: Some(a) }, _) => Some(a.clone()),
+        (_, Some(&c)) => consts_of(eg, c).map(|v| v.iter().map(|&a| a as i64).collect()),
+        _ => None,
+    };
+    if axes.is_some_and(|a| a != [2] && a != [-3]) {
+        return None;
+    }
+    let kv = ops[0];
+    let [b3, g3, t3, h3] = <[Dim; 4]>::try_from(shape(kv)?).ok()?;
+    (same(&b3, &b) && same(&g3, &g) && same(&t3, &t) && same(&h3, &h)).then_some((kv, groups))
+}
+
+/// Builds `Transpose(Attention(Q, K, V[, bias]), [0, 2, 1, 3])` with the standard (opset-23)
+/// `Attention` reading `K` and `V` with their `G` key/value heads unrepeated (see
+/// [`repeated_heads`]): the `[B, S, N, Hv]` result the matched final transpose gives. `None`
+/// unless the graph's opset is or may become 23.
+fn build_grouped(
+    eg: &mut EG,
+    a: &Attn,
+    q: Id,
+    (k, v): (Id, Id),
+    bias: Option<Id>,
+    scale: f64,
+    guard: bool,
+) -> Option<Id> {
+    if eg.analysis.max_opset < crate::egraph::OPSET_FORMS {
+        return None;
+    }
+    let [b, n, sq, _] = a.q.clone();
+    let att = Op::Attention {
+        is_causal: None,
+        kv_num_heads: None,
+        left_window_size: None,
+        q_num_heads: None,
+        qk_matmul_output_mode: None,
+        right_window_size: None,
+        scale: Some(scale as f32),
+        softcap: None,
+        softmax_precision: None,
+    };
+    let inputs = [Some(q), Some(k), Some(v), bias];
+    let used = if bias.is_some() { 4 } else { 3 };
+    let mut y = add_op(eg, att, &inputs[..used], 1);
+    let y_ty = Type::tensor(
+        a.dtype,
+        vec![b.clone(), n.clone(), sq.clone(), Dim::known(a.value_head)],
+    );
+    set_ty(eg, y, y_ty.clone());
+    if guard {
+        // As for the contrib op: a fully masked row is NaN in the fused op, 0 in the graph.
+        let isn = add_typed(eg, Op::IsNaN {}, &[Some(y)]);
+        let zero = lit(eg, a.dtype, vec![], &[0.0])?;
+        y = add_typed(eg, Op::Where {}, &[Some(isn), Some(zero), Some(y)]);
+        set_ty(eg, y, y_ty);
+    }
+    let r = add_op(
+        eg,
+        Op::Transpose {
+            perm: Some(vec![0, 2, 1, 3]),
+        },
+        &[Some(y)],
+        1,
+    );
+    set_ty(
+        eg,
+        r,
+        Type::tensor(a.dtype, vec![b, sq, n, Dim::known(a.value_head)]),
+    );
+    Some(r)
+}
+
 /// Every dim of `t` known (as a constant or a named expression) and its dtype known.
 fn fully_known(t: &Type) -> bool {
     t.dtype().is_some()
@@ -330,6 +437,16 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool, guard: bool) -> O
         unidirectional: None,
     };
     let mut v = at(s, "?v");
+    // Grouped-query heads repeated by the graph: the standard `Attention` reads the unrepeated
+    // key and value (the repeat, a copy of the whole cache per step, goes away).
+    if let (Some((kc, g)), Some((vc, gv))) = (repeated_heads(eg, k), repeated_heads(eg, v))
+        && g == gv
+    {
+        let bias = bias.then(|| at(s, "?bias"));
+        if let Some(r) = build_grouped(eg, &a, at(s, "?q"), (kc, vc), bias, scale, guard) {
+            return Some(r);
+        }
+    }
     // Where the graph split K and V into heads itself (self-attention without a cache), give
     // ONNX Runtime the unsplit [B, T, N*H] tensors: it splits them inside the kernel, and the
     // graph's Reshape and Transpose of K and V go away.

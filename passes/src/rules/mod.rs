@@ -20,6 +20,7 @@ mod fold_bn;
 mod fuse_act;
 mod fuse_quant;
 mod norm;
+mod rotary;
 mod simplify;
 
 /// A rewrite rule.
@@ -36,6 +37,7 @@ pub(crate) fn rule_set(name: &str) -> Option<Vec<Rw>> {
             let mut r = norm::rules();
             r.extend(activation::rules());
             r.extend(attention::rules());
+            r.extend(rotary::rules());
             r
         }
         _ => return None,
