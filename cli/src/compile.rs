@@ -317,6 +317,13 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
     let (precision, warnings) = precision(args)?;
     let options = options(args, precision)?;
     options.check().map_err(Failure::usage)?;
+    if args.qparams.is_some() && !options.precision.quantizes() {
+        return Err(Failure::usage(
+            "--qparams: nothing is quantized (no --quant, --precision-map or --auto), so the \
+             table would be empty; add --quant int8 (or another scheme), or leave it out"
+                .to_owned(),
+        ));
+    }
     if args.target != CompileTarget::Trt && !args.symbols.is_empty() {
         return Err(Failure::usage(
             "--symbol sets TensorRT profiles; it needs --target trt".to_owned(),
@@ -559,19 +566,17 @@ fn write_qparams(
         written.entries.len(),
         written.bytes
     );
-    if !written.entries.is_empty() {
-        let _ = writeln!(
-            stderr,
-            "qparams: {}",
-            if !references.is_empty() {
-                "the model reads its scales from the table (external data)"
-            } else if ort {
-                "the table is not in the model's directory: the model keeps its own scales"
-            } else {
-                "the TensorRT model keeps its own scales"
-            }
-        );
-    }
+    let _ = writeln!(
+        stderr,
+        "qparams: {}",
+        if !references.is_empty() {
+            "the model reads its scales from the table (external data)"
+        } else if ort {
+            "the table is not in the model's directory: the model keeps its own scales"
+        } else {
+            "the TensorRT model keeps its own scales"
+        }
+    );
     Ok(references)
 }
 

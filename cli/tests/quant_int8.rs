@@ -137,6 +137,67 @@ fn calibration_option_errors() {
     assert!(!dir.join("out.onnx").exists());
 }
 
+/// Options that would silently do nothing are refused before any work, naming the option and
+/// what to do; a table that would be empty is not written; the placement note says plainly
+/// that the units were kept float and how to quantize them anyway.
+#[test]
+fn options_that_would_do_nothing_say_so() {
+    let dir = scratch("quant-nothing");
+    let clip = fixture("clip");
+    let llama = fixture("llama_gqa_kv");
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["--calib", "."], 2, "--calib: nothing is quantized"),
+        (
+            &["--calib-random", "4"],
+            2,
+            "--calib-random: nothing is quantized",
+        ),
+        (
+            &["--qparams", "t.qpqr"],
+            2,
+            "--qparams: nothing is quantized",
+        ),
+    ];
+    for (extra, want_code, want) in cases {
+        let mut args = vec!["compile", clip.as_str()];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["-o", "out.onnx"]);
+        let (code, _, err) = run_in(&dir, &args);
+        assert_eq!(code, *want_code, "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+        assert!(err.contains("add --quant int8"), "{extra:?}: {err}");
+        assert!(!dir.join("out.onnx").exists() && !dir.join("t.qpqr").exists());
+    }
+    // INT8 whose every unit the cost model keeps float: said in those words, and a --qparams
+    // table would be empty, so neither it nor the model is written.
+    let (code, _, err) = run_in(
+        &dir,
+        &["compile", &llama, "--quant", "int8", "-o", "out.onnx"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("15 of 15 quantized units kept float: estimated faster in float at these sizes on ort; --placement all quantizes them"),
+        "{err}"
+    );
+    let (code, _, err) = run_in(
+        &dir,
+        &[
+            "compile",
+            &llama,
+            "--quant",
+            "int8",
+            "--qparams",
+            "t.qpqr",
+            "-o",
+            "q.onnx",
+        ],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("no quantization parameters"), "{err}");
+    assert!(err.contains("--placement all"), "{err}");
+    assert!(!dir.join("t.qpqr").exists() && !dir.join("q.onnx").exists());
+}
+
 /// Conv → Relu → Conv at `-O2`: activation fusion waits until after quantization, so both Convs
 /// are quantized (not the first left as a float `FusedConv`), and ONNX Runtime runs both as
 /// `QLinearConv`, close to FP32.

@@ -123,6 +123,17 @@ impl CalibrationSource {
         !matches!(self, CalibrationSource::Default)
     }
 
+    /// The option that gave the samples, as the command line spells it (Python's keyword is
+    /// `calibration=` for every source).
+    pub fn flag(&self) -> &'static str {
+        match self {
+            CalibrationSource::Default => "the default calibration",
+            CalibrationSource::Random { .. } => "--calib-random",
+            CalibrationSource::Dir(_) => "--calib",
+            CalibrationSource::Stream(_) => "calibration",
+        }
+    }
+
     /// Checks what can be checked before the work: a count of zero, or more random samples
     /// than [`MAX_RANDOM_SAMPLES`] (calibration keeps them, so 2^64 of them would run until
     /// memory ran out).

@@ -262,6 +262,13 @@ impl CompileOptions {
     /// Python keywords have the same names).
     pub fn check(&self) -> Result<(), String> {
         self.calibration.check()?;
+        if self.calibration.is_given() && !self.precision.quantizes() {
+            return Err(format!(
+                "{}: nothing is quantized (no --quant, --precision-map or --auto), so the \
+                 samples would not be read; add --quant int8 (or another scheme), or leave it out",
+                self.calibration.flag()
+            ));
+        }
         let scheme = self.precision.name();
         let named = |s: Option<&str>| s.map_or("no --quant".to_owned(), |s| format!("--quant {s}"));
         if let Some(alpha) = self.smoothquant {

@@ -117,6 +117,13 @@ pub enum QParamError {
     /// fit the format).
     #[error("{0}")]
     Model(String),
+    /// The model has no quantization parameters: nothing is written.
+    #[error(
+        "the compiled model has no quantization parameters: every quantized unit was kept \
+         float (estimated faster in float at these sizes; --placement all quantizes them); no \
+         table written"
+    )]
+    Empty,
 }
 
 /// One scale tensor found in a module, with its zero points.
@@ -786,6 +793,9 @@ pub fn write_table(
     model_dir: Option<&Path>,
 ) -> Result<(Written, Vec<(String, mmq_backend_ort::ExternalLocation)>), QParamError> {
     let found = collect(m);
+    if found.is_empty() {
+        return Err(QParamError::Empty);
+    }
     let mut used: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (_, vd) in m.values.iter() {
         if let Some(n) = vd.name.as_deref() {

@@ -432,6 +432,13 @@ fn run<'py>(
         .collect())
 }
 
+/// Runs the `mmq` command line with `args` (the program name first), as the `mmq` binary
+/// does (the same parser and code); returns its exit code. The GIL is released meanwhile.
+#[pyfunction]
+fn cli_main(py: Python<'_>, args: Vec<String>) -> u8 {
+    py.allow_threads(|| mmq_cli::main_with(args))
+}
+
 /// The native module.
 #[pymodule]
 fn _mmq(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -441,5 +448,6 @@ fn _mmq(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add_function(wrap_pyfunction!(load_model, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     Ok(())
 }

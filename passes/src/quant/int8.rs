@@ -654,19 +654,27 @@ impl Pass for Int8Pass {
                 let d = place::place(m, graph, &units, opts.target, &sizes);
                 report.count("placed-integer", d.integer);
                 report.count("placed-float", d.float);
-                report.notes.push(format!(
-                    "graph '{}': the {:?} cost model keeps {} of {} quantized units integer (estimated {:.1} us){}",
-                    m.graphs[graph].name,
-                    opts.target,
-                    d.integer,
-                    d.integer + d.float,
-                    d.cost,
-                    if d.float > 0 {
-                        "; the others are estimated faster in float (--placement all quantizes every one)"
-                    } else {
-                        ""
-                    }
-                ));
+                let (name, total, target) =
+                    (&m.graphs[graph].name, d.integer + d.float, opts.target);
+                report.notes.push(if d.integer == 0 {
+                    format!(
+                        "graph '{name}': {total} of {total} quantized units kept float: estimated \
+                         faster in float at these sizes on {target}; --placement all quantizes them"
+                    )
+                } else if d.float == 0 {
+                    format!(
+                        "graph '{name}': all {total} quantized units integer (the {target} cost \
+                         model estimates {:.1} us)",
+                        d.cost
+                    )
+                } else {
+                    format!(
+                        "graph '{name}': {} of {total} quantized units integer, {} kept float where \
+                         estimated faster in float on {target} (estimated {:.1} us; --placement all \
+                         quantizes every one)",
+                        d.integer, d.float, d.cost
+                    )
+                });
             }
         }
         remove_unread_constant_nodes(m, &sources);

@@ -1,0 +1,722 @@
+//! `mmq`: compile multimodal ONNX models.
+//!
+//! The command line as a library: [`main_with`] runs it for the `mmq` binary and for the Python
+//! package's `mmq` console command (one parser, one code path). The only crate that prints. Exit codes: 0 success, 1 user error (bad input, unsupported
+//! construct) with a diagnostic on stderr, 2 usage error.
+
+mod compile;
+mod failure;
+mod generate;
+mod inspect;
+mod modality;
+mod opt;
+mod plan_cache;
+mod run;
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use mmq_compiler::load;
+
+use crate::failure::Failure;
+
+#[derive(Parser)]
+#[command(
+    name = "mmq",
+    version,
+    about = "Quantize, fuse and compile multimodal ONNX models"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// The most memory one tensor may take (`16GiB`, `512MiB`, `2G`, bytes); default three
+    /// quarters of physical memory. A tensor over it is an error naming the node or file.
+    #[arg(long, global = true, value_name = "SIZE", value_parser = parse_size)]
+    max_memory: Option<u64>,
+}
+
+/// Parses a byte size: a number with an optional `K`, `M`, `G`, `T` (powers of 1024; `KiB`,
+/// `KB` and `K` alike).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (for example 16GiB)"))?;
+    let shift = match unit
+        .trim()
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return Err(format!("'{s}': unknown unit (K, M, G or T)")),
+    };
+    n.checked_mul(1u64 << shift)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("'{s}' is not a positive size that fits 64 bits"))
+}
+
+#[derive(Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per run; `compile` has many flags"
+)]
+enum Command {
+    /// Print a model's IR (`.mmir` text), a JSON summary, a DOT graph or statistics.
+    Inspect {
+        /// ONNX files (several load as one module with shared symbols) or one `.mmir` file.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Print node counts per op and weight bytes per dtype.
+        #[arg(long)]
+        stats: bool,
+        /// Print source node names as `loc("...")` in the text format.
+        #[arg(long)]
+        loc: bool,
+        /// Print each node's modality label (vision, text, audio, fusion, shared) as a trailing
+        /// comment in the text format.
+        #[arg(long)]
+        labels: bool,
+        /// Set an input's modality instead of guessing it from its name, dtype and shape
+        /// (repeatable).
+        #[arg(long, value_name = "INPUT=KIND", value_parser = modality::parse_modality_arg)]
+        modality: Vec<(String, mmq_ir::modality::Modality)>,
+    },
+    /// Import an ONNX model, verify it, and export it again without optimization.
+    Convert {
+        /// The ONNX model.
+        input: PathBuf,
+        /// Output ONNX file (large weights go to `OUT.data` beside it).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Where weights go: `auto` keeps external weights external and inline weights inline
+        /// unless the model exceeds 2 GiB.
+        #[arg(long, value_enum, default_value_t = ExternalArg::Auto)]
+        external_data: ExternalArg,
+        /// Flush the output to stable storage before renaming it into place.
+        #[arg(long)]
+        fsync: bool,
+    },
+    /// Run a model's first entry graph, or a deployment package's whole pipeline, in the
+    /// reference interpreter.
+    Run {
+        /// The model: an ONNX file, a `.mmir` file (external weights next to it), or a package
+        /// directory (`mmq compile ... --package`).
+        model: PathBuf,
+        /// An `.npz` with one array per graph input, keyed by input name.
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        /// One input as `NAME=FILE.npy` (repeatable; replaces the same name from --inputs).
+        #[arg(long, value_name = "NAME=FILE.npy")]
+        input: Vec<String>,
+        /// Write the outputs to this `.npz` instead of printing a summary.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Print the time spent per op and the peak of live tensor bytes.
+        #[arg(long)]
+        stats: bool,
+        /// Run N more times after the first and report the mean time per op of those warm
+        /// runs (with --stats); the outputs are the last run's.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        repeat: usize,
+    },
+    /// Generate tokens greedily with a deployment package (`mmq compile ... --package`) in the
+    /// reference interpreter: the vision encoder once on the images, then the decoder on the
+    /// prompt and each new token (its KV cache fed back). Prints the new token ids.
+    Generate {
+        /// The package directory.
+        package: PathBuf,
+        /// The prompt's token ids, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true, value_name = "ID,ID,...")]
+        input_ids: Vec<i64>,
+        /// The image inputs (an `.npz` keyed by input name) of a package with a vision encoder.
+        #[arg(long, value_name = "IMAGE.npz")]
+        inputs: Option<PathBuf>,
+        /// The most tokens to generate (fewer at an end-of-sequence token or the context length).
+        #[arg(long, default_value_t = 16, value_name = "N")]
+        max_new_tokens: usize,
+    },
+    /// Parse and verify a `.mmir` file (or an ONNX model).
+    Verify {
+        /// The file.
+        input: PathBuf,
+    },
+    /// Run rule sets, then const-fold and DCE, on one model; print the result as `.mmir`.
+    Opt {
+        /// The model: an ONNX file or a `.mmir` file.
+        input: PathBuf,
+        /// Rule sets to run together (comma-separated).
+        #[arg(
+            long,
+            value_name = "SET[,SET...]",
+            value_delimiter = ',',
+            required = true
+        )]
+        rules: Vec<String>,
+        /// Print each rule firing and a table of counters to stderr.
+        #[arg(long)]
+        explain: bool,
+        /// The target whose cost model and ops the rewrites use.
+        #[arg(long, value_enum, default_value_t = OptTarget::Generic)]
+        target: OptTarget,
+        /// Write the result here (`.mmir` or `.onnx`) instead of printing it.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Plan one 128-byte-aligned pool for the quantized KV cache of the decoders and the INT4
+    /// image features of the vision encoders among MODELS: offsets, strides, scale tables, bytes
+    /// per token and per image, and how many tokens fit in the budget.
+    PlanCache {
+        /// The ONNX models (a decoder with past…/present… inputs and outputs, a vision encoder).
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// The pool's size limit (16GiB, 512MiB, 2GB, or bytes).
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        budget: u64,
+        /// The KV code format.
+        #[arg(long, value_name = "int8|fp8|int4", default_value = "int8", value_parser = parse_cache_format)]
+        kv: mmq_kernels::cache::CacheFormat,
+        /// Image slots to reserve (when a model has vision feature outputs).
+        #[arg(long, default_value_t = 1)]
+        images: u64,
+        /// Set an input's modality instead of guessing it (repeatable).
+        #[arg(long, value_name = "INPUT=KIND", value_parser = modality::parse_modality_arg)]
+        modality: Vec<(String, mmq_ir::modality::Modality)>,
+        /// Write the plan here as JSON.
+        #[arg(short, long, value_name = "PLAN.json")]
+        output: Option<PathBuf>,
+    },
+    /// Optimize models for a target and export them.
+    Compile {
+        /// The ONNX models (several load as one module and export into the directory OUT).
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// The target (ONNX Runtime unless given).
+        #[arg(long, value_enum, default_value_t = compile::CompileTarget::Ort)]
+        target: compile::CompileTarget,
+        /// Optimization level: -O0 (none), -O1 (canonicalize, const-fold, dce), -O2 (also the
+        /// rule sets).
+        #[arg(short = 'O', value_name = "LEVEL", default_value = "2", value_parser = parse_level)]
+        level: mmq_passes::OptLevel,
+        /// Output ONNX file (a directory when there are several inputs, and for --target trt:
+        /// the TensorRT package).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// --target trt: the optimization profile of a symbolic dim (repeatable; defaults from
+        /// the symbol's name and bounds).
+        #[arg(long, value_name = "NAME=MIN:OPT:MAX", value_parser = compile::parse_symbol)]
+        symbol: Vec<(String, mmq_backend_trt::Profile)>,
+        /// Print the module to stderr after this pass (or `all`).
+        #[arg(long, value_name = "PASS|all")]
+        dump_after: Option<String>,
+        /// Print the time and counters of each pass to stderr.
+        #[arg(long)]
+        time_passes: bool,
+        /// Write the compile report here as JSON (each pass with its time, counters, notes and
+        /// e-graph sizes; the accuracy of the compiled model against the original in the
+        /// interpreter: per-layer SQNR and cosine, end-to-end cosine and top-1 agreement) and
+        /// print the accuracy table.
+        #[arg(long, value_name = "OUT.json")]
+        report: Option<PathBuf>,
+        /// Do not measure accuracy after quantizing (by default a quantizing run prints the
+        /// end-to-end cosine of the main output on held-back samples).
+        #[arg(long)]
+        no_accuracy: bool,
+        /// Quantize after the optimization passes.
+        #[arg(long, value_enum, value_name = "SCHEME")]
+        quant: Option<compile::QuantArg>,
+        /// Calibration samples: a folder of .npz files, one sample each, keyed by input name.
+        #[arg(long, value_name = "DIR")]
+        calib: Option<PathBuf>,
+        /// Calibrate on N random samples (the default, with 16, when --calib is not given).
+        #[arg(long, value_name = "N")]
+        calib_random: Option<usize>,
+        /// INT4 block size along K (--quant int4): 32, 64 or 128.
+        #[arg(long, value_name = "32|64|128", default_value_t = 32)]
+        block: usize,
+        /// Asymmetric INT4 blocks (with zero points) instead of symmetric ones.
+        #[arg(long)]
+        asym: bool,
+        /// MatMulNBits' accuracy_level (--quant int4): the compute type ONNX Runtime uses for
+        /// the activations, 4 = int8 (the ort target's default), 1 = f32; 0 leaves it out.
+        /// Default: the target's choice
+        #[arg(long, value_name = "0..4")]
+        int4_accuracy_level: Option<i64>,
+        /// Run-time activation scales of --quant int8-dynamic: per-tensor (one per tensor,
+        /// DynamicQuantizeLinear), per-token or per-patch (one per row, symmetric i8).
+        #[arg(long, value_name = "per-tensor|per-token|per-patch", default_value = "per-tensor",
+              value_parser = parse_granularity)]
+        granularity: mmq_passes::quant::int8::ActGranularity,
+        /// Keep a node in float, with a warning, when its weight holds NaN or an infinity
+        /// (--quant int8|int8-dynamic|int4|fp8), instead of failing.
+        #[arg(long)]
+        skip_non_finite: bool,
+        /// SmoothQuant before --quant int8|int8-dynamic: migrate activation outlier channels
+        /// into the weights with strength ALPHA in [0, 1] (0.5 is usual).
+        #[arg(long, value_name = "ALPHA")]
+        smoothquant: Option<f32>,
+        /// AWQ before --quant int4: per-input-channel weight scales searched on the
+        /// calibration samples (--calib DIR or --calib-random N, default 16 random).
+        #[arg(long)]
+        awq: bool,
+        /// How activation ranges are chosen: minmax, ema[:MOMENTUM], percentile[:P], entropy, mse.
+        #[arg(long, value_name = "OBSERVER", default_value = "minmax",
+              value_parser = compile::parse_observer)]
+        observer: mmq_passes::quant::calibrate::Observer,
+        /// Which INT8 units stay integer: `cost` (the target's cost model keeps a unit only
+        /// where it is estimated faster than float) or `all` (every eligible node).
+        #[arg(long, value_enum, default_value_t = compile::PlacementArg::Cost)]
+        placement: compile::PlacementArg,
+        /// Per-node schemes for --quant mixed: ordered rules on node-name globs, op kinds and
+        /// modality (see docs/quantization.md). Implies --quant mixed.
+        #[arg(long, value_name = "MAP.toml")]
+        precision_map: Option<PathBuf>,
+        /// Set an input's modality instead of guessing it from its name, dtype and shape
+        /// (repeatable; precision-map rules match on modality).
+        #[arg(long, value_name = "INPUT=KIND", value_parser = modality::parse_modality_arg)]
+        modality: Vec<(String, mmq_ir::modality::Modality)>,
+        /// Choose a scheme per node (int4, int8 or float for MatMul/Gemm, int8 or float for
+        /// Conv): the most compressed that keeps the end-to-end cosine of the main output at or
+        /// above COSINE on the calibration samples. Writes the choice as a precision map.
+        #[arg(long, value_name = "COSINE", value_parser = parse_cosine,
+              allow_negative_numbers = true, conflicts_with_all = ["quant", "precision_map"])]
+        auto: Option<f64>,
+        /// Where --auto writes its precision map (default: the output with extension
+        /// .precision.toml).
+        #[arg(long, value_name = "MAP.toml", requires = "auto")]
+        auto_map: Option<PathBuf>,
+        /// Quantize the KV cache at the graph interface: every `past…` input whose `present…`
+        /// output continues it becomes codes plus `<name>_scale` (int8/fp8: 512-byte blocks,
+        /// one f32 scale per head and block; int4: groups of 64, binary16 scales).
+        #[arg(long, value_name = "int8|fp8|int4", value_parser = parse_cache_format)]
+        kv_cache: Option<mmq_kernels::cache::CacheFormat>,
+        /// Store vision feature outputs as INT4 groups of 64 with binary16 scales
+        /// (`<name>` + `<name>_scale`); a graph compiled with them that reads the same name
+        /// dequantizes it.
+        #[arg(long, value_name = "int4", value_parser = parse_cache_format)]
+        image_cache: Option<mmq_kernels::cache::CacheFormat>,
+        /// Split a merged multimodal graph (one graph from the image and token inputs to the
+        /// logits) at its modality boundary into `vision_encoder` (image inputs -> image
+        /// features) and `language_model` (features + token inputs -> logits); -o is then a
+        /// directory. Implied by --image-cache.
+        #[arg(long)]
+        split: bool,
+        /// Write a deployment package into the directory -o: the compiled models,
+        /// pipeline.json (stages, bindings, cache layouts, generation settings, hashes) and,
+        /// where the decoder fits onnxruntime-genai's contract, genai_config.json.
+        #[arg(long)]
+        package: bool,
+        /// Generation settings for --package: a Hugging Face generation_config.json or
+        /// config.json (bos/eos/pad token ids, max_position_embeddings as the context length).
+        #[arg(long, value_name = "FILE")]
+        generation_config: Option<PathBuf>,
+        /// A tokenizer.json to copy into the --package (tokenizer_config.json beside it too).
+        #[arg(long, value_name = "tokenizer.json")]
+        tokenizer: Option<PathBuf>,
+        /// Write every scale and zero point into one memory-mapped table (QPQR, see
+        /// docs/qparams.md); in the model's directory, the ONNX Runtime model reads its scales
+        /// from it, so processes serving the model share one copy.
+        #[arg(long, value_name = "TABLE.qpqr")]
+        qparams: Option<PathBuf>,
+    },
+    /// Turn a compile report (`mmq compile --report OUT.json`) into one self-contained HTML page:
+    /// per-layer SQNR bars by modality, the precision of each layer, the activation granularity
+    /// and symmetry comparisons, the alignment outputs' similarity error.
+    Report {
+        /// The report JSON.
+        report: PathBuf,
+        /// The page to write.
+        #[arg(short, long, value_name = "report.html")]
+        output: PathBuf,
+    },
+    /// Read a quantization-parameter table (QPQR).
+    Qparams {
+        #[command(subcommand)]
+        command: QparamsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum QparamsCommand {
+    /// List the table's tensors: scheme, code type, count, axis, group, first pair.
+    Inspect {
+        /// The table.
+        file: PathBuf,
+    },
+    /// Check the table's layout, checksum and pairs (exit 1 when anything is wrong).
+    Verify {
+        /// The table.
+        file: PathBuf,
+    },
+}
+
+fn qparams(command: &QparamsCommand) -> Result<String, Failure> {
+    use mmq_compiler::qparams::{QParamTable, summary};
+    let fail = |e: mmq_compiler::qparams::QParamError| Failure::user(format!("error: {e}\n"));
+    match command {
+        QparamsCommand::Inspect { file } => {
+            QParamTable::open(file).map(|t| summary(&t)).map_err(fail)
+        }
+        QparamsCommand::Verify { file } => {
+            let t = QParamTable::open(file).map_err(fail)?;
+            t.verify().map_err(fail)?;
+            Ok(format!(
+                "{}: ok ({} pairs, {} tensors, checksum matches)\n",
+                file.display(),
+                t.len(),
+                t.entries().len()
+            ))
+        }
+    }
+}
+
+/// Checks, before any work, that the output `-o` of a command that reads `inputs` can be
+/// written: a regular file or a new path, and none of the inputs (a usage error otherwise).
+fn check_files<'a>(
+    inputs: impl IntoIterator<Item = &'a std::path::Path>,
+    output: &std::path::Path,
+) -> Result<(), Failure> {
+    let mut files = mmq_compiler::run_files::RunFiles::new();
+    for p in inputs {
+        files = files.input("an input", p);
+    }
+    files
+        .output("-o", "the output", output)
+        .check()
+        .map_err(|e| Failure::usage(e.to_string()))
+}
+
+fn html_report(report: &std::path::Path, output: &std::path::Path) -> Result<(), Failure> {
+    let fail = |m: String| Failure::user(format!("error: {m}\n"));
+    check_files([report], output)?;
+    mmq_ir::check_regular_file(report).map_err(|e| fail(format!("{}: {e}", report.display())))?;
+    let text =
+        std::fs::read_to_string(report).map_err(|e| fail(format!("{}: {e}", report.display())))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        fail(format!(
+            "{}: not JSON: {e} (line {}, column {})",
+            report.display(),
+            e.line(),
+            e.column()
+        ))
+    })?;
+    let html = mmq_compiler::html::render(&json)
+        .map_err(|e| fail(format!("{}: {e}", report.display())))?;
+    compile::write_atomic(output, html.as_bytes()).map_err(fail)
+}
+
+fn parse_granularity(s: &str) -> Result<mmq_passes::quant::int8::ActGranularity, String> {
+    s.parse()
+}
+
+fn parse_cache_format(s: &str) -> Result<mmq_kernels::cache::CacheFormat, String> {
+    s.parse()
+}
+
+fn parse_level(s: &str) -> Result<mmq_passes::OptLevel, String> {
+    s.parse()
+        .map_err(|e: mmq_passes::ParseOptLevelError| e.to_string())
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OptTarget {
+    Ort,
+    Generic,
+}
+
+/// Parses `--auto TARGET`: a cosine in `[0, 1]`.
+fn parse_cosine(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if (0.0..=1.0).contains(&t) => Ok(t),
+        Ok(t) => Err(format!("{t} is not a cosine in [0, 1] (for example 0.99)")),
+        Err(_) => Err(format!("'{s}' is not a number (for example 0.99)")),
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+    Dot,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ExternalArg {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Runs the command line `args` (the program name first) as the `mmq` binary does, printing to
+/// this process's standard output and error; returns the exit code.
+pub fn main_with<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout with exit 0; usage errors to stderr with exit 2.
+            let _ = e.print();
+            return u8::try_from(e.exit_code()).unwrap_or(2);
+        }
+    };
+    if let Some(bytes) = cli.max_memory {
+        mmq_kernels::set_memory_limit(bytes);
+    }
+    let result = match cli.command {
+        Command::Inspect {
+            inputs,
+            format,
+            stats,
+            loc,
+            labels,
+            modality,
+        } => inspect::run(
+            &inputs,
+            format,
+            &inspect::InspectOptions {
+                stats,
+                loc,
+                labels,
+                modality,
+            },
+        )
+        .and_then(|text| emit(&text)),
+        Command::Convert {
+            input,
+            output,
+            external_data,
+            fsync,
+        } => convert(&input, &output, external_data, fsync),
+        Command::Verify { input } => verify(&input),
+        Command::Generate {
+            package,
+            input_ids,
+            inputs,
+            max_new_tokens,
+        } => generate::run(&generate::GenerateArgs {
+            package,
+            input_ids,
+            inputs,
+            max_new_tokens,
+        })
+        .map(|err| {
+            let _ = std::io::stderr().write_all(err.as_bytes());
+        }),
+        Command::Report { report, output } => html_report(&report, &output),
+        Command::Qparams { command } => qparams(&command).and_then(|text| emit(&text)),
+        Command::PlanCache {
+            inputs,
+            budget,
+            kv,
+            images,
+            modality,
+            output,
+        } => plan_cache::run(
+            &inputs,
+            &mmq_compiler::cache_plan::PlanOptions {
+                kv_format: kv,
+                images,
+                budget,
+                modality,
+            },
+            output.as_deref(),
+        )
+        .and_then(|text| emit(&text)),
+        Command::Run {
+            model,
+            inputs,
+            input,
+            output,
+            stats,
+            repeat,
+        } => run::run(&run::RunArgs {
+            model,
+            inputs,
+            input,
+            output,
+            stats,
+            repeat,
+        })
+        .and_then(|text| emit(&text)),
+        Command::Opt {
+            input,
+            rules,
+            explain,
+            target,
+            output,
+        } => opt::run(&opt::OptArgs {
+            input,
+            rules,
+            explain,
+            target: match target {
+                OptTarget::Ort => mmq_passes::TargetRef::ORT,
+                OptTarget::Generic => mmq_passes::TargetRef::GENERIC,
+            },
+            output,
+        })
+        .and_then(|(out, err)| {
+            let _ = std::io::stderr().write_all(err.as_bytes());
+            emit(&out)
+        }),
+        Command::Compile {
+            inputs,
+            target,
+            level,
+            output,
+            symbol,
+            dump_after,
+            time_passes,
+            report,
+            no_accuracy,
+            quant,
+            calib,
+            calib_random,
+            block,
+            asym,
+            int4_accuracy_level,
+            granularity,
+            skip_non_finite,
+            smoothquant,
+            awq,
+            observer,
+            placement,
+            precision_map,
+            modality,
+            auto,
+            auto_map,
+            kv_cache,
+            image_cache,
+            qparams,
+            split,
+            package,
+            generation_config,
+            tokenizer,
+        } => compile::run(&compile::CompileArgs {
+            inputs,
+            target,
+            level,
+            output,
+            symbols: symbol,
+            dump_after,
+            time_passes,
+            report,
+            no_accuracy,
+            quant,
+            calib,
+            calib_random,
+            observer,
+            placement,
+            precision_map,
+            modality,
+            block,
+            asym,
+            int4_accuracy_level,
+            granularity,
+            skip_non_finite,
+            smoothquant,
+            awq,
+            auto,
+            auto_map,
+            kv_cache,
+            image_cache,
+            qparams,
+            split,
+            package,
+            generation_config,
+            tokenizer,
+        })
+        .map(|err| {
+            let _ = std::io::stderr().write_all(err.as_bytes());
+        }),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(failure) => {
+            let _ = std::io::stderr().write_all(failure.rendered.as_bytes());
+            failure.code
+        }
+    }
+}
+
+/// Prints warnings (rendered diagnostics) to stderr.
+fn warn(text: &str) {
+    if !text.is_empty() {
+        let _ = std::io::stderr().write_all(text.as_bytes());
+    }
+}
+
+fn emit(text: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    // A closed pipe (`mmq inspect m.onnx | head`) is not an error worth reporting.
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure::user(format!(
+            "error: cannot write to stdout: {e}\n"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn convert(
+    input: &std::path::Path,
+    output: &std::path::Path,
+    ext: ExternalArg,
+    sync: bool,
+) -> Result<(), Failure> {
+    check_files([input], output)?;
+    let loaded = load::load(std::slice::from_ref(&input.to_path_buf()))?;
+    warn(&loaded.verify()?);
+    let graph = loaded.module.entries[0].graph;
+    let opts = mmq_backend_ort::ExportOptions {
+        external_data: match ext {
+            ExternalArg::Auto => mmq_backend_ort::ExternalData::Auto,
+            ExternalArg::Always => mmq_backend_ort::ExternalData::Always,
+            ExternalArg::Never => mmq_backend_ort::ExternalData::Never,
+        },
+        sync,
+        ..Default::default()
+    };
+    let report = mmq_backend_ort::write_model(&loaded.module, graph, output, &opts)
+        .map_err(|e| Failure::user(format!("error: cannot write {}: {e}\n", output.display())))?;
+    let g = &loaded.module.graphs[graph];
+    let msg = format!(
+        "wrote {} ({} nodes, {} inputs, {} outputs; {})\n",
+        output.display(),
+        g.nodes.len(),
+        g.inputs.len(),
+        g.outputs.len(),
+        report,
+    );
+    let _ = std::io::stderr().write_all(msg.as_bytes());
+    Ok(())
+}
+
+fn verify(input: &std::path::Path) -> Result<(), Failure> {
+    let loaded = load::load(std::slice::from_ref(&input.to_path_buf()))?;
+    warn(&loaded.verify()?);
+    let m = &loaded.module;
+    let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let nodes = m.graphs.iter().map(|(_, g)| g.nodes.len()).sum::<usize>();
+    let msg = format!(
+        "{}: ok ({}, {}, {})\n",
+        input.display(),
+        count(m.graphs.len(), "graph"),
+        count(nodes, "node"),
+        count(m.consts.len(), "constant"),
+    );
+    emit(&msg)
+}
