@@ -141,6 +141,8 @@ pub struct CompileArgs {
     pub generation_config: Option<PathBuf>,
     /// `--tokenizer FILE`.
     pub tokenizer: Option<PathBuf>,
+    /// `--quiet`: no progress bar.
+    pub quiet: bool,
 }
 
 /// The end-to-end cosine a quantized model should keep; below it the accuracy line says how to
@@ -220,7 +222,7 @@ fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, F
         },
         dump_after: args.dump_after.as_deref().map(DumpAfter::parse),
         verify: cfg!(debug_assertions),
-        progress: progress_bar(),
+        progress: if args.quiet { None } else { progress_bar() },
     })
 }
 

@@ -24,17 +24,35 @@ pub struct InspectOptions {
     pub labels: bool,
     /// `--modality INPUT=KIND` overrides.
     pub modality: Vec<(String, Modality)>,
+    /// Every constant printed with its values.
+    pub weights: bool,
 }
 
 /// Runs `inspect` and returns what to print.
 pub fn run(inputs: &[PathBuf], format: Format, o: &InspectOptions) -> Result<String, Failure> {
-    if let [dir] = inputs
-        && dir.join("manifest.json").is_file()
-    {
-        return package(dir, format);
-    }
-    let loaded = load::load(inputs)?;
-    let m = &loaded.module;
+    let module = match inputs {
+        [dir] if dir.is_dir() => {
+            if dir.join("manifest.json").is_file() {
+                return package(dir, format);
+            }
+            if !dir.join(mmq_deploy::PIPELINE_JSON).is_file() {
+                return Err(Failure::user(format!(
+                    "error: {}: it is a directory, not a regular file or a package: `mmq \
+                     inspect` reads model files (.onnx, .mmir), a TensorRT package (a directory \
+                     with manifest.json, from `mmq compile --target trt`) or a deployment package \
+                     (a directory with {}, from `mmq compile --package`), and it holds neither\n",
+                    dir.display(),
+                    mmq_deploy::PIPELINE_JSON
+                )));
+            }
+            // A deployment package: its stages' graphs, linked as its bindings say.
+            mmq_deploy::Package::open(dir)
+                .map_err(|e| Failure::user(format!("error: {e}\n")))?
+                .module
+        }
+        _ => load::load(inputs)?.module,
+    };
+    let m = &module;
     let labels = if o.stats || o.labels || !o.modality.is_empty() {
         modality::analyze_all(m, &o.modality)?
     } else {
@@ -42,7 +60,7 @@ pub fn run(inputs: &[PathBuf], format: Format, o: &InspectOptions) -> Result<Str
     };
     Ok(match format {
         Format::Text => {
-            let opts = mmq_ir::text::PrintOptions {
+            let mut opts = mmq_ir::text::PrintOptions {
                 loc: o.loc,
                 node_notes: if o.labels {
                     modality::node_notes(&labels)
@@ -51,6 +69,9 @@ pub fn run(inputs: &[PathBuf], format: Format, o: &InspectOptions) -> Result<Str
                 },
                 ..Default::default()
             };
+            if o.weights {
+                opts.inline_limit = usize::MAX;
+            }
             let mut out = mmq_ir::text::print_with(m, &opts);
             if o.stats {
                 out.push_str(&stats_text(m));

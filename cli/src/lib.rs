@@ -36,6 +36,22 @@ struct Cli {
     /// quarters of physical memory. A tensor over it is an error naming the node or file.
     #[arg(long, global = true, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<u64>,
+    /// Print only warnings and errors on stderr (not the passes' notes, timings or summaries).
+    #[arg(long, short, global = true)]
+    quiet: bool,
+}
+
+/// What a command prints on stderr besides its errors: everything, or with `--quiet` only the
+/// lines that warn.
+fn notes(text: &str, quiet: bool) {
+    let mut err = std::io::stderr();
+    if !quiet {
+        let _ = err.write_all(text.as_bytes());
+        return;
+    }
+    for line in text.lines().filter(|l| l.contains("warning")) {
+        let _ = writeln!(err, "{line}");
+    }
 }
 
 /// Parses a byte size: a number with an optional `K`, `M`, `G`, `T` (powers of 1024; `KiB`,
@@ -93,6 +109,11 @@ enum Command {
         /// (repeatable).
         #[arg(long, value_name = "INPUT=KIND", value_parser = modality::parse_modality_arg)]
         modality: Vec<(String, mmq_ir::modality::Modality)>,
+        /// Print every constant's values in the text format (weights included), so that the
+        /// dump runs by itself (`mmq run DUMP.mmir`); without it large constants print only
+        /// their content hash.
+        #[arg(long)]
+        weights: bool,
     },
     /// Import an ONNX model, verify it, and export it again without optimization.
     Convert {
@@ -474,6 +495,7 @@ where
             return u8::try_from(e.exit_code()).unwrap_or(2);
         }
     };
+    let quiet = cli.quiet;
     if let Some(bytes) = cli.max_memory {
         mmq_kernels::set_memory_limit(bytes);
     }
@@ -485,6 +507,7 @@ where
             loc,
             labels,
             modality,
+            weights,
         } => inspect::run(
             &inputs,
             format,
@@ -493,6 +516,7 @@ where
                 loc,
                 labels,
                 modality,
+                weights,
             },
         )
         .and_then(|text| emit(&text)),
@@ -515,7 +539,7 @@ where
             max_new_tokens,
         })
         .map(|err| {
-            let _ = std::io::stderr().write_all(err.as_bytes());
+            notes(&err, quiet);
         }),
         Command::Report { report, output } => html_report(&report, &output),
         Command::Qparams { command } => qparams(&command).and_then(|text| emit(&text)),
@@ -570,7 +594,7 @@ where
             output,
         })
         .and_then(|(out, err)| {
-            let _ = std::io::stderr().write_all(err.as_bytes());
+            notes(&err, quiet);
             emit(&out)
         }),
         Command::Compile {
@@ -639,9 +663,10 @@ where
             package,
             generation_config,
             tokenizer,
+            quiet,
         })
         .map(|err| {
-            let _ = std::io::stderr().write_all(err.as_bytes());
+            notes(&err, quiet);
         }),
     };
     match result {

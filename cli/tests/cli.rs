@@ -415,3 +415,28 @@ fn dot_output_escapes_control_characters_of_names() {
     assert!(dot.contains(r#"label="x\\u{7}\nf32[2, 3]""#), "{dot}");
     assert!(dot.contains(r#"label="y\"\n}""#), "{dot}");
 }
+
+/// `inspect DIR`: a deployment package prints its stages' graphs; a directory that is no
+/// package says what `inspect` reads and that the directory holds neither kind.
+#[test]
+fn inspect_reads_packages_and_explains_other_directories() {
+    let dir = scratch("inspect-dirs");
+    std::fs::create_dir_all(dir.join("empty")).expect("dir");
+    let (code, out, err) = run_in(&dir, &["inspect", "empty"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("empty: it is a directory, not a regular file or a package"),
+        "{err}"
+    );
+    assert!(
+        err.contains("manifest.json") && err.contains("pipeline.json"),
+        "{err}"
+    );
+    let model = repo().join("tests/fixtures/llama_gqa_kv/model.onnx");
+    let model = model.to_str().expect("utf-8");
+    let (code, _, err) = run_in(&dir, &["compile", model, "--package", "-o", "pkg"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = run_in(&dir, &["inspect", "pkg"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("graph @") && out.contains("%logits"), "{out}");
+}

@@ -300,6 +300,21 @@ scheme = "int8"
         );
         assert_eq!(code, 0, "{name}: {err}");
         assert!(err.contains("nodes by scheme:"), "{name}: {err}");
+        if name == "clip" {
+            // Rules whose scheme cannot quantize what they matched say so, by rule and node.
+            assert!(
+                err.contains("warning: rule 'patch embedding' (line 9): fp8 left 1 of the nodes it matched float on target ort (Conv 'node_Conv_253'); the scheme does not apply to them there"),
+                "{err}"
+            );
+            assert!(
+                err.contains("warning: rule 'text token embedding' (line 25): int8 left 2 of the nodes it matched float"),
+                "{err}"
+            );
+            assert!(
+                !err.contains("rule 'vision projections' (line 33): int4 left"),
+                "{err}"
+            );
+        }
         let (code, text, _) = run_in(&dir, &["inspect", &q, "--stats"]);
         assert_eq!(code, 0);
         assert!(

@@ -133,7 +133,18 @@ fn calibration_option_errors() {
         ],
     );
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("sample 0"), "{err}");
+    assert!(
+        err.contains("bad/a.npz: input pixel_values: missing"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the file holds attention_mask i64[2, 8]"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the graph reads pixel_values f32[batch, 3, 32, 32]"),
+        "{err}"
+    );
     assert!(!dir.join("out.onnx").exists());
 }
 
@@ -179,6 +190,28 @@ fn options_that_would_do_nothing_say_so() {
         err.contains("15 of 15 quantized units kept float: estimated faster in float at these sizes on ort; --placement all quantizes them"),
         "{err}"
     );
+    // --quiet keeps only the lines that warn.
+    let (code, _, err) = run_in(
+        &dir,
+        &["compile", &llama, "--quant", "int8", "-q", "-o", "out.onnx"],
+    );
+    assert_eq!((code, err.as_str()), (0, ""));
+    let clip_map = repo().join("tests/fixtures/precision_maps/clip.toml");
+    let (code, _, err) = run_in(
+        &dir,
+        &[
+            "compile",
+            &clip,
+            "--precision-map",
+            clip_map.to_str().expect("utf-8"),
+            "--quiet",
+            "-o",
+            "out.onnx",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err.lines().count(), 2, "{err}");
+    assert!(err.lines().all(|l| l.contains("warning: rule")), "{err}");
     let (code, _, err) = run_in(
         &dir,
         &[

@@ -134,6 +134,55 @@ impl CalibrationSource {
         }
     }
 
+    /// `e` as a message that points at the data: a sample of a folder that does not fit the
+    /// graph is named by its file, with the arrays the file holds and the inputs the graph
+    /// reads.
+    pub fn explain(&self, m: &Module, graph: GraphId, e: &CalibError) -> String {
+        let (CalibrationSource::Dir(dir), CalibError::Run { index, message }) = (self, e) else {
+            return e.to_string();
+        };
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "npz"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        files.sort();
+        let Some(file) = files.get(*index) else {
+            return e.to_string();
+        };
+        let mut holds: Vec<String> = mmq_kernels::io::read_npz(file)
+            .map(|a| {
+                a.into_iter()
+                    .map(|(k, t)| format!("{k} {}{:?}", t.dtype, t.shape))
+                    .collect()
+            })
+            .unwrap_or_default();
+        holds.sort();
+        let reads: Vec<String> = m.graphs[graph]
+            .inputs
+            .iter()
+            .filter_map(|&v| {
+                let name = m.values[v].name.as_deref()?;
+                Some(format!(
+                    "{name} {}",
+                    mmq_ir::text::type_text(m, m.value_type(v))
+                ))
+            })
+            .collect();
+        format!(
+            "{}: {message}; the file holds {}; the graph reads {}",
+            file.display(),
+            if holds.is_empty() {
+                "no arrays".to_owned()
+            } else {
+                holds.join(", ")
+            },
+            reads.join(", ")
+        )
+    }
+
     /// Checks what can be checked before the work: a count of zero, or more random samples
     /// than [`MAX_RANDOM_SAMPLES`] (calibration keeps them, so 2^64 of them would run until
     /// memory ran out).

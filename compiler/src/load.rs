@@ -88,6 +88,7 @@ fn load_opts(paths: &[PathBuf], opts: &mmq_ir::text::ParseOptions) -> Result<Loa
     let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
     match mmq_onnx::load_files(&refs, &mmq_onnx::LoadOptions { infer: false }) {
         Ok(mut module) => {
+            name_graphs_by_file(&mut module, paths);
             let corrections = mmq_ir::infer::infer_module_correcting(&mut module);
             Ok(Loaded {
                 module,
@@ -96,6 +97,34 @@ fn load_opts(paths: &[PathBuf], opts: &mmq_ir::text::ParseOptions) -> Result<Loa
             })
         }
         Err(e) => Err(LoadError::user(format!("error: {e}\n"))),
+    }
+}
+
+/// Entry graphs of several files that share a name (every `torch.onnx` export is
+/// `main_graph`) take their file's stem instead, so that messages and dumps tell them apart.
+fn name_graphs_by_file(m: &mut mmq_ir::Module, paths: &[PathBuf]) {
+    let names: Vec<String> = m
+        .entries
+        .iter()
+        .map(|e| m.graphs[e.graph].name.clone())
+        .collect();
+    let mut taken: std::collections::HashSet<String> = names.iter().cloned().collect();
+    for (i, e) in m.entries.clone().iter().enumerate() {
+        if names.iter().filter(|n| **n == names[i]).count() < 2 {
+            continue;
+        }
+        let Some(stem) = paths.get(i).and_then(|p| p.file_stem()) else {
+            continue;
+        };
+        let stem = stem.to_string_lossy().into_owned();
+        let mut name = stem.clone();
+        let mut k = 1;
+        while taken.contains(&name) {
+            name = format!("{stem}_{k}");
+            k += 1;
+        }
+        taken.insert(name.clone());
+        m.graphs[e.graph].name = name;
     }
 }
 

@@ -262,10 +262,15 @@ impl CompileOptions {
     /// Python keywords have the same names).
     pub fn check(&self) -> Result<(), String> {
         self.calibration.check()?;
-        if self.calibration.is_given() && !self.precision.quantizes() {
+        // Samples are read to quantize, and by the full report's per-layer analysis.
+        if self.calibration.is_given()
+            && !self.precision.quantizes()
+            && self.accuracy != Accuracy::Full
+        {
             return Err(format!(
-                "{}: nothing is quantized (no --quant, --precision-map or --auto), so the \
-                 samples would not be read; add --quant int8 (or another scheme), or leave it out",
+                "{}: nothing is quantized (no --quant, --precision-map or --auto) and no --report \
+                 analyses the activations, so the samples would not be read; add --quant int8 \
+                 (or another scheme), or leave it out",
                 self.calibration.flag()
             ));
         }

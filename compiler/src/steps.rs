@@ -2,7 +2,7 @@
 //! then quantizes, so they sit in the same pass manager as the optimization passes (timed,
 //! dumped and verified like them).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -121,11 +121,14 @@ impl Context {
         if values.is_empty() {
             return Ok(HashMap::new());
         }
-        let samples = self
-            .samples(m, graph)
-            .map_err(|e| failed(pass, format!("calibration: {e}")))?;
-        calibrate::channel_stats(m, graph, &values, samples, max_rows)
-            .map_err(|e| failed(pass, format!("calibration: {e}")))
+        let calib = |e: CalibError| {
+            failed(
+                pass,
+                format!("calibration: {}", self.calibration.explain(m, graph, &e)),
+            )
+        };
+        let samples = self.samples(m, graph).map_err(calib)?;
+        calibrate::channel_stats(m, graph, &values, samples, max_rows).map_err(calib)
     }
 }
 
@@ -198,7 +201,10 @@ impl Pass for Int8Step {
             let ranges = self
                 .ctx
                 .ranges(m, graph, &values, self.ctx.observer)
-                .map_err(|e| failed(self.name(), format!("calibration: {e}")))?;
+                .map_err(|e| {
+                    let why = self.ctx.calibration.explain(m, graph, &e);
+                    failed(self.name(), format!("calibration: {why}"))
+                })?;
             notes.push(format!(
                 "calibrated {} activations on {} samples ({})",
                 ranges.len(),
@@ -360,7 +366,10 @@ impl Pass for WeightOnlyStep {
             let r = self
                 .ctx
                 .ranges(m, graph, &values, self.ctx.observer)
-                .map_err(|e| failed(self.name, format!("calibration: {e}")))?;
+                .map_err(|e| {
+                    let why = self.ctx.calibration.explain(m, graph, &e);
+                    failed(self.name, format!("calibration: {why}"))
+                })?;
             let ranges: HashMap<Value, (f32, f32)> = values
                 .iter()
                 .filter_map(|&v| r.get(v).map(|r| (v, (r.min, r.max))))
@@ -610,15 +619,92 @@ fn run_map(
     let calibrated = plan
         .iter()
         .any(|(_, p)| p.scheme.calibrated() && p.calibration.is_some());
-    let calib = |e: CalibError| failed(pass, format!("calibration: {e}"));
+    let calib = |e: CalibError| {
+        let why = ctx.calibration.explain(m, graph, &e);
+        failed(pass, format!("calibration: {why}"))
+    };
     let samples = if calibrated {
         ctx.all_samples(m, graph).map_err(calib)?
     } else {
         Vec::new()
     };
     let ranges = plan_ranges(m, graph, &plan, &samples, &mut report.notes).map_err(calib)?;
+    // Each quantized node as it was, by name (the passes reuse node handles): a node the
+    // scheme passes left exactly so (same op, same operands) was not quantized.
+    let state = |m: &Module, n: Node| {
+        let nd = &m.nodes[n];
+        // Each operand by name and by what defines it (a weight's name stays when a pass puts
+        // a `Cast` or `DequantizeLinear` in front of it).
+        let operands: Vec<Option<(Option<String>, &str)>> = nd
+            .inputs
+            .iter()
+            .map(|i| {
+                i.map(|v| {
+                    let def = match m.values[v].def {
+                        mmq_ir::ValueDef::Output { node, .. } => m.nodes[node].op.op_type(),
+                        mmq_ir::ValueDef::Const(_) => "constant",
+                        _ => "input",
+                    };
+                    (m.values[v].name.clone(), def)
+                })
+            })
+            .collect();
+        format!("{:?} {operands:?}", nd.op)
+    };
+    let before: Vec<(String, String, Option<usize>, Scheme)> = plan
+        .iter()
+        .filter(|(_, p)| p.scheme != Scheme::Float)
+        .filter_map(|(n, p)| Some((m.nodes[n].name.clone()?, state(m, n), p.rule, p.scheme)))
+        .collect();
     let passes = plan_passes(m, &plan, &ranges, ctx.placement, ctx.int4, &*opts.target);
-    run_nested(m, passes, opts, report)
+    run_nested(m, passes, opts, report)?;
+    let after: HashMap<String, Node> = m.graphs[graph]
+        .nodes
+        .iter()
+        .filter_map(|&n| Some((m.nodes[n].name.clone()?, n)))
+        .collect();
+    let mut kept: BTreeMap<(Option<usize>, String), Vec<Node>> = BTreeMap::new();
+    for (name, was, rule, scheme) in before {
+        if let Some(&n) = after.get(&name)
+            && state(m, n) == was
+        {
+            kept.entry((rule, scheme.to_string())).or_default().push(n);
+        }
+    }
+    for ((rule, scheme), nodes) in kept {
+        let label = rule.map_or_else(|| "the default".to_owned(), |i| map.rules[i].label());
+        let mut shown: Vec<String> = nodes
+            .iter()
+            .take(3)
+            .map(|&n| {
+                let nd = &m.nodes[n];
+                format!(
+                    "{} '{}'",
+                    nd.op.op_type(),
+                    nd.name.as_deref().unwrap_or("?")
+                )
+            })
+            .collect();
+        if nodes.len() > 3 {
+            shown.push(format!("{} more", nodes.len() - 3));
+        }
+        let placed = ctx.placement == Placement::Cost && scheme.starts_with("int8");
+        let why = if placed {
+            "the scheme does not apply to them there, or the cost model estimated them faster in \
+             float (--placement all quantizes every node it applies to)"
+        } else {
+            "the scheme does not apply to them there: choose one that does (docs/quantization.md \
+             lists what each quantizes) or narrow the rule"
+        };
+        report.notes.push(format!(
+            "warning: {label}: {scheme} left {} of the nodes it matched float on target {} ({}); \
+             {why}",
+            nodes.len(),
+            opts.target,
+            shown.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// `--quant mixed --precision-map MAP.toml`.
@@ -688,7 +774,10 @@ impl Pass for AutoStep {
             },
         };
         let user = |e: AutoError| failed(name, e);
-        let calib = |e: CalibError| failed(name, format!("calibration: {e}"));
+        let calib = |e: CalibError| {
+            let why = ctx.calibration.explain(m, graph, &e);
+            failed(name, format!("calibration: {why}"))
+        };
 
         let orig: &Module = m;
         let cands = auto::candidates(orig, graph);

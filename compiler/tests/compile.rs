@@ -99,6 +99,13 @@ fn options_that_do_not_fit_fail_before_any_work() {
         ),
         (
             CompileOptions {
+                calibration: CalibrationSource::Random { count: 4, seed: 0 },
+                ..CompileOptions::default()
+            },
+            "--calib-random: nothing is quantized",
+        ),
+        (
+            CompileOptions {
                 dump_after: Some(mmq_passes::DumpAfter::Pass("int8".into())),
                 ..CompileOptions::default()
             },

@@ -713,9 +713,8 @@ impl Verifier<'_> {
                     .inputs
                     .iter()
                     .take(min_in)
-                    .position(Option::is_none)
-                    // Loop's trip count and condition are both optional (either may be "").
-                    .filter(|_| !matches!(d.op, Op::Loop { .. }))
+                    .enumerate()
+                    .position(|(i, x)| x.is_none() && !optional_within_min(&d.op, i))
                 {
                     self.err(
                         Entity::Node(n),
@@ -1050,6 +1049,17 @@ impl Verifier<'_> {
                 self.err(Entity::Value(v), format!("value name '{name}' is used by both {first:?} and {v:?} in {root_label} and its subgraphs"));
             }
         }
+    }
+}
+
+/// Operands counted in an op's minimum arity that may still be absent (`""` in ONNX): Loop's
+/// trip count and condition; `GroupQueryAttention`'s key and value (a packed QKV query) and its
+/// past key and value (a first step without a cache).
+fn optional_within_min(op: &Op, i: usize) -> bool {
+    match op {
+        Op::Loop { .. } => true,
+        Op::GroupQueryAttention { .. } => (1..=4).contains(&i),
+        _ => false,
     }
 }
 

@@ -415,7 +415,8 @@ impl Tensor {
             .read_bytes()
             .ok_or_else(|| {
                 KernelError::Module(format!(
-                    "constant '{name}' has no data (module read from text without weights)"
+                    "constant '{name}' has no data (module read from text without weights: \
+                     `mmq inspect --weights` prints them)"
                 ))
             })?
             .map_err(|e| KernelError::Module(format!("constant '{name}': {e}")))?;

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -30,6 +31,11 @@ from .pipeline import Pipeline
 
 __all__ = ["MmqError", "Model", "Pipeline", "compile", "load", "run", "__version__"]
 __version__: str = _mmq.__version__
+
+# What `mmq compile` prints goes to this logger: the passes' notes at INFO, warnings (a rule
+# whose scheme left nodes float, TensorRT refusals) at WARNING. With no logging configured,
+# Python prints WARNING and above on stderr.
+_log = logging.getLogger("mmq")
 
 ModelLike = Union[str, os.PathLike, bytes, "onnx.ModelProto", "Model"]  # noqa: F821
 Sample = Mapping[str, np.ndarray]
@@ -125,7 +131,7 @@ def compile(
     int4_accuracy_level: int | None = None,
     modality: Mapping[str, str] | None = None,
     auto: float | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
     symbols: Mapping[str, str | tuple[int, int, int]] | None = None,
     kv_cache: Literal["int8", "fp8", "int4"] | None = None,
     image_cache: Literal["int4"] | None = None,
@@ -159,7 +165,8 @@ def compile(
             out); ``None``: the target's choice (4 on ``"ort"``).
         modality: input name to ``vision``, ``text``, ``audio`` or ``shared``.
         auto: choose a scheme per node for this end-to-end cosine.
-        progress: show calibration progress on stderr.
+        progress: show calibration progress on stderr; by default only when stderr is a
+            terminal (never into a log file).
         symbols: ``target="trt"``: optimization profiles, symbol name to ``"MIN:OPT:MAX"`` or
             ``(min, opt, max)``.
         kv_cache: quantize the KV cache at the graph interface: each ``past…`` input and its
@@ -226,11 +233,12 @@ def compile(
     with tempfile.TemporaryDirectory(prefix="mmq-") as tmp:
         src = _model_path(model, tmp)
         out = os.fspath(output) if output is not None else os.path.join(tmp, "out.onnx")
+        if progress is None:
+            progress = sys.stderr.isatty()
         report_json, warnings = _mmq.compile(
             [src], out, json.dumps(options), samples, _Progress() if progress else None
         )
-        if warnings:
-            sys.stderr.write(warnings)
+        _log_compile(json.loads(report_json), warnings)
         if target == "trt":
             with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
                 result = json.load(f)
@@ -239,6 +247,17 @@ def compile(
     if report:
         return result, json.loads(report_json)
     return result
+
+
+def _log_compile(report: dict, warnings: str) -> None:
+    """The passes' notes and the warnings of a compilation, to the ``mmq`` logger."""
+    for p in report.get("passes", []):
+        for note in p.get("notes", []):
+            level = logging.WARNING if "warning:" in note else logging.INFO
+            _log.log(level, "%s: %s", p.get("name", "?"), note)
+    for line in warnings.splitlines():
+        if line.strip():
+            _log.warning("%s", line.removeprefix("warning: "))
 
 
 class Model:

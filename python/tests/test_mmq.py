@@ -2,6 +2,7 @@
 interpreter and the compiled models against ONNX Runtime, byte-identical output with the
 command line, calibration from an iterator, and errors."""
 
+import logging
 import subprocess
 
 import numpy as np
@@ -10,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 import mmq
-from conftest import fixture
+from conftest import REPO, fixture
 
 
 def npz(path):
@@ -204,12 +205,26 @@ def test_report_lists_the_quantization_passes_and_the_accuracy(capfd):
     assert "calibrating 4" not in capfd.readouterr().err  # INT4 needs no calibration
 
 
-def test_calibration_shows_progress_unless_told_not_to(capfd):
+def test_calibration_progress_only_on_a_terminal_unless_asked(capfd):
     fx = fixture("clip")
+    # stderr is captured here, not a terminal: no progress by default.
     mmq.compile(fx / "model.onnx", quant="int8", calibration=samples(fx, 3))
+    assert "calibrating" not in capfd.readouterr().err
+    mmq.compile(fx / "model.onnx", quant="int8", calibration=samples(fx, 3), progress=True)
     assert "calibrating" in capfd.readouterr().err
     mmq.compile(fx / "model.onnx", quant="int8", calibration=samples(fx, 3), progress=False)
     assert "calibrating" not in capfd.readouterr().err
+
+
+def test_notes_and_warnings_go_to_the_mmq_logger(caplog):
+    fx = fixture("clip")
+    clip_map = REPO / "tests" / "fixtures" / "precision_maps" / "clip.toml"
+    with caplog.at_level(logging.INFO, logger="mmq"):
+        mmq.compile(fx / "model.onnx", quant="mixed", precision_map=clip_map, progress=False)
+    records = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "mmq"]
+    assert any(lvl == logging.WARNING and "rule 'patch embedding' (line 9): fp8 left 1" in msg
+               for lvl, msg in records), records
+    assert any(lvl == logging.INFO and "precision map on graph" in msg for lvl, msg in records)
 
 
 def test_auto_returns_the_chosen_map():

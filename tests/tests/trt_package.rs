@@ -64,8 +64,12 @@ fn compile_package(fx: &Fixture, tag: &str, precision: Precision) -> (PathBuf, V
         fx,
         &CompileOptions {
             level: OptLevel::O2,
+            calibration: if precision.quantizes() {
+                CalibrationSource::Random { count: 8, seed: 0 }
+            } else {
+                CalibrationSource::Default
+            },
             precision,
-            calibration: CalibrationSource::Random { count: 8, seed: 0 },
             ..trt_defaults()
         },
     );

@@ -60,7 +60,8 @@ impl Case {
             ..CompileOptions::default()
         };
         match self {
-            Case::Float => {}
+            // Samples are read only to quantize.
+            Case::Float => o.calibration = CalibrationSource::Default,
             Case::Int4Asym => {
                 o.precision = Precision::Scheme(QuantScheme::Int4);
                 o.int4.symmetric = false;
@@ -69,7 +70,10 @@ impl Case {
                 o.precision = Precision::Scheme(QuantScheme::Int8Dynamic);
                 o.granularity = ActGranularity::PerToken;
             }
-            Case::KvInt8 => o.kv_cache = Some(CacheFormat::Int8),
+            Case::KvInt8 => {
+                o.calibration = CalibrationSource::Default;
+                o.kv_cache = Some(CacheFormat::Int8);
+            }
         }
         o
     }

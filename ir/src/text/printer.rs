@@ -279,7 +279,9 @@ impl Printer<'_> {
                 format!("dense<[{}]>", items.join(", "))
             }
             Storage::Inline(b) => {
-                if n > self.opts.inline_limit || b.len() > self.opts.inline_limit.max(1) * 16 {
+                if n > self.opts.inline_limit
+                    || b.len() > self.opts.inline_limit.max(1).saturating_mul(16)
+                {
                     return hash();
                 }
                 dense_text(data.dtype, b, n).unwrap_or_else(|| bytes_text(b))

@@ -1085,3 +1085,33 @@ fn declared_types_the_node_does_not_compute_are_errors() {
         "{text:?}"
     );
 }
+
+/// `GroupQueryAttention` with a packed QKV query leaves its key and value out (and a first step
+/// its past): those operands may be absent; the query, the sequence lengths and the total
+/// length may not.
+#[test]
+fn group_query_attention_takes_a_packed_query() {
+    let gqa = |operands: &str| {
+        format!(
+            "graph @g(%qkv: f32[1, 3, 64], %pk: f32[1, 2, 0, 8], %pv: f32[1, 2, 0, 8], %sk: i32[1], %tl: i32[]) -> (f32[1, 3, 32]) {{\n  \
+             %y = \"com.microsoft\".GroupQueryAttention({operands}) {{num_heads = 4, kv_num_heads = 2}} : f32[1, 3, 32]\n  \
+             return %y\n}}\n"
+        )
+    };
+    for ok in [
+        "%qkv, _, _, %pk, %pv, %sk, %tl",
+        "%qkv, _, _, _, _, %sk, %tl",
+    ] {
+        let (m, _) = super::parse(&gqa(ok)).expect("parses");
+        let r = crate::verify::verify(&m);
+        assert!(r.is_ok(), "{ok}: {r:?}");
+    }
+    let (m, _) = super::parse(&gqa("%qkv, _, _, %pk, %pv, _, %tl")).expect("parses");
+    let errors = crate::verify::verify(&m).expect_err("sequence lengths missing");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.message.contains("required operand #5 is missing")),
+        "{errors:?}"
+    );
+}
