@@ -17,7 +17,7 @@ def fixture(name: str) -> Path:
 @pytest.fixture(scope="session")
 def mmq_bin() -> Path:
     """The command-line tool, to compare its output with the library's."""
-    path = Path(os.environ.get("MMQ_BIN", REPO / "target" / "debug" / "mmq"))
+    path = Path(os.environ.get("MMQ_BIN", REPO / "target" / "debug" / "mmq")).resolve()
     if not path.exists():
         subprocess.run(["cargo", "build", "-p", "mmq-cli"], cwd=REPO, check=True)
     assert path.exists(), f"{path} missing: build it with cargo build -p mmq-cli or set MMQ_BIN"
