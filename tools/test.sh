@@ -4,6 +4,9 @@
 # suite, then builds the mmq Python package into .venv and runs its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# No incremental state (for the Rust tests and the Python module alike): each state of the
+# checkout is built once here, and the cache would be a quarter of target/.
+export CARGO_INCREMENTAL=0
 tools/setup-venv.sh
 # Debian's Chromium renders the HTML report in python/tests/test_report_html.py; installed here
 # when missing, and required (the test fails instead of skipping).

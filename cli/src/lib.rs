@@ -41,16 +41,39 @@ struct Cli {
     quiet: bool,
 }
 
+/// `text` with every control character but newline and tab written as `\u{..}`: names in a
+/// model or map (nodes, inputs, rules, files) may hold any character, and a terminal acts on
+/// an ESC or BEL. Everything mmq prints as text passes through here.
+fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let control = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if control(c) {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Writes `text` to stderr ([`printable`]).
+fn to_stderr(text: &str) {
+    let _ = std::io::stderr().write_all(printable(text).as_bytes());
+}
+
 /// What a command prints on stderr besides its errors: everything, or with `--quiet` only the
 /// lines that warn.
 fn notes(text: &str, quiet: bool) {
-    let mut err = std::io::stderr();
     if !quiet {
-        let _ = err.write_all(text.as_bytes());
+        to_stderr(text);
         return;
     }
     for line in text.lines().filter(|l| l.contains("warning")) {
-        let _ = writeln!(err, "{line}");
+        to_stderr(&format!("{line}\n"));
     }
 }
 
@@ -672,7 +695,7 @@ where
     match result {
         Ok(()) => 0,
         Err(failure) => {
-            let _ = std::io::stderr().write_all(failure.rendered.as_bytes());
+            to_stderr(&failure.rendered);
             failure.code
         }
     }
@@ -681,14 +704,17 @@ where
 /// Prints warnings (rendered diagnostics) to stderr.
 fn warn(text: &str) {
     if !text.is_empty() {
-        let _ = std::io::stderr().write_all(text.as_bytes());
+        to_stderr(text);
     }
 }
 
 fn emit(text: &str) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     // A closed pipe (`mmq inspect m.onnx | head`) is not an error worth reporting.
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+    match out
+        .write_all(printable(text).as_bytes())
+        .and_then(|()| out.flush())
+    {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure::user(format!(
             "error: cannot write to stdout: {e}\n"
         ))),
@@ -726,7 +752,7 @@ fn convert(
         g.outputs.len(),
         report,
     );
-    let _ = std::io::stderr().write_all(msg.as_bytes());
+    to_stderr(&msg);
     Ok(())
 }
 

@@ -440,3 +440,63 @@ fn inspect_reads_packages_and_explains_other_directories() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("graph @") && out.contains("%logits"), "{out}");
 }
+
+/// Names may hold any character; a terminal acts on ESC and BEL. Everything mmq prints (errors,
+/// warnings, notes, `inspect`, the run summary) writes control characters as `\u{..}` text.
+#[test]
+fn control_characters_in_names_never_reach_the_terminal() {
+    let dir = scratch("control-chars");
+    let evil_in = "x\u{1b}[31mred\u{7}";
+    let evil_out = "y\u{1b}]0;title\u{7}";
+    let mut m = small_model();
+    let g = m.graph.as_mut().expect("graph");
+    g.input = vec![value_info(evil_in, 1, &[2, 3])];
+    g.output = vec![value_info(evil_out, 1, &[2, 3])];
+    g.node = vec![
+        node("add\u{1b}[2J", "Add", &[evil_in, "w"], &["s"]),
+        node("relu\u{7}", "Relu", &["s"], &[evil_out]),
+    ];
+    let model = write(&dir, "evil.onnx", &m);
+    let model = model.to_str().expect("utf-8");
+    std::fs::write(
+        dir.join("map.toml"),
+        "[[rule]]\nname = \"r\\u001b[5m\"\nops = [\"Conv\"]\nscheme = \"int8\"\n",
+    )
+    .expect("map");
+    let runs: &[&[&str]] = &[
+        &["verify", model],
+        &["inspect", model, "--stats"],
+        &["inspect", model, "--format", "json"],
+        &["run", model, "--inputs", "missing.npz"],
+        &["run", model],
+        &[
+            "compile",
+            model,
+            "--precision-map",
+            "map.toml",
+            "-o",
+            "out.onnx",
+        ],
+        &["compile", model, "--time-passes", "-o", "out2.onnx"],
+    ];
+    let mut escaped = 0;
+    for args in runs {
+        let out = common::mmq()
+            .current_dir(&dir)
+            .args(*args)
+            .output()
+            .expect("runs");
+        for bytes in [&out.stdout, &out.stderr] {
+            assert!(
+                !bytes.iter().any(|&b| b == 0x1b || b == 0x07),
+                "{args:?}: {}",
+                String::from_utf8_lossy(bytes)
+            );
+            escaped += usize::from(String::from_utf8_lossy(bytes).contains("\\u{1b}"));
+        }
+    }
+    assert!(
+        escaped >= 3,
+        "names were printed escaped in {escaped} outputs"
+    );
+}

@@ -10,6 +10,7 @@
 //! count before anything is read through them, so a truncated, corrupted or hostile file is an
 //! error, never an out-of-bounds read.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -569,6 +570,7 @@ impl QParamTable {
                 "checksum {actual:#018x} differs from the stored {stored:#018x} (offset {CHECKSUM_AT}): the file was changed"
             )));
         }
+        self.check_meaning().map_err(bad)?;
         for e in &self.entries {
             let exact: Vec<f32> = match e.scale_type {
                 1 => self
@@ -600,6 +602,79 @@ impl QParamTable {
                         "entry '{}': pair {i} has scale {s}, its exact scale is {x}",
                         e.name
                     )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl QParamTable {
+    /// What the layout and checksum cannot show: every entry's name once, its pairs its own,
+    /// its scheme's shape (one pair per tensor, a group size per group), every scale a finite
+    /// number (zero only for 4-bit codes, whose constant blocks have scale 0) and every zero
+    /// point in its codes' range (0 for FP8).
+    fn check_meaning(&self) -> Result<(), String> {
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            if let Some(j) = names.insert(e.name.as_str(), i) {
+                return Err(format!("entries {j} and {i} are both named '{}'", e.name));
+            }
+        }
+        let mut ranges: Vec<(u64, u64, &str)> = self
+            .entries
+            .iter()
+            .map(|e| {
+                let first = u64::from(e.first_pair);
+                (first, first + u64::from(e.count), e.name.as_str())
+            })
+            .collect();
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            if w[1].0 < w[0].1 {
+                return Err(format!(
+                    "entries '{}' and '{}' share pairs {}..{}",
+                    w[0].2,
+                    w[1].2,
+                    w[1].0,
+                    w[0].1.min(w[1].1)
+                ));
+            }
+        }
+        for e in &self.entries {
+            match e.scheme {
+                Scheme::PerTensor if e.count != 1 => {
+                    return Err(format!(
+                        "entry '{}': per-tensor with {} pairs (one expected)",
+                        e.name, e.count
+                    ));
+                }
+                Scheme::PerGroup if e.group_size == 0 => {
+                    return Err(format!("entry '{}': per-group with group size 0", e.name));
+                }
+                _ => {}
+            }
+            let four_bit = matches!(e.code_type, 21 | 22);
+            let (lo, hi) = match e.code_type {
+                2 => (0, 255),
+                3 => (-128, 127),
+                21 => (0, 15),
+                22 => (-8, 7),
+                17..=20 => (0, 0),
+                _ => (i16::MIN, i16::MAX),
+            };
+            for (i, (scale, zero)) in self.pairs(e).into_iter().enumerate() {
+                if !scale.is_finite() || (scale == 0.0 && !four_bit) {
+                    return Err(format!(
+                        "entry '{}': pair {i} has scale {scale} (a scale is a finite, non-zero number)",
+                        e.name
+                    ));
+                }
+                if !(lo..=hi).contains(&zero) {
+                    return Err(format!(
+                        "entry '{}': pair {i} has zero point {zero}, outside its codes' range {lo}..={hi}",
+                        e.name
+                    ));
                 }
             }
         }

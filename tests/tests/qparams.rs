@@ -120,3 +120,91 @@ fn truncated_and_corrupted_tables_are_refused() {
     let e = QParamTable::open(&dir).err().unwrap().to_string();
     assert!(e.contains("directory"), "{e}");
 }
+
+/// `bytes` with its checksum recomputed (xxh3-64 of the file with the checksum field zeroed,
+/// stored at offset 56), as a tool that edits a table in place would leave it.
+fn resealed(mut bytes: Vec<u8>) -> Vec<u8> {
+    bytes[56..64].fill(0);
+    let sum = xxhash_rust::xxh3::xxh3_64(&bytes);
+    bytes[56..64].copy_from_slice(&sum.to_le_bytes());
+    bytes
+}
+
+/// Tables whose layout and checksum are right but whose contents mean nothing: `verify`
+/// refuses each, saying what.
+#[test]
+fn tables_that_mean_nothing_are_refused_with_a_matching_checksum() {
+    let dir = scratch_dir("qparams-meaning");
+    let mut m = compiled(QuantScheme::Int4);
+    let good = dir.join("good.qpqr");
+    write_table(&mut m, &good, None).expect("write");
+    let bytes = std::fs::read(&good).unwrap();
+    QParamTable::open(&good)
+        .and_then(|t| t.verify())
+        .expect("the good table verifies");
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+    let (pairs, index) = (u64_at(16), u64_at(24));
+    let entry = move |i: usize| index + 48 * i;
+    let raw0 = u64_at(entry(0) + 32);
+    type Edit = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "a NaN scale in the pairs and the exact scales",
+            Box::new(move |b: &mut Vec<u8>| {
+                b[pairs..pairs + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+                b[raw0..raw0 + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+            }),
+            "has scale NaN",
+        ),
+        (
+            "an infinite scale",
+            Box::new(move |b: &mut Vec<u8>| {
+                b[pairs..pairs + 2].copy_from_slice(&0x7c00u16.to_le_bytes());
+                b[raw0..raw0 + 4].copy_from_slice(&f32::INFINITY.to_le_bytes());
+            }),
+            "has scale inf",
+        ),
+        (
+            "a zero point outside the 4-bit codes",
+            Box::new(move |b: &mut Vec<u8>| {
+                b[pairs + 2..pairs + 4].copy_from_slice(&99u16.to_le_bytes());
+            }),
+            "zero point 99, outside its codes' range 0..=15",
+        ),
+        (
+            "a group size of 0",
+            Box::new(move |b: &mut Vec<u8>| b[entry(0) + 16..entry(0) + 20].fill(0)),
+            "per-group with group size 0",
+        ),
+        (
+            "two entries with one name",
+            Box::new(move |b: &mut Vec<u8>| {
+                let (e0, e1) = (entry(0), entry(1));
+                let name = b[e0..e0 + 8].to_vec();
+                b[e1..e1 + 8].copy_from_slice(&name);
+            }),
+            "are both named",
+        ),
+        (
+            "two entries sharing pairs",
+            Box::new(move |b: &mut Vec<u8>| {
+                let (e0, e1) = (entry(0), entry(1));
+                let first = b[e0 + 20..e0 + 24].to_vec();
+                b[e1 + 20..e1 + 24].copy_from_slice(&first);
+            }),
+            "share pairs",
+        ),
+    ];
+    let bad = dir.join("bad.qpqr");
+    for (what, edit, want) in cases {
+        let mut b = bytes.clone();
+        edit(&mut b);
+        std::fs::write(&bad, resealed(b)).unwrap();
+        let verdict = QParamTable::open(&bad).and_then(|t| t.verify());
+        let e = verdict
+            .err()
+            .unwrap_or_else(|| panic!("{what}: accepted"))
+            .to_string();
+        assert!(e.contains(want), "{what}: {e}");
+    }
+}

@@ -35,7 +35,7 @@
 //! with every setting filled in. The scheme passes take the nodes of their scheme from it through
 //! their node filters ([`Plan::filter`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
@@ -262,6 +262,100 @@ impl Selectors {
                 || (!later.modality.is_empty()
                     && later.modality.iter().all(|x| self.modality.contains(x))))
     }
+}
+
+/// Earlier rules by one kind of selector: those that leave it open (no selector of the kind,
+/// or a `*` glob), and those that name each value.
+struct ByKind<K> {
+    open: Vec<usize>,
+    named: HashMap<K, Vec<usize>>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone> ByKind<K> {
+    fn new() -> Self {
+        ByKind {
+            open: Vec::new(),
+            named: HashMap::new(),
+        }
+    }
+
+    /// The earlier rules that can cover a rule whose selectors of this kind are `values`
+    /// (`open`: it has none): the open ones, and those naming its first value; both ascending.
+    fn candidates(&self, values: &[K], open: bool) -> (&[usize], &[usize]) {
+        let named = match (open, values.first()) {
+            (false, Some(v)) => self.named.get(v).map_or(&[][..], Vec::as_slice),
+            _ => &[],
+        };
+        (&self.open, named)
+    }
+
+    fn add(&mut self, index: usize, values: &[K], open: bool) {
+        if open {
+            self.open.push(index);
+        } else {
+            for v in values {
+                let list = self.named.entry(v.clone()).or_default();
+                if list.last() != Some(&index) {
+                    list.push(index);
+                }
+            }
+        }
+    }
+}
+
+/// The smallest index of two ascending lists for which `ok` holds.
+fn first_in_order(a: &[usize], b: &[usize], mut ok: impl FnMut(usize) -> bool) -> Option<usize> {
+    let (mut x, mut y) = (0, 0);
+    loop {
+        let i = match (a.get(x), b.get(y)) {
+            (Some(&p), Some(&q)) if p <= q => {
+                x += 1;
+                p
+            }
+            (_, Some(&q)) => {
+                y += 1;
+                q
+            }
+            (Some(&p), None) => {
+                x += 1;
+                p
+            }
+            (None, None) => return None,
+        };
+        if ok(i) {
+            return Some(i);
+        }
+    }
+}
+
+/// For each rule, the first earlier rule that covers it ([`Selectors::covers`]), if any. An
+/// earlier rule can cover a later one only if, for every kind of selector, it leaves the kind
+/// open or names the later rule's first value of it; the candidates come from the smallest of
+/// those three indexes, so a map of many narrow rules (an `--auto-map` of every node) is
+/// checked in near-linear time instead of comparing every pair.
+fn first_covering(rules: &[Rule]) -> Vec<Option<usize>> {
+    let mut globs: ByKind<String> = ByKind::new();
+    let mut ops: ByKind<String> = ByKind::new();
+    let mut modality: ByKind<Modality> = ByKind::new();
+    let mut out = Vec::with_capacity(rules.len());
+    for (j, r) in rules.iter().enumerate() {
+        let s = &r.selectors;
+        let glob_open = s.globs.is_empty() || s.globs.iter().any(|g| g == "*" || g == "**");
+        let kinds = [
+            globs.candidates(&s.globs, s.globs.is_empty()),
+            ops.candidates(&s.ops, s.ops.is_empty()),
+            modality.candidates(&s.modality, s.modality.is_empty()),
+        ];
+        let (a, b) = kinds
+            .into_iter()
+            .min_by_key(|(a, b)| a.len() + b.len())
+            .unwrap_or((&[], &[]));
+        out.push(first_in_order(a, b, |i| rules[i].selectors.covers(s)));
+        globs.add(j, &s.globs, glob_open);
+        ops.add(j, &s.ops, s.ops.is_empty());
+        modality.add(j, &s.modality, s.modality.is_empty());
+    }
+    out
 }
 
 fn op_matches(pattern: &str, op: &Op) -> bool {
@@ -958,8 +1052,9 @@ impl PrecisionMap {
             }
         }
         // Conflicting rules: a later rule that an earlier one shadows.
+        let covering = first_covering(&rules);
         for j in 0..rules.len() {
-            if let Some(i) = (0..j).find(|&i| rules[i].selectors.covers(&rules[j].selectors)) {
+            if let Some(i) = covering[j] {
                 let same = rules[i].settings == rules[j].settings;
                 let (level, message) = if same {
                     (
@@ -1009,14 +1104,41 @@ impl PrecisionMap {
     pub fn plan(&self, m: &Module, graph: GraphId, labels: &Labels) -> Plan {
         let mut nodes = BTreeMap::new();
         let mut hits = vec![0usize; self.rules.len()];
+        // Rules whose globs are all plain names (an `--auto-map` names every node) can match
+        // only a node of one of those names: found by the name, not tried on every node.
+        let mut by_name: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut others: Vec<usize> = Vec::new();
+        for (i, r) in self.rules.iter().enumerate() {
+            let globs = &r.selectors.globs;
+            let plain = !globs.is_empty()
+                && globs
+                    .iter()
+                    .all(|g| !g.contains(['*', '?', '[', ']', '{', '}', '\\']));
+            if plain {
+                for g in globs {
+                    let list = by_name.entry(g.as_str()).or_default();
+                    if list.last() != Some(&i) {
+                        list.push(i);
+                    }
+                }
+            } else {
+                others.push(i);
+            }
+        }
         for g in m.graph_tree(graph) {
             for &n in &m.graphs[g].nodes {
                 let node = &m.nodes[n];
                 let label = labels.node(n);
-                let found = self
-                    .rules
-                    .iter()
-                    .position(|r| r.selectors.matches(node.name.as_deref(), &node.op, label));
+                let named = node
+                    .name
+                    .as_deref()
+                    .and_then(|name| by_name.get(name))
+                    .map_or(&[][..], Vec::as_slice);
+                let found = first_in_order(named, &others, |i| {
+                    self.rules[i]
+                        .selectors
+                        .matches(node.name.as_deref(), &node.op, label)
+                });
                 let plan = match found {
                     Some(i) => {
                         hits[i] += 1;
@@ -1502,5 +1624,88 @@ scheme = "fp16"
         assert!(sel.matches(Some(weird), &op, Modality::Text));
         assert!(!sel.matches(Some("say"), &op, Modality::Text));
         assert_eq!(back.to_toml(), map.to_toml());
+    }
+
+    /// Random rules from small pools of globs (plain names, `*`, patterns), ops and modalities.
+    fn random_rules(seed: u64, n: usize) -> Vec<Rule> {
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut next = move |k: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % k
+        };
+        let globs = ["a", "b", "c", "*", "enc*", "a/b"];
+        let ops = ["MatMul", "Gemm", "Conv"];
+        let mods = [Modality::Vision, Modality::Text];
+        (0..n)
+            .map(|_| {
+                let pick = |pool: &[&str], k: u64, next: &mut dyn FnMut(u64) -> u64| {
+                    (0..k)
+                        .map(|_| pool[next(pool.len() as u64) as usize].to_owned())
+                        .collect::<Vec<_>>()
+                };
+                let g = pick(&globs, next(3), &mut next);
+                let o = pick(&ops, next(3), &mut next);
+                let m: Vec<Modality> = (0..next(2)).map(|_| mods[next(2) as usize]).collect();
+                Rule::new(None, g, o, m, Settings::float()).expect("rule")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn indexed_shadowing_equals_the_pairwise_check() {
+        for seed in 0..200 {
+            let rules = random_rules(seed, 30);
+            let naive: Vec<Option<usize>> = (0..rules.len())
+                .map(|j| (0..j).find(|&i| rules[i].selectors.covers(&rules[j].selectors)))
+                .collect();
+            assert_eq!(first_covering(&rules), naive, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn plans_by_name_equal_a_scan_of_every_rule() {
+        use mmq_ir::{GraphId, Module};
+        let mut m = Module::new();
+        let g: GraphId = m.add_graph("g", None);
+        let ty = Type::tensor(DType::F32, vec![Dim::known(2)]);
+        let x = m.add_input(g, Some("x".into()), ty.clone());
+        for (i, name) in ["a", "b", "c", "a/b", "enc1", "z"].iter().enumerate() {
+            let op = [
+                Op::MatMul {},
+                Op::Relu {},
+                Op::Gemm {
+                    alpha: None,
+                    beta: None,
+                    trans_a: None,
+                    trans_b: None,
+                },
+            ][i % 3]
+                .clone();
+            m.add_node(
+                g,
+                op,
+                vec![Some(x)],
+                vec![Some((None, ty.clone()))],
+                Some((*name).into()),
+            );
+        }
+        let labels = mmq_ir::modality::analyze(&m, g, &[]).expect("labels");
+        for seed in 0..100 {
+            let map = PrecisionMap::new(Settings::float(), random_rules(seed, 12));
+            let plan = map.plan(&m, g, &labels);
+            for &n in &m.graphs[g].nodes {
+                let node = &m.nodes[n];
+                let want = map.rules.iter().position(|r| {
+                    r.selectors
+                        .matches(node.name.as_deref(), &node.op, labels.node(n))
+                });
+                let got = plan.iter().find(|(k, _)| *k == n).and_then(|(_, p)| p.rule);
+                assert_eq!(got, want, "seed {seed}, node {:?}", node.name);
+            }
+        }
     }
 }
