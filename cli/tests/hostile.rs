@@ -1035,3 +1035,44 @@ fn archives_that_lie_are_refused_naming_the_member() {
         refused(npz, &["run", &model, "--inputs", &file(npz)], &[npz, want]);
     }
 }
+
+/// A precision map of 50,000 rules (an `--auto-map` of a large model names every node) is read,
+/// checked for shadowed rules and planned in near-linear time: the compile finishes, with one
+/// warning per rule that matches no node. (Checking every pair of rules, and counting lines
+/// from the start of the file for each rule, took about a minute.)
+#[test]
+fn a_precision_map_of_fifty_thousand_rules_is_read_in_near_linear_time() {
+    let dir = scratch("hostile-big-map");
+    let mut text = String::from("[default]\nscheme = \"float\"\n\n");
+    for i in 0..50_000 {
+        text.push_str(&format!(
+            "[[rule]]\nnodes = [\"block{i}/matmul\"]\nops = [\"MatMul\"]\nscheme = \"int8\"\n\n"
+        ));
+    }
+    std::fs::write(dir.join("big.toml"), text).expect("map");
+    let out = common::mmq()
+        .current_dir(&dir)
+        .args([
+            "compile",
+            &fixture("vit"),
+            "--precision-map",
+            "big.toml",
+            "-q",
+        ])
+        .args(["-o", "out.onnx"])
+        .timeout(std::time::Duration::from_secs(120))
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        &stderr[..stderr.len().min(2000)]
+    );
+    assert_eq!(stderr.matches("matches no node").count(), 50_000);
+    assert!(
+        stderr.contains("warning: rule at line 249999 matches no node"),
+        "last rule's line"
+    );
+}

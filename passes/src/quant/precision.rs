@@ -573,6 +573,9 @@ const DEFAULT_KEYS: &[&str] = &["scheme", "granularity", "block", "symmetric", "
 
 struct Parser<'a> {
     src: &'a str,
+    /// Offsets of the source's newlines, for line numbers in logarithmic time (a map may have
+    /// tens of thousands of rules).
+    newlines: Vec<usize>,
     diags: Vec<MapDiagnostic>,
 }
 
@@ -584,11 +587,7 @@ type Entry<'i> = (
 impl Parser<'_> {
     fn line(&self, offset: usize) -> usize {
         let end = offset.min(self.src.len());
-        self.src.as_bytes()[..end]
-            .iter()
-            .filter(|&&b| b == b'\n')
-            .count()
-            + 1
+        self.newlines.partition_point(|&n| n < end) + 1
     }
 
     fn diag(&mut self, level: Level, span: Range<usize>, message: String, label: &str) {
@@ -996,6 +995,11 @@ impl PrecisionMap {
     pub fn parse(src: &str) -> Result<(PrecisionMap, Vec<MapDiagnostic>), Vec<MapDiagnostic>> {
         let mut p = Parser {
             src,
+            newlines: src
+                .bytes()
+                .enumerate()
+                .filter_map(|(i, b)| (b == b'\n').then_some(i))
+                .collect(),
             diags: Vec::new(),
         };
         let root = match DeTable::parse(src) {
