@@ -669,6 +669,80 @@ impl Verifier<'_> {
                     }
                 }
             }
+            // Operators whose operands share one element type (ONNX's `T` for all of them).
+            if matches!(
+                d.op.op_type(),
+                "Add"
+                    | "Sub"
+                    | "Mul"
+                    | "Div"
+                    | "Max"
+                    | "Min"
+                    | "Sum"
+                    | "Mean"
+                    | "Equal"
+                    | "Less"
+                    | "LessOrEqual"
+                    | "Greater"
+                    | "GreaterOrEqual"
+                    | "And"
+                    | "Or"
+                    | "Xor"
+                    | "BitwiseAnd"
+                    | "BitwiseOr"
+                    | "BitwiseXor"
+            ) && d.op.domain().is_empty()
+            {
+                let types: Vec<(usize, DType)> = d
+                    .inputs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, v)| Some((i, m.value_type((*v)?).dtype()?)))
+                    .collect();
+                if let Some(&(i, ti)) = types.iter().find(|(_, t)| *t != types[0].1) {
+                    self.err(
+                        Entity::Node(n),
+                        format!(
+                            "{}: operand {} is {} and operand {i} is {ti}; {} takes operands of \
+                             one element type (Cast one of them)",
+                            self.nl(n),
+                            types[0].0,
+                            types[0].1,
+                            d.op.op_type()
+                        ),
+                    );
+                }
+            }
+            if let Op::Einsum { equation: Some(eq) } = &d.op
+                && let Some(why) = einsum_problem(eq, d.inputs.len())
+            {
+                self.err(
+                    Entity::Node(n),
+                    format!("{}: equation '{eq}': {why}", self.nl(n)),
+                );
+            }
+            // A Reshape's constant shape infers at most one dim.
+            if let Op::Reshape { .. } = d.op
+                && let Some(Some(shape)) = d.inputs.get(1)
+                && let ValueDef::Const(c) = m.values[*shape].def
+                && m.consts[c].dtype == DType::I64
+                && let Some(bytes) = m.consts[c].raw_bytes()
+            {
+                let inferred = bytes
+                    .chunks_exact(8)
+                    .filter(|b| i64::from_le_bytes((*b).try_into().unwrap_or_default()) == -1)
+                    .count();
+                if inferred > 1 {
+                    self.err(
+                        Entity::Node(n),
+                        format!(
+                            "{}: its shape has {inferred} entries of -1; at most one dim is \
+                             inferred from the others",
+                            self.nl(n)
+                        ),
+                    );
+                }
+            }
             if let Op::Custom(c) = &d.op
                 && let Some(known) = Op::attr_names(&c.domain, &c.op_type)
             {
@@ -1050,6 +1124,64 @@ impl Verifier<'_> {
             }
         }
     }
+}
+
+/// What is wrong with an `Einsum` equation for `operands` operands, if anything: one term per
+/// operand, terms of letters with at most one `...`, and an output (after `->`) whose labels
+/// each come from an input, once.
+fn einsum_problem(equation: &str, operands: usize) -> Option<String> {
+    let eq: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l, Some(r)),
+        None => (eq.as_str(), None),
+    };
+    let labels = |term: &str| -> Result<(Vec<char>, bool), String> {
+        let ellipsis = term.matches("...").count();
+        if ellipsis > 1 {
+            return Err(format!("'{term}' has more than one '...'"));
+        }
+        let rest = term.replacen("...", "", 1);
+        match rest.chars().find(|c| !c.is_ascii_alphabetic()) {
+            Some(c) => Err(format!("'{c}' in '{term}' is not a label (a letter)")),
+            None => Ok((rest.chars().collect(), ellipsis == 1)),
+        }
+    };
+    let terms: Vec<&str> = lhs.split(',').collect();
+    if terms.len() != operands {
+        return Some(format!(
+            "{} input terms for {operands} operands",
+            terms.len()
+        ));
+    }
+    let mut seen = HashSet::new();
+    let mut any_ellipsis = false;
+    for t in &terms {
+        match labels(t) {
+            Ok((ls, e)) => {
+                seen.extend(ls);
+                any_ellipsis |= e;
+            }
+            Err(why) => return Some(why),
+        }
+    }
+    let out = rhs?;
+    let (ls, e) = match labels(out) {
+        Ok(x) => x,
+        Err(why) => return Some(why),
+    };
+    if e && !any_ellipsis {
+        return Some("the output has '...' and no input does".to_owned());
+    }
+    let mut once = HashSet::new();
+    for c in ls {
+        if !seen.contains(&c) {
+            return Some(format!("output label '{c}' is in no input"));
+        }
+        if !once.insert(c) {
+            return Some(format!("output label '{c}' repeats"));
+        }
+    }
+    None
 }
 
 /// Operands counted in an op's minimum arity that may still be absent (`""` in ONNX): Loop's

@@ -1115,3 +1115,62 @@ fn group_query_attention_takes_a_packed_query() {
         "{errors:?}"
     );
 }
+
+/// Graphs that ONNX Runtime refuses to load are verifier errors naming the node: operands of two
+/// element types for an op that takes one, and a Reshape shape with two inferred dims.
+#[test]
+fn mixed_operand_types_and_two_inferred_dims_are_errors() {
+    let cases = [
+        (
+            "graph @g(%x: f32[2], %s: string[2]) -> (f32[2]) {\n  %y = Add(%x, %s) : f32[2]\n  return %y\n}\n",
+            "operand 0 is f32 and operand 1 is string; Add takes operands of one element type",
+        ),
+        (
+            "graph @g(%x: f32[2], %i: i64[2]) -> (bool[2]) {\n  %y = Equal(%x, %i) : bool[2]\n  return %y\n}\n",
+            "Equal takes operands of one element type",
+        ),
+        (
+            "const $sh : i64[2] = dense<[-1, -1]>\ngraph @g(%x: f32[2, 2]) -> (f32[4]) {\n  %y = Reshape(%x, $sh) : f32[4]\n  return %y\n}\n",
+            "its shape has 2 entries of -1",
+        ),
+    ];
+    for (src, want) in cases {
+        let (m, _) = super::parse(src).expect("parses");
+        let errors = crate::verify::verify(&m).expect_err("refused");
+        assert!(
+            errors.iter().any(|e| e.message.contains(want)),
+            "{want}: {errors:?}"
+        );
+    }
+}
+
+/// Einsum equations that ONNX Runtime refuses are verifier errors naming the node.
+#[test]
+fn bad_einsum_equations_are_errors() {
+    let graph = |eq: &str, two: bool| {
+        let (ins, args) = if two {
+            ("%a: f32[2, 2], %b: f32[2, 2]", "%a, %b")
+        } else {
+            ("%a: f32[2, 2]", "%a")
+        };
+        format!(
+            "graph @g({ins}) -> (f32[2, 2]) {{\n  %y = Einsum({args}) {{equation = \"{eq}\"}} : f32[2, 2]\n  return %y\n}}\n"
+        )
+    };
+    for (eq, two, want) in [
+        ("ij->jj", false, "output label 'j' repeats"),
+        ("ij,jk->ik", false, "2 input terms for 1 operands"),
+        ("ij->k", false, "output label 'k' is in no input"),
+        ("i$->i", false, "'$' in 'i$' is not a label"),
+        ("ij,jk->ikk", true, "output label 'k' repeats"),
+    ] {
+        let (m, _) = super::parse(&graph(eq, two)).expect("parses");
+        let errors = crate::verify::verify(&m).expect_err(eq);
+        assert!(
+            errors.iter().any(|e| e.message.contains(want)),
+            "{eq}: {errors:?}"
+        );
+    }
+    let (m, _) = super::parse(&graph("ij,jk->ik", true)).expect("parses");
+    assert!(crate::verify::verify(&m).is_ok());
+}
