@@ -1,7 +1,9 @@
 //! `mmq`: compile multimodal ONNX models.
 //!
 //! The command line as a library: [`main_with`] runs it for the `mmq` binary and for the Python
-//! package's `mmq` console command (one parser, one code path). The only crate that prints. Exit codes: 0 success, 1 user error (bad input, unsupported
+//! package's `mmq` console command (one parser, one code path).
+//!
+//! The only crate that prints. Exit codes: 0 success, 1 user error (bad input, unsupported
 //! construct) with a diagnostic on stderr, 2 usage error.
 
 mod compile;
@@ -66,13 +68,13 @@ fn to_stderr(text: &str) {
 }
 
 /// What a command prints on stderr besides its errors: everything, or with `--quiet` only the
-/// lines that warn.
+/// warnings (`warning:` lines).
 fn notes(text: &str, quiet: bool) {
     if !quiet {
         to_stderr(text);
         return;
     }
-    for line in text.lines().filter(|l| l.contains("warning")) {
+    for line in text.lines().filter(|l| l.contains("warning:")) {
         to_stderr(&format!("{line}\n"));
     }
 }

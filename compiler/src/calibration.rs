@@ -141,14 +141,7 @@ impl CalibrationSource {
         let (CalibrationSource::Dir(dir), CalibError::Run { index, message }) = (self, e) else {
             return e.to_string();
         };
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map(|d| {
-                d.filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.extension().is_some_and(|x| x == "npz"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        files.sort();
+        let files = calibrate::npz_paths(dir).unwrap_or_default();
         let Some(file) = files.get(*index) else {
             return e.to_string();
         };
@@ -240,15 +233,7 @@ impl CalibrationSource {
 
 /// The `.npz` files in `dir` (0 when it cannot be read: reading the samples says why).
 fn npz_files(dir: &Path) -> usize {
-    std::fs::read_dir(dir)
-        .map(|d| {
-            d.filter(|e| {
-                e.as_ref()
-                    .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "npz"))
-            })
-            .count()
-        })
-        .unwrap_or(0)
+    calibrate::npz_paths(dir).map_or(0, |f| f.len())
 }
 
 #[cfg(test)]

@@ -103,20 +103,19 @@ fn load_opts(paths: &[PathBuf], opts: &mmq_ir::text::ParseOptions) -> Result<Loa
 /// Entry graphs of several files that share a name (every `torch.onnx` export is
 /// `main_graph`) take their file's stem instead, so that messages and dumps tell them apart.
 fn name_graphs_by_file(m: &mut mmq_ir::Module, paths: &[PathBuf]) {
-    let names: Vec<String> = m
-        .entries
-        .iter()
-        .map(|e| m.graphs[e.graph].name.clone())
-        .collect();
-    let mut taken: std::collections::HashSet<String> = names.iter().cloned().collect();
-    for (i, e) in m.entries.clone().iter().enumerate() {
-        if names.iter().filter(|n| **n == names[i]).count() < 2 {
-            continue;
-        }
-        let Some(stem) = paths.get(i).and_then(|p| p.file_stem()) else {
+    let graphs: Vec<mmq_ir::GraphId> = m.entries.iter().map(|e| e.graph).collect();
+    let mut count: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for &g in &graphs {
+        *count.entry(m.graphs[g].name.clone()).or_default() += 1;
+    }
+    let mut taken: std::collections::HashSet<String> = count.keys().cloned().collect();
+    for (&g, path) in graphs.iter().zip(paths) {
+        let Some(stem) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else {
             continue;
         };
-        let stem = stem.to_string_lossy().into_owned();
+        if count[&m.graphs[g].name] < 2 {
+            continue;
+        }
         let mut name = stem.clone();
         let mut k = 1;
         while taken.contains(&name) {
@@ -124,7 +123,7 @@ fn name_graphs_by_file(m: &mut mmq_ir::Module, paths: &[PathBuf]) {
             k += 1;
         }
         taken.insert(name.clone());
-        m.graphs[e.graph].name = name;
+        m.graphs[g].name = name;
     }
 }
 

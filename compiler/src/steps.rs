@@ -72,6 +72,13 @@ fn one_graph(m: &Module, pass: &str, what: &str) -> Result<GraphId, PassError> {
 }
 
 impl Context {
+    /// Pass `pass` failed calibrating `graph`: `e` pointing at the data
+    /// ([`CalibrationSource::explain`]).
+    fn calib_failed(&self, pass: &str, m: &Module, graph: GraphId, e: &CalibError) -> PassError {
+        let why = self.calibration.explain(m, graph, e);
+        failed(pass, format!("calibration: {why}"))
+    }
+
     /// The samples for `graph`, reporting progress as they are consumed.
     fn samples<'m>(&'m self, m: &'m Module, graph: GraphId) -> Result<Samples<'m>, CalibError> {
         let inner = self.calibration.samples(m, graph)?;
@@ -121,12 +128,7 @@ impl Context {
         if values.is_empty() {
             return Ok(HashMap::new());
         }
-        let calib = |e: CalibError| {
-            failed(
-                pass,
-                format!("calibration: {}", self.calibration.explain(m, graph, &e)),
-            )
-        };
+        let calib = |e: CalibError| self.calib_failed(pass, m, graph, &e);
         let samples = self.samples(m, graph).map_err(calib)?;
         calibrate::channel_stats(m, graph, &values, samples, max_rows).map_err(calib)
     }
@@ -201,10 +203,7 @@ impl Pass for Int8Step {
             let ranges = self
                 .ctx
                 .ranges(m, graph, &values, self.ctx.observer)
-                .map_err(|e| {
-                    let why = self.ctx.calibration.explain(m, graph, &e);
-                    failed(self.name(), format!("calibration: {why}"))
-                })?;
+                .map_err(|e| self.ctx.calib_failed(self.name(), m, graph, &e))?;
             notes.push(format!(
                 "calibrated {} activations on {} samples ({})",
                 ranges.len(),
@@ -366,10 +365,7 @@ impl Pass for WeightOnlyStep {
             let r = self
                 .ctx
                 .ranges(m, graph, &values, self.ctx.observer)
-                .map_err(|e| {
-                    let why = self.ctx.calibration.explain(m, graph, &e);
-                    failed(self.name, format!("calibration: {why}"))
-                })?;
+                .map_err(|e| self.ctx.calib_failed(self.name, m, graph, &e))?;
             let ranges: HashMap<Value, (f32, f32)> = values
                 .iter()
                 .filter_map(|&v| r.get(v).map(|r| (v, (r.min, r.max))))
@@ -619,10 +615,7 @@ fn run_map(
     let calibrated = plan
         .iter()
         .any(|(_, p)| p.scheme.calibrated() && p.calibration.is_some());
-    let calib = |e: CalibError| {
-        let why = ctx.calibration.explain(m, graph, &e);
-        failed(pass, format!("calibration: {why}"))
-    };
+    let calib = |e: CalibError| ctx.calib_failed(pass, m, graph, &e);
     let samples = if calibrated {
         ctx.all_samples(m, graph).map_err(calib)?
     } else {
@@ -774,10 +767,7 @@ impl Pass for AutoStep {
             },
         };
         let user = |e: AutoError| failed(name, e);
-        let calib = |e: CalibError| {
-            let why = ctx.calibration.explain(m, graph, &e);
-            failed(name, format!("calibration: {why}"))
-        };
+        let calib = |e: CalibError| ctx.calib_failed(name, m, graph, &e);
 
         let orig: &Module = m;
         let cands = auto::candidates(orig, graph);

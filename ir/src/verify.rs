@@ -714,7 +714,7 @@ impl Verifier<'_> {
                 }
             }
             if let Op::Einsum { equation: Some(eq) } = &d.op
-                && let Some(why) = einsum_problem(eq, d.inputs.len())
+                && let Err(why) = crate::einsum::parse(eq, d.inputs.len())
             {
                 self.err(
                     Entity::Node(n),
@@ -1124,64 +1124,6 @@ impl Verifier<'_> {
             }
         }
     }
-}
-
-/// What is wrong with an `Einsum` equation for `operands` operands, if anything: one term per
-/// operand, terms of letters with at most one `...`, and an output (after `->`) whose labels
-/// each come from an input, once.
-fn einsum_problem(equation: &str, operands: usize) -> Option<String> {
-    let eq: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
-    let (lhs, rhs) = match eq.split_once("->") {
-        Some((l, r)) => (l, Some(r)),
-        None => (eq.as_str(), None),
-    };
-    let labels = |term: &str| -> Result<(Vec<char>, bool), String> {
-        let ellipsis = term.matches("...").count();
-        if ellipsis > 1 {
-            return Err(format!("'{term}' has more than one '...'"));
-        }
-        let rest = term.replacen("...", "", 1);
-        match rest.chars().find(|c| !c.is_ascii_alphabetic()) {
-            Some(c) => Err(format!("'{c}' in '{term}' is not a label (a letter)")),
-            None => Ok((rest.chars().collect(), ellipsis == 1)),
-        }
-    };
-    let terms: Vec<&str> = lhs.split(',').collect();
-    if terms.len() != operands {
-        return Some(format!(
-            "{} input terms for {operands} operands",
-            terms.len()
-        ));
-    }
-    let mut seen = HashSet::new();
-    let mut any_ellipsis = false;
-    for t in &terms {
-        match labels(t) {
-            Ok((ls, e)) => {
-                seen.extend(ls);
-                any_ellipsis |= e;
-            }
-            Err(why) => return Some(why),
-        }
-    }
-    let out = rhs?;
-    let (ls, e) = match labels(out) {
-        Ok(x) => x,
-        Err(why) => return Some(why),
-    };
-    if e && !any_ellipsis {
-        return Some("the output has '...' and no input does".to_owned());
-    }
-    let mut once = HashSet::new();
-    for c in ls {
-        if !seen.contains(&c) {
-            return Some(format!("output label '{c}' is in no input"));
-        }
-        if !once.insert(c) {
-            return Some(format!("output label '{c}' repeats"));
-        }
-    }
-    None
 }
 
 /// Operands counted in an op's minimum arity that may still be absent (`""` in ONNX): Loop's

@@ -238,14 +238,15 @@ def compile(
         report_json, warnings = _mmq.compile(
             [src], out, json.dumps(options), samples, _Progress() if progress else None
         )
-        _log_compile(json.loads(report_json), warnings)
+        compile_report = json.loads(report_json)
+        _log_compile(compile_report, warnings)
         if target == "trt":
             with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
                 result = json.load(f)
         else:
             result = onnx.load_model(out, load_external_data=output is None)
     if report:
-        return result, json.loads(report_json)
+        return result, compile_report
     return result
 
 

@@ -697,36 +697,22 @@ fn unsqueeze(cx: &Cx, axes_attr: Option<&Vec<i64>>) -> Type {
 
 /// Result shape of an einsum `equation` over operands of `shapes`.
 fn einsum(eq: &str, shapes: &[Option<&[Dim]>]) -> Option<Vec<Dim>> {
-    let eq: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
-    let (lhs, rhs) = match eq.split_once("->") {
-        Some((l, r)) => (l, Some(r)),
-        None => (eq.as_str(), None),
-    };
-    let terms: Vec<&str> = lhs.split(',').collect();
-    if terms.len() != shapes.len() {
-        return None;
-    }
+    let eq = crate::einsum::parse(eq, shapes.len()).ok()?;
     let mut letters: Vec<(char, Dim, usize)> = Vec::new();
     let mut ellipsis: Option<Vec<Dim>> = None;
-    for (term, shape) in terms.iter().zip(shapes) {
+    for (term, shape) in eq.inputs.iter().zip(shapes) {
         let shape = (*shape)?;
-        let (pre, post, has_ell) = match term.split_once("...") {
-            Some((a, b)) => (a, b, true),
-            None => (*term, "", false),
-        };
-        let (pre_n, post_n) = (pre.chars().count(), post.chars().count());
-        if pre_n + post_n > shape.len() || (!has_ell && pre_n + post_n != shape.len()) {
+        let (pre_n, post_n) = (term.pre.len(), term.post.len());
+        if pre_n + post_n > shape.len() || (!term.ellipsis && pre_n + post_n != shape.len()) {
             return None;
         }
         let ell_len = shape.len() - pre_n - post_n;
-        let named = pre
-            .chars()
+        let named = term
+            .pre
+            .iter()
             .zip(&shape[..pre_n])
-            .chain(post.chars().zip(&shape[pre_n + ell_len..]));
-        for (c, d) in named {
-            if !c.is_ascii_alphabetic() {
-                return None;
-            }
+            .chain(term.post.iter().zip(&shape[pre_n + ell_len..]));
+        for (&c, d) in named {
             match letters.iter_mut().find(|(l, _, _)| *l == c) {
                 Some((_, old, count)) => {
                     *old = broadcast_dims(old, d);
@@ -735,7 +721,7 @@ fn einsum(eq: &str, shapes: &[Option<&[Dim]>]) -> Option<Vec<Dim>> {
                 None => letters.push((c, d.clone(), 1)),
             }
         }
-        if has_ell {
+        if term.ellipsis {
             let e = &shape[pre_n..pre_n + ell_len];
             ellipsis = Some(match ellipsis {
                 Some(old) => broadcast_shapes(&[Some(&old), Some(e)])?,
@@ -750,20 +736,16 @@ fn einsum(eq: &str, shapes: &[Option<&[Dim]>]) -> Option<Vec<Dim>> {
             .map(|(_, d, _)| d.clone())
     };
     let mut out = Vec::new();
-    match rhs {
-        Some(r) => {
-            let (pre, post) = match r.split_once("...") {
-                Some((a, b)) => (a, Some(b)),
-                None => (r, None),
-            };
-            for c in pre.chars() {
+    match &eq.output {
+        Some(t) => {
+            for &c in &t.pre {
                 out.push(find(c)?);
             }
-            if let Some(post) = post {
+            if t.ellipsis {
                 out.extend(ellipsis.clone().unwrap_or_default());
-                for c in post.chars() {
-                    out.push(find(c)?);
-                }
+            }
+            for &c in &t.post {
+                out.push(find(c)?);
             }
         }
         None => {

@@ -539,15 +539,7 @@ where
 pub fn dir_samples(
     dir: &Path,
 ) -> Result<impl Iterator<Item = Result<Sample, CalibError>> + use<>, CalibError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| CalibError::Sample {
-        path: dir.to_owned(),
-        message: format!("cannot read the folder: {e}"),
-    })?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "npz"))
-        .collect();
-    files.sort();
+    let files = npz_paths(dir)?;
     if files.is_empty() {
         return Err(CalibError::Sample {
             path: dir.to_owned(),
@@ -564,6 +556,20 @@ pub fn dir_samples(
             .map(|(k, t)| (k, RtValue::from(t)))
             .collect())
     }))
+}
+
+/// The `.npz` files of `dir`, sorted: the samples of [`dir_samples`], in its order.
+pub fn npz_paths(dir: &Path) -> Result<Vec<PathBuf>, CalibError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| CalibError::Sample {
+        path: dir.to_owned(),
+        message: format!("cannot read the folder: {e}"),
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "npz"))
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 /// How one graph input is drawn.

@@ -506,8 +506,9 @@ fn pack_siblings(m: &mut Module, report: &mut PassReport) {
     };
     for root in roots {
         for g in m.graph_tree(root) {
-            // Group by (activation, attributes but N, operand count).
-            let mut groups: Vec<(Value, String, Vec<Node>)> = Vec::new();
+            // Group by (activation, attributes but N, operand count), in node order.
+            let mut groups: Vec<(Value, Vec<Node>)> = Vec::new();
+            let mut group_of: HashMap<(Value, String), usize> = HashMap::new();
             for &n in &m.graphs[g].nodes {
                 let nd = &m.nodes[n];
                 if nd.op.domain() != "com.microsoft" || nd.op.op_type() != "MatMulNBits" {
@@ -534,12 +535,13 @@ fn pack_siblings(m: &mut Module, report: &mut PassReport) {
                     .collect();
                 attrs.sort();
                 let key = format!("{}|{}", attrs.join(","), nd.inputs.len());
-                match groups.iter_mut().find(|(v, k, _)| *v == x && *k == key) {
-                    Some((_, _, ns)) => ns.push(n),
-                    None => groups.push((x, key, vec![n])),
-                }
+                let i = *group_of.entry((x, key)).or_insert_with(|| {
+                    groups.push((x, Vec::new()));
+                    groups.len() - 1
+                });
+                groups[i].1.push(n);
             }
-            for (x, _, nodes) in groups {
+            for (x, nodes) in groups {
                 if nodes.len() > 1 {
                     pack_group(m, g, x, &nodes, &inline);
                     report.count("int4-packed", nodes.len() - 1);
@@ -581,9 +583,8 @@ fn pack_group(
         };
         let cd = &m.consts[c];
         let mut shape = cd.shape.clone();
-        let rows: i64 = ns.iter().sum();
-        if let Some(s0) = shape.first_mut() {
-            *s0 = rows;
+        if let Some(rows) = shape.first_mut() {
+            *rows = total;
         }
         let name = cd.name.as_deref().map(|s| format!("{s}_packed"));
         let dtype = cd.dtype;
@@ -1978,8 +1979,8 @@ mod tests {
         assert_eq!(ops(&m, g), ["MatMul"]);
     }
 
-    /// `x [3, 64]` read by three `MatMul`s (N = 8, 16, 24, the third asymmetric-friendly) whose
-    /// results go through `Relu` (`packed`), or the first alone (`!packed`).
+    /// `x [3, 64]` read by three `MatMul`s (N = 8, 16, 24) whose results go through `Relu`
+    /// (`all`), or by the first alone.
     fn siblings_model(all: bool) -> (Module, GraphId) {
         let (mut m, g) = module(21);
         let x = m.add_input(g, Some("x".into()), f32_ty(&[3, 64]));
@@ -2049,27 +2050,63 @@ mod tests {
         }
     }
 
-    #[test]
-    fn siblings_that_are_graph_outputs_or_share_weights_stay_apart() {
+    /// Two `MatMul`s of `x`: with one weight (`shared`) or two, their results graph outputs
+    /// (`outputs`) or read by `Relu`s.
+    fn two_products(shared: bool, outputs: bool) -> (Module, GraphId) {
         let (mut m, g) = module(21);
         let x = m.add_input(g, Some("x".into()), f32_ty(&[3, 64]));
-        let w = f32_const(&mut m, "w", vec![64, 8], &weights(64 * 8, 5));
+        let w0 = f32_const(&mut m, "w0", vec![64, 8], &weights(64 * 8, 5));
+        let w1 = f32_const(&mut m, "w1", vec![64, 8], &weights(64 * 8, 6));
         let mut outs = Vec::new();
-        for i in 0..2 {
+        for (i, w) in [w0, if shared { w0 } else { w1 }].into_iter().enumerate() {
             let mm = m.add_node(
                 g,
                 Op::MatMul {},
                 vec![Some(x), Some(w)],
-                vec![Some((Some(format!("y{i}")), f32_ty(&[3, 8])))],
+                vec![Some((Some(format!("p{i}")), f32_ty(&[3, 8])))],
                 None,
             );
-            outs.push(m.nodes[mm].outputs[0].expect("output"));
+            let mut y = m.nodes[mm].outputs[0].expect("output");
+            if !outputs {
+                let r = m.add_node(
+                    g,
+                    Op::Relu {},
+                    vec![Some(y)],
+                    vec![Some((Some(format!("y{i}")), f32_ty(&[3, 8])))],
+                    None,
+                );
+                y = m.nodes[r].outputs[0].expect("output");
+            }
+            outs.push(y);
         }
         m.graphs[g].outputs = outs;
-        let report = int4(32, true)
-            .run(&mut m, &PassOptions::default())
-            .expect("quantizes");
-        assert_eq!(report.counters.get("int4-packed"), None);
-        assert_eq!(ops(&m, g), ["MatMulNBits", "MatMulNBits"]);
+        (m, g)
+    }
+
+    #[test]
+    fn siblings_that_are_graph_outputs_or_share_weights_stay_apart() {
+        // Each condition alone keeps the products apart; without either they are packed.
+        for (shared, outputs, packed) in [
+            (false, true, false),
+            (true, false, false),
+            (false, false, true),
+        ] {
+            let (mut m, g) = two_products(shared, outputs);
+            let report = int4(32, true)
+                .run(&mut m, &PassOptions::default())
+                .expect("quantizes");
+            let nbits = ops(&m, g).iter().filter(|k| *k == "MatMulNBits").count();
+            if packed {
+                assert_eq!(report.counters.get("int4-packed"), Some(&1));
+                assert_eq!(nbits, 1);
+            } else {
+                assert_eq!(
+                    report.counters.get("int4-packed"),
+                    None,
+                    "{shared} {outputs}"
+                );
+                assert_eq!(nbits, 2, "{shared} {outputs}");
+            }
+        }
     }
 }

@@ -173,6 +173,18 @@ fn repeated_heads(eg: &EG, x: Id) -> Option<(Id, i64)> {
     (same(&b3, &b) && same(&g3, &g) && same(&t3, &t) && same(&h3, &h)).then_some((kv, groups))
 }
 
+/// `Where(IsNaN(y), 0, y)`: a fully masked row (every key -inf) is NaN in a fused attention
+/// op; the graph's guard made its probabilities 0, so its output row 0.
+fn nan_guard(eg: &mut EG, y: Id, dtype: DType) -> Option<Id> {
+    let isn = add_typed(eg, Op::IsNaN {}, &[Some(y)]);
+    let zero = lit(eg, dtype, vec![], &[0.0])?;
+    Some(add_typed(
+        eg,
+        Op::Where {},
+        &[Some(isn), Some(zero), Some(y)],
+    ))
+}
+
 /// Builds `Transpose(Attention(Q, K, V[, bias]), [0, 2, 1, 3])` with the standard (opset-23)
 /// `Attention` reading `K` and `V` with their `G` key/value heads unrepeated (see
 /// [`repeated_heads`]): the `[B, S, N, Hv]` result the matched final transpose gives. `None`
@@ -210,10 +222,7 @@ fn build_grouped(
     );
     set_ty(eg, y, y_ty.clone());
     if guard {
-        // As for the contrib op: a fully masked row is NaN in the fused op, 0 in the graph.
-        let isn = add_typed(eg, Op::IsNaN {}, &[Some(y)]);
-        let zero = lit(eg, a.dtype, vec![], &[0.0])?;
-        y = add_typed(eg, Op::Where {}, &[Some(isn), Some(zero), Some(y)]);
+        y = nan_guard(eg, y, a.dtype)?;
         set_ty(eg, y, y_ty);
     }
     let r = add_op(
@@ -463,11 +472,7 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool, guard: bool) -> O
     }
     let mut y = add_typed(eg, mha, &inputs);
     if guard {
-        // A fully masked row (every key -inf) is NaN in the fused op; the graph's guard made
-        // its probabilities 0, so its output row 0.
-        let isn = add_typed(eg, Op::IsNaN {}, &[Some(y)]);
-        let zero = lit(eg, a.dtype, vec![], &[0.0])?;
-        y = add_typed(eg, Op::Where {}, &[Some(isn), Some(zero), Some(y)]);
+        y = nan_guard(eg, y, a.dtype)?;
     }
     let split = lit(
         eg,

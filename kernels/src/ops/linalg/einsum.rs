@@ -18,88 +18,36 @@ struct Labeled<T> {
     data: Vec<T>,
 }
 
-/// Parsed equation: per-input labels (ellipsis expanded) and output labels.
+/// Parsed equation ([`mmq_ir::einsum::parse`]): per-input labels (ellipsis expanded) and
+/// output labels.
 fn parse(eq: &str, ranks: &[usize]) -> Result<(Vec<Vec<u32>>, Vec<u32>), String> {
-    let eq: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
-    let (lhs, rhs) = match eq.split_once("->") {
-        Some((l, r)) => (l.to_owned(), Some(r.to_owned())),
-        None => (eq.clone(), None),
-    };
-    let terms: Vec<&str> = lhs.split(',').collect();
-    if terms.len() != ranks.len() {
-        return Err(format!(
-            "equation has {} operands, the node has {}",
-            terms.len(),
-            ranks.len()
-        ));
-    }
+    let eq = mmq_ir::einsum::parse(eq, ranks.len())?;
     let mut ell_rank = 0usize;
-    let mut parsed = Vec::new();
-    for (t, &rank) in terms.iter().zip(ranks) {
-        let (pre, post, has_ell) = match t.split_once("...") {
-            Some((a, b)) => (a, b, true),
-            None => (*t, "", false),
-        };
-        if !pre
-            .chars()
-            .chain(post.chars())
-            .all(|c| c.is_ascii_alphabetic())
-        {
-            return Err(format!("bad term '{t}'"));
+    for (t, &rank) in eq.inputs.iter().zip(ranks) {
+        let named = t.pre.len() + t.post.len();
+        if named > rank || (!t.ellipsis && named != rank) {
+            let text: String = t.pre.iter().chain(&t.post).collect();
+            return Err(format!("term '{text}' does not fit rank {rank}"));
         }
-        let named = pre.len() + post.len();
-        if named > rank || (!has_ell && named != rank) {
-            return Err(format!("term '{t}' does not fit rank {rank}"));
-        }
-        let e = rank - named;
-        ell_rank = ell_rank.max(e);
-        parsed.push((pre.to_owned(), post.to_owned(), has_ell, e));
+        ell_rank = ell_rank.max(rank - named);
     }
-    let mut out = Vec::new();
-    for (pre, post, has_ell, e) in &parsed {
-        let mut l: Vec<u32> = pre.chars().map(|c| c as u32).collect();
-        if *has_ell {
+    // Labels of a term, its ellipsis taking the last `e` of the `ell_rank` broadcast dims.
+    let expand = |t: &mmq_ir::einsum::Term, e: usize| -> Vec<u32> {
+        let mut l: Vec<u32> = t.pre.iter().map(|&c| c as u32).collect();
+        if t.ellipsis {
             l.extend((ell_rank - e..ell_rank).map(|i| ELL + i as u32));
         }
-        l.extend(post.chars().map(|c| c as u32));
-        out.push(l);
-    }
-    let any_ell = parsed.iter().any(|p| p.2);
-    let output = match rhs {
-        Some(r) => {
-            let (pre, post, has_ell) = match r.split_once("...") {
-                Some((a, b)) => (a.to_owned(), b.to_owned(), true),
-                None => (r.clone(), String::new(), false),
-            };
-            if !pre
-                .chars()
-                .chain(post.chars())
-                .all(|c| c.is_ascii_alphabetic())
-            {
-                return Err(format!("bad output term '{r}'"));
-            }
-            let named: Vec<char> = pre.chars().chain(post.chars()).collect();
-            for (i, c) in named.iter().enumerate() {
-                if named[..i].contains(c) {
-                    return Err(format!(
-                        "output label '{c}' appears more than once in '{r}' (as numpy and ONNX \
-                         Runtime refuse it)"
-                    ));
-                }
-                if !out.iter().flatten().any(|&x| x == *c as u32) {
-                    return Err(format!("output label '{c}' is in no input term"));
-                }
-            }
-            if has_ell && !any_ell {
-                return Err(format!("output term '{r}' has '...' and no input term has"));
-            }
-            let mut l: Vec<u32> = pre.chars().map(|c| c as u32).collect();
-            if has_ell {
-                l.extend((0..ell_rank).map(|i| ELL + i as u32));
-            }
-            l.extend(post.chars().map(|c| c as u32));
-            l
-        }
+        l.extend(t.post.iter().map(|&c| c as u32));
+        l
+    };
+    let out: Vec<Vec<u32>> = eq
+        .inputs
+        .iter()
+        .zip(ranks)
+        .map(|(t, &rank)| expand(t, rank - t.pre.len() - t.post.len()))
+        .collect();
+    let output = match &eq.output {
+        Some(t) => expand(t, ell_rank),
         None => {
             let mut count: HashMap<u32, usize> = HashMap::new();
             for l in &out {
@@ -115,7 +63,7 @@ fn parse(eq: &str, ranks: &[usize]) -> Result<(Vec<Vec<u32>>, Vec<u32>), String>
                 .map(|(c, _)| c)
                 .collect();
             once.sort_unstable();
-            let mut l: Vec<u32> = if any_ell {
+            let mut l: Vec<u32> = if eq.inputs.iter().any(|t| t.ellipsis) {
                 (0..ell_rank).map(|i| ELL + i as u32).collect()
             } else {
                 Vec::new()
@@ -371,9 +319,9 @@ mod tests {
         let r = run_op(es("ij->"), vec![f32t(&[2, 2], &a)], 1, 12).expect("run");
         // A repeated output label, a label no input has: errors, not a panic.
         for (eq, want) in [
-            ("ij->jj", "appears more than once"),
-            ("ij->ik", "is in no input term"),
-            ("ij->...i", "has '...'"),
+            ("ij->jj", "output label 'j' repeats"),
+            ("ij->ik", "output label 'k' is in no input"),
+            ("ij->...i", "the output has '...' and no input does"),
         ] {
             let e = run_op(es(eq), vec![f32t(&[2, 2], &a)], 1, 12).expect_err(eq);
             assert!(e.to_string().contains(want), "{eq}: {e}");
