@@ -173,6 +173,10 @@ def interpreter_answers():
     save("einsum_repeated_output",
          [h.make_node("Einsum", ["x"], ["y"], name="diag_out", equation="ij->jj")], [x], [],
          opset=12)
+    # A term naming three labels for an operand of rank 2 (compile exited 0).
+    save("einsum_rank",
+         [h.make_node("Einsum", ["x"], ["y"], name="rank_term", equation="ijk->i")], [x], [],
+         opset=12)
     lo, hi = -(2**63), 2**63 - 1
     cases = [(lo, hi, hi), (0, hi, hi), (hi, lo, lo), (-1, lo, -hi), (2, hi, hi), (lo, hi, 2)]
     nodes, inits = [], []
@@ -195,6 +199,20 @@ def interpreter_answers():
                       else_branch=else_g)],
          [h.make_tensor_value_info("c", T.FLOAT, [1]),
           h.make_tensor_value_info("cond", T.BOOL, [])], [])
+    # Floats cast to strings: ONNX Runtime writes NaN, INF, -INF and C's %.8g (the interpreter
+    # wrote numpy's nan, -inf and 1e-40).
+    g = h.make_graph([h.make_node("Cast", ["f"], ["s"], name="to_text", to=T.STRING),
+                      h.make_node("Cast", ["d"], ["t"], name="to_text_f64", to=T.STRING)],
+                     "cast_float_to_string",
+                     [h.make_tensor_value_info("f", T.FLOAT, [12]),
+                      h.make_tensor_value_info("d", T.DOUBLE, [12])],
+                     [h.make_tensor_value_info("s", T.STRING, [12]),
+                      h.make_tensor_value_info("t", T.STRING, [12])])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 21)], producer_name="gen_hostile"),
+              OUT / "cast_float_to_string.onnx")
+    special = [np.nan, -np.inf, np.inf, 1e-40, 0.1, 1 / 3, 123456789.0, 1e16, 1e-5, -0.0, 100.0,
+               2.5e-4]
+    np.savez(OUT / "f12.npz", f=np.array(special, np.float32), d=np.array(special, np.float64))
     np.savez(OUT / "v5.npz", v=np.arange(5, dtype=np.float32))
     np.savez(OUT / "x22.npz", x=np.arange(4, dtype=np.float32).reshape(2, 2))
 
@@ -202,6 +220,7 @@ def interpreter_answers():
 def archives():
     """.npz archives that lie: a wrong CRC-32, one array under two member names."""
     import io
+    import warnings
     import zipfile
 
     def npy(a):
@@ -209,17 +228,42 @@ def archives():
         np.save(buf, a)
         return buf.getvalue()
 
-    ones = npy(np.ones(4, np.float32))
+    def put(z, name, data):
+        # A fixed time stamp: the archives are the same bytes on every run.
+        info = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))
+        info.compress_type = z.compression
+        z.writestr(info, data, compresslevel=9)
+
+    ones = npy(np.ones(1, np.float32))  # for the input x: f32[1] of expand_by_input.onnx
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-        z.writestr("x.npy", ones)
+        put(z, "x.npy", ones)
     data = bytearray(buf.getvalue())
     at = data.find(ones) + len(ones) - 1
     data[at] ^= 0x01  # the last element's byte: the stored CRC no longer matches
     (OUT / "bad_crc.npz").write_bytes(bytes(data))
     with zipfile.ZipFile(OUT / "dup_names.npz", "w", zipfile.ZIP_STORED) as z:
-        z.writestr("x.npy", ones)
-        z.writestr("x", npy(np.zeros(4, np.float32)))
+        put(z, "x.npy", ones)
+        put(z, "x", npy(np.zeros(1, np.float32)))
+    # One member name twice: the archive reader keys members by name, so one of them vanished.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name
+        with zipfile.ZipFile(OUT / "dup_member.npz", "w", zipfile.ZIP_STORED) as z:
+            put(z, "x.npy", ones)
+            put(z, "x.npy", npy(np.zeros(1, np.float32)))
+    # An inflate bomb: 64 KiB that inflate to 64 MiB of zeros, for the input a: f32[1, 32] of
+    # nan_weight.onnx. Its CRC-32 is wrong as well, so an error about the shape proves the header
+    # was checked before the data was inflated (inflating first meets the checksum).
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        put(z, "a.npy", npy(np.zeros((1 << 19, 32), np.float32)))
+    data = bytearray(buf.getvalue())
+    crc = zipfile.ZipFile(io.BytesIO(bytes(data))).getinfo("a.npy").CRC.to_bytes(4, "little")
+    at = data.find(crc)
+    while at >= 0:
+        data[at] ^= 0xFF
+        at = data.find(crc, at + 4)
+    (OUT / "inflate_bomb.npz").write_bytes(bytes(data))
 
 
 if __name__ == "__main__":

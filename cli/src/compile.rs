@@ -223,6 +223,7 @@ fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, F
         dump_after: args.dump_after.as_deref().map(DumpAfter::parse),
         verify: cfg!(debug_assertions),
         progress: if args.quiet { None } else { progress_bar() },
+        interrupt: None,
     })
 }
 

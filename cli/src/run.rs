@@ -54,12 +54,13 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
         )));
     };
 
-    let feeds = feeds(args)?;
     let interp = if args.stats {
         Interpreter::new(m).with_stats()
     } else {
         Interpreter::new(m)
     };
+    // An archive's shapes are checked against the inputs before its arrays are inflated.
+    let feeds = feeds(args, |headers| interp.check_headers(entry.graph, headers))?;
     let mut outputs = interp.run(entry.graph, &feeds).map_err(user)?;
     if args.repeat > 0 {
         // The first run decoded the constants and kept the constant subexpressions; what the
@@ -106,10 +107,16 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
     Ok(text)
 }
 
-/// The input arrays: `--inputs IN.npz`, then each `--input NAME=FILE.npy`.
-fn feeds(args: &RunArgs) -> Result<HashMap<String, RtValue>, Failure> {
+/// The input arrays: `--inputs IN.npz`, then each `--input NAME=FILE.npy`; `check` sees the
+/// archive's headers before its data is read.
+fn feeds(
+    args: &RunArgs,
+    check: impl Fn(&[mmq_kernels::io::NpyHeader]) -> Result<(), mmq_kernels::KernelError>,
+) -> Result<HashMap<String, RtValue>, Failure> {
     let mut feeds: HashMap<String, RtValue> = HashMap::new();
     if let Some(path) = &args.inputs {
+        let headers = mmq_kernels::io::npz_headers(path).map_err(user)?;
+        check(&headers).map_err(|e| user(format!("{}: {e}", path.display())))?;
         let arrays = mmq_kernels::io::read_npz(path).map_err(user)?;
         for (name, t) in arrays {
             feeds.insert(name, RtValue::from(t));
@@ -204,7 +211,7 @@ fn run_package(args: &RunArgs) -> Result<String, Failure> {
         ));
     }
     let package = mmq_deploy::Package::open(&args.model).map_err(user)?;
-    let feeds = feeds(args)?;
+    let feeds = feeds(args, |_| Ok(()))?;
     let outputs = package.run(&feeds).map_err(user)?;
     let count = |n: &str| outputs.iter().filter(|o| o.name == n).count();
     let named: Vec<(String, RtValue)> = outputs

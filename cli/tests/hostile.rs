@@ -7,6 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::{fixture, repo, run_in, scratch};
+use mmq_kernels::Data;
 
 /// Runs `args` in a fresh scratch directory; checks the exit code, that stderr holds every
 /// string of `want` and no panic, that the corpus files are unchanged and that the directory
@@ -47,6 +48,21 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
         .collect();
     out.sort();
     out
+}
+
+/// ONNX Runtime's outputs of `model` on the arrays of `inputs`, written to `out` (`.npz`).
+fn oracle_run(model: &str, inputs: &str, out: &Path) {
+    let ort = std::process::Command::new(common::python())
+        .arg(repo().join("tools/oracle.py"))
+        .args(["run", model, inputs, "-o"])
+        .arg(out)
+        .output()
+        .expect("oracle");
+    assert!(
+        ort.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ort.stderr)
+    );
 }
 
 fn file(name: &str) -> String {
@@ -960,6 +976,15 @@ fn interpreter_answers_match_onnx_runtime_or_are_errors() {
             &["diag_out", "equation 'ij->jj': output label 'j' repeats"],
         );
     }
+    // A term naming more labels than its operand has dims: compile exited 0.
+    refused(
+        "einsum_rank",
+        &["compile", &file("einsum_rank.onnx"), "-o", "out.onnx"],
+        &[
+            "rank_term",
+            "operand 0 has rank 2 but its term names 3 labels",
+        ],
+    );
     // An If whose branches return different element types: refused by the verifier, in `run`
     // and in `compile` (it took one branch's type for the other's result).
     let (model, inputs) = (file("if_branch_types.onnx"), file("x.npz"));
@@ -994,21 +1019,10 @@ fn interpreter_answers_match_onnx_runtime_or_are_errors() {
         ],
     );
     assert_eq!(code, 0, "{stderr}");
-    let ort = std::process::Command::new(common::python())
-        .arg(repo().join("tools/oracle.py"))
-        .args([
-            "run",
-            &file("slice_int64_extremes.onnx"),
-            &file("v5.npz"),
-            "-o",
-        ])
-        .arg(dir.join("ort.npz"))
-        .output()
-        .expect("oracle");
-    assert!(
-        ort.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ort.stderr)
+    oracle_run(
+        &file("slice_int64_extremes.onnx"),
+        &file("v5.npz"),
+        &dir.join("ort.npz"),
     );
     let read = |name: &str| {
         mmq_kernels::io::read_npz(&dir.join(name)).expect("npz")[0]
@@ -1033,9 +1047,57 @@ fn archives_that_lie_are_refused_naming_the_member() {
             "dup_names.npz",
             "member 'x' names the array 'x' a second time",
         ),
+        (
+            "dup_member.npz",
+            "the archive lists 2 members under 1 distinct names",
+        ),
     ] {
         refused(npz, &["run", &model, "--inputs", &file(npz)], &[npz, want]);
     }
+    // An inflate bomb (64 KiB to 64 MiB) for an input of 32 elements, with a wrong checksum
+    // too: its headers are checked against the inputs before its data is inflated, so the
+    // error is the shape (inflating first met the checksum, after 64 MiB).
+    let bomb = file("inflate_bomb.npz");
+    let shape = "input a: dim 0 is 524288 but must be 1";
+    refused(
+        "inflate_bomb",
+        &["run", &file("nan_weight.onnx"), "--inputs", &bomb],
+        &["inflate_bomb.npz", shape],
+    );
+    let calib = scratch("hostile-inflate-bomb-calib");
+    std::fs::copy(&bomb, calib.join("sample.npz")).expect("copy");
+    refused(
+        "inflate_bomb_calib",
+        &[
+            "compile",
+            &file("nan_weight.onnx"),
+            "--quant",
+            "int8",
+            "--skip-non-finite",
+            "--calib",
+            &calib.display().to_string(),
+            "-o",
+            "out.onnx",
+        ],
+        &["sample.npz", shape],
+    );
+}
+
+#[test]
+fn floats_cast_to_strings_as_onnx_runtime_writes_them() {
+    let dir = scratch("hostile-cast-string");
+    let model = file("cast_float_to_string.onnx");
+    let inputs = file("f12.npz");
+    let (code, _, stderr) = run_in(&dir, &["run", &model, "--inputs", &inputs, "-o", "mmq.npz"]);
+    assert_eq!(code, 0, "{stderr}");
+    oracle_run(&model, &inputs, &dir.join("ort.npz"));
+    let read = |name: &str| mmq_kernels::io::read_npz(&dir.join(name)).expect("npz");
+    let (mmq, ort) = (read("mmq.npz"), read("ort.npz"));
+    assert_eq!(mmq, ort);
+    let Data::Str(s) = &mmq[0].1.data else {
+        panic!("strings expected: {mmq:?}")
+    };
+    assert_eq!(s[..4], ["NaN", "-INF", "INF", "9.9999461e-41"]);
 }
 
 /// A precision map of 50,000 rules (an `--auto-map` of a large model names every node) is read,

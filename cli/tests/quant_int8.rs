@@ -134,7 +134,7 @@ fn calibration_option_errors() {
     );
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains("bad/a.npz: input pixel_values: missing"),
+        err.contains("bad/a.npz: input input_ids: not an input of graph 'main_graph'"),
         "{err}"
     );
     assert!(

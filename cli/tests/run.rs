@@ -219,8 +219,10 @@ fn input_errors_name_the_input() {
         } else {
             "pixel_values"
         };
+        // What the archive's headers show is refused before its arrays are read, naming it.
+        let file = if *name == "missing" { "" } else { "in.npz: " };
         assert!(
-            stderr.starts_with(&format!("error: input {expected_name}:")),
+            stderr.starts_with(&format!("error: {file}input {expected_name}:")),
             "{name}: {stderr}"
         );
         report.push_str(&format!("--- {name}\n{stderr}"));

@@ -217,10 +217,35 @@ impl CalibrationSource {
             CalibrationSource::Random { count, seed } => {
                 Box::new(calibrate::random_samples(m, graph, *count, *seed)?)
             }
-            CalibrationSource::Dir(dir) => Box::new(calibrate::dir_samples(dir)?),
+            CalibrationSource::Dir(dir) => Box::new(calibrate::dir_samples(m, graph, dir)?),
             CalibrationSource::Stream(s) => {
+                // Each sample is checked against the inputs as it arrives: an endless stream of
+                // samples that do not fit stops at the first.
                 let s = Arc::clone(s);
-                Box::new((0..).map_while(move |i| s.get(i)))
+                let interp = mmq_kernels::Interpreter::new(m);
+                Box::new((0..).map_while(move |i| {
+                    let sample = s.get(i)?;
+                    Some(sample.and_then(|sample| {
+                        let headers: Vec<mmq_kernels::io::NpyHeader> = sample
+                            .iter()
+                            .filter_map(|(name, v)| {
+                                let t = v.as_tensor()?;
+                                Some(mmq_kernels::io::NpyHeader {
+                                    name: name.clone(),
+                                    dtype: t.dtype,
+                                    shape: t.shape.clone(),
+                                })
+                            })
+                            .collect();
+                        interp
+                            .check_headers(graph, &headers)
+                            .map_err(|e| CalibError::Run {
+                                index: i,
+                                message: e.to_string(),
+                            })?;
+                        Ok(sample)
+                    }))
+                }))
             }
         })
     }
@@ -246,6 +271,16 @@ mod tests {
         [("x".to_owned(), RtValue::from(t))].into_iter().collect()
     }
 
+    /// A module whose graph takes the samples' input `x: f32[1]`.
+    fn module() -> (Module, GraphId) {
+        let (m, _) = mmq_ir::text::parse(
+            "graph @g(%x: f32[1]) -> (f32[1]) {\n  %y = Relu(%x) : f32[1]\n  return %y\n}\n",
+        )
+        .expect("parses");
+        let g = m.entries[0].graph;
+        (m, g)
+    }
+
     #[test]
     fn a_stream_is_read_once_and_replayed() {
         let pulled = Arc::new(Mutex::new(0usize));
@@ -255,8 +290,7 @@ mod tests {
             Ok(sample(i as f32))
         }));
         assert_eq!(src.len_hint(), None);
-        let m = Module::new();
-        let g = GraphId::from_index(0);
+        let (m, g) = module();
         let first: Vec<Sample> = src.collect(&m, g).expect("samples");
         let second: Vec<Sample> = src.collect(&m, g).expect("samples");
         assert_eq!(first.len(), 3);
@@ -279,9 +313,32 @@ mod tests {
     #[test]
     fn a_failing_item_stops_with_its_message() {
         let src = CalibrationSource::stream(vec![Ok(sample(1.0)), Err("bad shape".to_owned())]);
-        let m = Module::new();
-        let err = src.collect(&m, GraphId::from_index(0)).expect_err("fails");
+        let (m, g) = module();
+        let err = src.collect(&m, g).expect_err("fails");
         assert!(err.to_string().contains("sample 1: bad shape"), "{err}");
+    }
+
+    #[test]
+    fn a_sample_that_does_not_fit_stops_the_stream_at_once() {
+        let pulled = Arc::new(Mutex::new(0usize));
+        let p = Arc::clone(&pulled);
+        let wide = || {
+            let t = Tensor::from_f32(vec![2], vec![0.0, 0.0]).expect("tensor");
+            [("x".to_owned(), RtValue::from(t))].into_iter().collect()
+        };
+        // Endless: only the first is read.
+        let src = CalibrationSource::stream(std::iter::repeat_with(move || {
+            *p.lock().expect("lock") += 1;
+            Ok(wide())
+        }));
+        let (m, g) = module();
+        let err = src.collect(&m, g).expect_err("fails");
+        assert!(
+            err.to_string()
+                .starts_with("sample 0: input x: dim 0 is 2 but must be 1"),
+            "{err}"
+        );
+        assert_eq!(*pulled.lock().expect("lock"), 1);
     }
 
     #[test]

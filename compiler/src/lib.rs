@@ -61,6 +61,9 @@ pub enum CompileError {
     /// Measuring accuracy failed.
     #[error("{0}")]
     Accuracy(String),
+    /// [`CompileOptions::interrupt`] was set: the compilation stopped with nothing written.
+    #[error("interrupted")]
+    Interrupted,
 }
 
 impl CompileError {
@@ -208,6 +211,7 @@ fn context(options: &CompileOptions) -> steps::Context {
         skip_non_finite: options.skip_non_finite,
         modality: options.modality.clone(),
         progress: options.progress.clone(),
+        interrupt: options.interrupt.clone(),
         auto: Mutex::new(None),
     }
 }
@@ -256,6 +260,13 @@ pub fn compile(
     let (run, stages) = run_stage(module, options, passes(options, &ctx))?;
     let mut report = CompileReport::new(options, &split_run, &split_stages).with_run(&run, &stages);
     report.auto = ctx.auto.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if options
+        .interrupt
+        .as_ref()
+        .is_some_and(mmq_passes::Interrupt::is_set)
+    {
+        return Err(CompileError::Interrupted);
+    }
     if let (Some(mode), Some(original)) = (measure, &original) {
         let samples = accuracy_samples(original, options).map_err(CompileError::Accuracy)?;
         report.accuracy = Some(accuracy(original, module, &samples, mode)?);
@@ -288,14 +299,27 @@ fn run_stage(
     let mut pm = mmq_passes::PassManager::new(passes.into_iter().map(|(_, p)| p).collect());
     pm.verify = options.verify;
     pm.dump_after = options.dump_after.clone();
+    pm.interrupt = options.interrupt.clone();
     let run = pm.run(
         module,
         &PassOptions {
             target: options.target,
             explain: false,
         },
-    )?;
-    Ok((run, stages))
+    );
+    match run {
+        Ok(run) => Ok((run, stages)),
+        // A pass stopped by the interrupt reports it as its own failure (calibration).
+        Err(_)
+            if options
+                .interrupt
+                .as_ref()
+                .is_some_and(mmq_passes::Interrupt::is_set) =>
+        {
+            Err(CompileError::Interrupted)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Samples of the activation analysis per graph (its cost grows with each).

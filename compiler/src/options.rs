@@ -205,6 +205,9 @@ pub struct CompileOptions {
     pub verify: bool,
     /// Called as calibration advances.
     pub progress: Option<ProgressFn>,
+    /// Once set, the compilation stops at its next check (between passes, before each
+    /// calibration sample) with [`crate::CompileError::Interrupted`].
+    pub interrupt: Option<mmq_passes::Interrupt>,
 }
 
 impl Default for CompileOptions {
@@ -229,6 +232,7 @@ impl Default for CompileOptions {
             dump_after: None,
             verify: cfg!(debug_assertions),
             progress: None,
+            interrupt: None,
         }
     }
 }

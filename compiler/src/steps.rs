@@ -34,6 +34,7 @@ pub(crate) struct Context {
     pub skip_non_finite: bool,
     pub modality: Vec<(String, Modality)>,
     pub progress: Option<ProgressFn>,
+    pub interrupt: Option<mmq_passes::Interrupt>,
     pub auto: Mutex<Option<AutoOutcome>>,
 }
 
@@ -81,7 +82,21 @@ impl Context {
 
     /// The samples for `graph`, reporting progress as they are consumed.
     fn samples<'m>(&'m self, m: &'m Module, graph: GraphId) -> Result<Samples<'m>, CalibError> {
-        let inner = self.calibration.samples(m, graph)?;
+        let mut inner = self.calibration.samples(m, graph)?;
+        if let Some(stop) = self.interrupt.clone() {
+            // Each sample is taken only while no stop is asked for.
+            let mut asked = false;
+            inner = Box::new(std::iter::from_fn(move || {
+                if asked {
+                    None
+                } else if stop.is_set() {
+                    asked = true;
+                    Some(Err(CalibError::Interrupted))
+                } else {
+                    inner.next()
+                }
+            }));
+        }
         Ok(match &self.progress {
             None => inner,
             Some(p) => {
@@ -878,6 +893,7 @@ impl Pass for AutoStep {
             skip_non_finite: ctx.skip_non_finite,
             modality: ctx.modality.clone(),
             progress: None,
+            interrupt: ctx.interrupt.clone(),
             auto: Mutex::new(None),
         };
         run_map(&replay, m, &map, name, opts, &mut report)?;

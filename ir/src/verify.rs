@@ -713,13 +713,21 @@ impl Verifier<'_> {
                     );
                 }
             }
-            if let Op::Einsum { equation: Some(eq) } = &d.op
-                && let Err(why) = crate::einsum::parse(eq, d.inputs.len())
-            {
-                self.err(
-                    Entity::Node(n),
-                    format!("{}: equation '{eq}': {why}", self.nl(n)),
-                );
+            if let Op::Einsum { equation: Some(eq) } = &d.op {
+                match crate::einsum::parse(eq, d.inputs.len()) {
+                    Err(why) => self.err(
+                        Entity::Node(n),
+                        format!("{}: equation '{eq}': {why}", self.nl(n)),
+                    ),
+                    Ok(parsed) => {
+                        if let Some(why) = einsum_operand_mismatch(m, &d.inputs, &parsed) {
+                            self.err(
+                                Entity::Node(n),
+                                format!("{}: equation '{eq}': {why}", self.nl(n)),
+                            );
+                        }
+                    }
+                }
             }
             // A Reshape's constant shape infers at most one dim.
             if let Op::Reshape { .. } = d.op
@@ -1135,6 +1143,57 @@ fn optional_within_min(op: &Op, i: usize) -> bool {
         Op::GroupQueryAttention { .. } => (1..=4).contains(&i),
         _ => false,
     }
+}
+
+/// Why an `Einsum`'s operands do not fit its parsed equation: a term without `...` naming
+/// fewer or more labels than its operand's rank (with `...`: more), or one label on dims of
+/// two known sizes other than 1 (within an operand or across operands).
+fn einsum_operand_mismatch(
+    m: &Module,
+    inputs: &[Option<Value>],
+    eq: &crate::einsum::Equation,
+) -> Option<String> {
+    // Each label's first known size, and the operand that gave it.
+    let mut sizes: Vec<(char, i64, usize)> = Vec::new();
+    for (i, (term, v)) in eq.inputs.iter().zip(inputs).enumerate() {
+        let Some(dims) = v.and_then(|v| m.value_type(v).shape()) else {
+            continue;
+        };
+        let named = term.pre.len() + term.post.len();
+        if (!term.ellipsis && named != dims.len()) || (term.ellipsis && named > dims.len()) {
+            return Some(format!(
+                "operand {i} has rank {} but its term names {named} labels",
+                dims.len()
+            ));
+        }
+        // Labels before `...` take the leading dims, those after it the trailing ones.
+        let at = term
+            .pre
+            .iter()
+            .enumerate()
+            .chain(
+                term.post
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| (dims.len() - term.post.len() + k, c)),
+            )
+            .filter_map(|(k, &c)| Some((c, dims[k].as_known()?)));
+        for (c, size) in at {
+            match sizes.iter().find(|(l, _, _)| *l == c) {
+                // A dim of 1 broadcasts against the label's other size (numpy, ONNX Runtime).
+                Some(&(_, other, j)) if other != size && other != 1 && size != 1 => {
+                    return Some(if j == i {
+                        format!("operand {i} gives label '{c}' the sizes {other} and {size}")
+                    } else {
+                        format!("label '{c}' is {other} in operand {j} and {size} in operand {i}")
+                    });
+                }
+                Some(_) => {}
+                None => sizes.push((c, size, i)),
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]

@@ -218,19 +218,7 @@ impl<'m> Interpreter<'m> {
         let mut extra: Vec<&String> = inputs.keys().filter(|k| !known.contains(*k)).collect();
         extra.sort();
         if let Some(name) = extra.first() {
-            let expected: Vec<String> = g
-                .inputs
-                .iter()
-                .filter_map(|&v| m.values[v].name.clone())
-                .collect();
-            return Err(KernelError::Input {
-                name: (*name).clone(),
-                message: format!(
-                    "not an input of graph '{}' (inputs: {})",
-                    g.name,
-                    expected.join(", ")
-                ),
-            });
+            return Err(self.not_an_input(graph, name));
         }
         self.check_ranges(&bound)?;
         // The whole run on one of rayon's threads: the kernels' parallel loops then start from a
@@ -276,42 +264,102 @@ impl<'m> Interpreter<'m> {
         val: &RtValue,
         bound: &mut HashMap<Sym, i64>,
     ) -> Result<(), KernelError> {
+        if ty.as_tensor().is_none() {
+            return Ok(());
+        }
+        let Some(t) = val.as_tensor() else {
+            return Err(KernelError::Input {
+                name: name.into(),
+                message: format!("expected a tensor {}", self.describe(ty)),
+            });
+        };
+        self.check_tensor_type(name, ty, t.dtype, &t.shape, bound)
+    }
+
+    /// Checks the element types and shapes of inputs before their data exists (an array file's
+    /// headers), as [`Interpreter::run`] checks them: a file that claims a gigabyte for a small
+    /// input is refused before it is inflated. Inputs not in `headers` are not checked; a name
+    /// that is no input of `graph` is an error.
+    pub fn check_headers(
+        &self,
+        graph: GraphId,
+        headers: &[crate::io::NpyHeader],
+    ) -> Result<(), KernelError> {
+        let m = self.module;
+        let g = m
+            .graphs
+            .get(graph)
+            .ok_or_else(|| KernelError::Module(format!("no graph {graph:?}")))?;
+        let mut bound: HashMap<Sym, i64> = HashMap::new();
+        for h in headers {
+            let Some(&v) = g
+                .inputs
+                .iter()
+                .find(|&&v| m.values[v].name.as_deref() == Some(h.name.as_str()))
+            else {
+                return Err(self.not_an_input(graph, &h.name));
+            };
+            let ty = m.value_type(v);
+            if ty.as_tensor().is_some() {
+                self.check_tensor_type(&h.name, ty, h.dtype, &h.shape, &mut bound)?;
+            }
+        }
+        self.check_ranges(&bound)
+    }
+
+    /// `name` given for `graph`, which has no input of that name.
+    fn not_an_input(&self, graph: GraphId, name: &str) -> KernelError {
+        let (m, g) = (self.module, &self.module.graphs[graph]);
+        let expected: Vec<String> = g
+            .inputs
+            .iter()
+            .filter_map(|&v| m.values[v].name.clone())
+            .collect();
+        KernelError::Input {
+            name: name.to_owned(),
+            message: format!(
+                "not an input of graph '{}' (inputs: {})",
+                g.name,
+                expected.join(", ")
+            ),
+        }
+    }
+
+    /// Checks a tensor's element type and shape against the tensor type `ty`, binding its
+    /// symbols in `bound`.
+    fn check_tensor_type(
+        &self,
+        name: &str,
+        ty: &Type,
+        dtype: mmq_ir::DType,
+        shape: &[usize],
+        bound: &mut HashMap<Sym, i64>,
+    ) -> Result<(), KernelError> {
         let Some(tt) = ty.as_tensor() else {
             return Ok(());
         };
         let expected = || self.describe(ty);
-        let Some(t) = val.as_tensor() else {
-            return Err(KernelError::Input {
-                name: name.into(),
-                message: format!("expected a tensor {}", expected()),
-            });
-        };
         let mismatch = |what: String| KernelError::Input {
             name: name.into(),
-            message: format!(
-                "{what}; expected {}, got {}{:?}",
-                expected(),
-                t.dtype,
-                t.shape
-            ),
+            message: format!("{what}; expected {}, got {dtype}{shape:?}", expected()),
         };
         if let Some(d) = tt.dtype
-            && d != t.dtype
+            && d != dtype
         {
-            return Err(mismatch(format!("dtype {} instead of {d}", t.dtype)));
+            return Err(mismatch(format!("dtype {dtype} instead of {d}")));
         }
         let Some(dims) = &tt.shape else { return Ok(()) };
-        if dims.len() != t.rank() {
+        if dims.len() != shape.len() {
             return Err(mismatch(format!(
                 "rank {} instead of {}",
-                t.rank(),
+                shape.len(),
                 dims.len()
             )));
         }
         // Bind plain symbols first, then check every expression.
         for (i, d) in dims.iter().enumerate() {
             if let Some(s) = d.expr().and_then(|e| e.as_sym()) {
-                let actual = t.shape[i] as i64;
+                let actual = shape[i] as i64;
                 match bound.insert(s, actual) {
                     Some(prev) if prev != actual => {
                         return Err(mismatch(format!(
@@ -326,12 +374,9 @@ impl<'m> Interpreter<'m> {
         for (i, d) in dims.iter().enumerate() {
             if let Dim::Expr(e) = d
                 && let Some(v) = e.eval(&|s| bound.get(&s).copied())
-                && v != t.shape[i] as i64
+                && v != shape[i] as i64
             {
-                return Err(mismatch(format!(
-                    "dim {i} is {} but must be {v}",
-                    t.shape[i]
-                )));
+                return Err(mismatch(format!("dim {i} is {} but must be {v}", shape[i])));
             }
         }
         Ok(())

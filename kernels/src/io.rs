@@ -69,43 +69,20 @@ type NpzError = (Option<String>, String);
 
 /// The arrays of an `.npz` archive; an error with the member's name when it concerns one.
 fn npz_from_reader<R: Read + std::io::Seek>(reader: R) -> Result<Vec<(String, Tensor)>, NpzError> {
-    let mut zip =
-        zip::ZipArchive::new(reader).map_err(|e| (None, format!("not an .npz archive: {e}")))?;
-    let mut out = Vec::with_capacity(zip.len());
-    for i in 0..zip.len() {
-        let member = zip
-            .by_index(i)
-            .map_err(|e| (None, format!("member #{i}: {e}")))?;
-        if member.is_dir() {
-            continue;
-        }
-        let full = member
-            .name()
-            .map_err(|e| (None, format!("member #{i}: {e}")))?
-            .into_owned();
-        let name = full.strip_suffix(".npy").unwrap_or(&full).to_owned();
-        if let Some((other, _)) = out.iter().find(|(n, _)| *n == name) {
-            return Err((
-                Some(name.clone()),
-                format!(
-                    "member '{full}' names the array '{other}' a second time (an archive holds \
-                     each array once)"
-                ),
-            ));
-        }
-        let mut member = member;
-        let t = npy_from_reader(&mut member).map_err(|m| (Some(name.clone()), m))?;
+    let mut out = Vec::new();
+    each_member(reader, |name, member| {
+        let t = npy_from_reader(&mut *member)?;
         // The member's CRC-32 is checked when it is read to its end.
-        let rest = std::io::copy(&mut member, &mut std::io::sink())
-            .map_err(|e| (Some(name.clone()), format!("the member is corrupt: {e}")))?;
+        let rest = std::io::copy(member, &mut std::io::sink())
+            .map_err(|e| format!("the member is corrupt: {e}"))?;
         if rest > 0 {
-            return Err((
-                Some(name.clone()),
-                format!("{rest} bytes follow the array's data in its member"),
+            return Err(format!(
+                "{rest} bytes follow the array's data in its member"
             ));
         }
-        out.push((name, t));
-    }
+        out.push((name.to_owned(), t));
+        Ok(())
+    })?;
     Ok(out)
 }
 
@@ -204,11 +181,139 @@ fn checked_header(r: &mut impl Read) -> Result<Vec<u8>, String> {
     Ok(head)
 }
 
-/// Parses `.npy` bytes from a reader.
-fn npy_from_reader(mut r: impl Read) -> Result<Tensor, String> {
+/// What an array's header says: its element type and shape, known before its data is read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NpyHeader {
+    /// The array's name (an `.npz` member name without `.npy`; empty for a `.npy` file).
+    pub name: String,
+    /// The element type.
+    pub dtype: DType,
+    /// The shape, row-major.
+    pub shape: Vec<usize>,
+}
+
+/// The headers of every array of an `.npz` archive, in archive order, read without inflating
+/// the arrays' data: a caller checks the shapes against what it expects before [`read_npz`]
+/// inflates a member that claims a gigabyte.
+pub fn npz_headers(path: &Path) -> Result<Vec<NpyHeader>, NpyError> {
+    let file = open(path)?;
+    headers_from_reader(BufReader::new(file)).map_err(|(name, m)| error(path, name.as_deref(), m))
+}
+
+/// [`npz_headers`] of an archive's bytes; an error names the member.
+pub fn npz_headers_from_bytes(bytes: &[u8]) -> Result<Vec<NpyHeader>, String> {
+    headers_from_reader(std::io::Cursor::new(bytes)).map_err(|(name, m)| match name {
+        Some(n) => format!("array '{n}': {m}"),
+        None => m,
+    })
+}
+
+fn headers_from_reader<R: Read + std::io::Seek>(reader: R) -> Result<Vec<NpyHeader>, NpzError> {
+    let mut out: Vec<NpyHeader> = Vec::new();
+    each_member(reader, |name, member| {
+        let (dtype, shape) = npy_header(member).and_then(|npy| header_type(&npy))?;
+        out.push(NpyHeader {
+            name: name.to_owned(),
+            dtype,
+            shape,
+        });
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Calls `f` with each member of an `.npz` archive and its array name, in archive order
+/// (directories skipped, an array named twice refused); an error of `f` names the member.
+fn each_member<R: Read + std::io::Seek>(
+    reader: R,
+    mut f: impl FnMut(&str, &mut zip::read::ZipFile<'_, R>) -> Result<(), String>,
+) -> Result<(), NpzError> {
+    let mut reader = reader;
+    let listed = listed_members(&mut reader);
+    let mut zip =
+        zip::ZipArchive::new(reader).map_err(|e| (None, format!("not an .npz archive: {e}")))?;
+    // The archive reader keys members by name: two members of one name become one.
+    if let Some(listed) = listed
+        && listed != zip.len() as u64
+    {
+        return Err((
+            None,
+            format!(
+                "the archive lists {listed} members under {} distinct names: a member name \
+                 appears twice (an archive holds each array once)",
+                zip.len()
+            ),
+        ));
+    }
+    let mut names: Vec<String> = Vec::with_capacity(zip.len());
+    for i in 0..zip.len() {
+        let mut member = zip
+            .by_index(i)
+            .map_err(|e| (None, format!("member #{i}: {e}")))?;
+        if member.is_dir() {
+            continue;
+        }
+        let name = member_name(&member, i, names.iter().map(String::as_str))?;
+        f(&name, &mut member).map_err(|m| (Some(name.clone()), m))?;
+        names.push(name);
+    }
+    Ok(())
+}
+
+/// The member count an archive's end-of-central-directory record states (`None` when it
+/// cannot be read or defers to a ZIP64 record); the reader is left at the start.
+fn listed_members<R: Read + std::io::Seek>(r: &mut R) -> Option<u64> {
+    use std::io::SeekFrom;
+    let len = r.seek(SeekFrom::End(0)).ok()?;
+    // The record is 22 bytes plus a comment of at most 65,535.
+    let tail = len.min(22 + 65_535);
+    r.seek(SeekFrom::Start(len - tail)).ok()?;
+    let mut buf = vec![0u8; usize::try_from(tail).ok()?];
+    let read = r.read_exact(&mut buf);
+    r.seek(SeekFrom::Start(0)).ok()?;
+    read.ok()?;
+    let at = buf
+        .windows(4)
+        .rposition(|w| w == [0x50, 0x4b, 0x05, 0x06])?;
+    let count = u16::from_le_bytes([*buf.get(at + 10)?, *buf.get(at + 11)?]);
+    (count != u16::MAX).then_some(u64::from(count))
+}
+
+/// A member's array name (its name without `.npy`), refused when an earlier member in `seen`
+/// already gave that array.
+fn member_name<'a, R: Read>(
+    member: &zip::read::ZipFile<'_, R>,
+    i: usize,
+    mut seen: impl Iterator<Item = &'a str>,
+) -> Result<String, NpzError> {
+    let full = member
+        .name()
+        .map_err(|e| (None, format!("member #{i}: {e}")))?
+        .into_owned();
+    let name = full.strip_suffix(".npy").unwrap_or(&full).to_owned();
+    if let Some(other) = seen.find(|n| *n == name) {
+        return Err((
+            Some(name.clone()),
+            format!(
+                "member '{full}' names the array '{other}' a second time (an archive holds each \
+                 array once)"
+            ),
+        ));
+    }
+    Ok(name)
+}
+
+/// The array reader over a stream whose header was checked ([`checked_header`]).
+type Npy<R> = NpyFile<std::io::Chain<std::io::Cursor<Vec<u8>>, R>>;
+
+/// Reads and checks the header of a `.npy` stream; the reader then reads the data.
+fn npy_header<R: Read>(mut r: R) -> Result<Npy<R>, String> {
     let head = checked_header(&mut r)?;
-    let npy = NpyFile::new(std::io::Cursor::new(head).chain(r))
-        .map_err(|e| format!("not a .npy array: {e}"))?;
+    NpyFile::new(std::io::Cursor::new(head).chain(r)).map_err(|e| format!("not a .npy array: {e}"))
+}
+
+/// The element type and shape a header declares; an error for what cannot be read.
+fn header_type<R: Read>(npy: &NpyFile<R>) -> Result<(DType, Vec<usize>), String> {
     let shape: Vec<usize> = npy
         .shape()
         .iter()
@@ -219,7 +324,6 @@ fn npy_from_reader(mut r: impl Read) -> Result<Tensor, String> {
             "shape {shape:?}: more elements than fit in memory (the header is corrupt or hostile)"
         ));
     }
-    let fortran = npy.order() == Order::Fortran;
     let ts = match npy.dtype() {
         npyz::DType::Plain(ts) => ts,
         other => {
@@ -229,34 +333,56 @@ fn npy_from_reader(mut r: impl Read) -> Result<Tensor, String> {
             ));
         }
     };
-    let size = ts.size_field();
-    let unsupported = || {
-        let hint = if ts.type_char() == TypeChar::RawData {
-            " (bf16, fp8 and int4 arrays have no NumPy dtype; store them as their integer codes)"
-        } else {
-            ""
-        };
-        format!("dtype '{ts}' is not supported{hint}")
+    let dtype = match (ts.type_char(), ts.size_field()) {
+        (TypeChar::Bool, 1) => DType::Bool,
+        (TypeChar::Int, 1) => DType::I8,
+        (TypeChar::Int, 2) => DType::I16,
+        (TypeChar::Int, 4) => DType::I32,
+        (TypeChar::Int, 8) => DType::I64,
+        (TypeChar::Uint, 1) => DType::U8,
+        (TypeChar::Uint, 2) => DType::U16,
+        (TypeChar::Uint, 4) => DType::U32,
+        (TypeChar::Uint, 8) => DType::U64,
+        (TypeChar::Float, 2) => DType::F16,
+        (TypeChar::Float, 4) => DType::F32,
+        (TypeChar::Float, 8) => DType::F64,
+        (TypeChar::UnicodeStr, _) => DType::String,
+        _ => {
+            let hint = if ts.type_char() == TypeChar::RawData {
+                " (bf16, fp8 and int4 arrays have no NumPy dtype; store them as their integer \
+                 codes)"
+            } else {
+                ""
+            };
+            return Err(format!("dtype '{ts}' is not supported{hint}"));
+        }
     };
+    Ok((dtype, shape))
+}
+
+/// Parses `.npy` bytes from a reader.
+fn npy_from_reader(r: impl Read) -> Result<Tensor, String> {
+    let npy = npy_header(r)?;
+    let (dtype, shape) = header_type(&npy)?;
+    let fortran = npy.order() == Order::Fortran;
     fn read<T: Deserialize, R: Read>(npy: NpyFile<R>) -> Result<Vec<T>, String> {
         npy.into_vec::<T>()
             .map_err(|e| format!("cannot read the elements: {e}"))
     }
-    let (dtype, data) = match (ts.type_char(), size) {
-        (TypeChar::Bool, 1) => (DType::Bool, Data::Bool(read(npy)?)),
-        (TypeChar::Int, 1) => (DType::I8, Data::I8(read(npy)?)),
-        (TypeChar::Int, 2) => (DType::I16, Data::I16(read(npy)?)),
-        (TypeChar::Int, 4) => (DType::I32, Data::I32(read(npy)?)),
-        (TypeChar::Int, 8) => (DType::I64, Data::I64(read(npy)?)),
-        (TypeChar::Uint, 1) => (DType::U8, Data::U8(read(npy)?)),
-        (TypeChar::Uint, 2) => (DType::U16, Data::U16(read(npy)?)),
-        (TypeChar::Uint, 4) => (DType::U32, Data::U32(read(npy)?)),
-        (TypeChar::Uint, 8) => (DType::U64, Data::U64(read(npy)?)),
-        (TypeChar::Float, 2) => (DType::F16, Data::F16(read::<f16, _>(npy)?)),
-        (TypeChar::Float, 4) => (DType::F32, Data::F32(read(npy)?)),
-        (TypeChar::Float, 8) => (DType::F64, Data::F64(read(npy)?)),
-        (TypeChar::UnicodeStr, _) => (DType::String, Data::Str(read(npy)?)),
-        _ => return Err(unsupported()),
+    let data = match dtype {
+        DType::Bool => Data::Bool(read(npy)?),
+        DType::I8 => Data::I8(read(npy)?),
+        DType::I16 => Data::I16(read(npy)?),
+        DType::I32 => Data::I32(read(npy)?),
+        DType::I64 => Data::I64(read(npy)?),
+        DType::U8 => Data::U8(read(npy)?),
+        DType::U16 => Data::U16(read(npy)?),
+        DType::U32 => Data::U32(read(npy)?),
+        DType::U64 => Data::U64(read(npy)?),
+        DType::F16 => Data::F16(read::<f16, _>(npy)?),
+        DType::F32 => Data::F32(read(npy)?),
+        DType::F64 => Data::F64(read(npy)?),
+        _ => Data::Str(read(npy)?),
     };
     let data = if fortran && shape.len() > 1 {
         to_row_major(data, &shape)

@@ -25,5 +25,5 @@ pub use manager::{
     DumpAfter, OptLevel, ParseOptLevelError, PassManager, PassRun, PipelineReport, after_quant,
     pipeline, pipeline_before_quant,
 };
-pub use pass::{EGraphStats, Firing, Pass, PassError, PassOptions, PassReport};
+pub use pass::{EGraphStats, Firing, Interrupt, Pass, PassError, PassOptions, PassReport};
 pub use target::{Target, TargetRef};

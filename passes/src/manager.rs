@@ -10,7 +10,7 @@ use crate::canonicalize::Canonicalize;
 use crate::const_fold::ConstFold;
 use crate::dce::Dce;
 use crate::egraph::RewritePass;
-use crate::pass::{Pass, PassError, PassOptions, PassReport};
+use crate::pass::{Interrupt, Pass, PassError, PassOptions, PassReport};
 use crate::target::TargetRef;
 
 /// An optimization level.
@@ -143,6 +143,8 @@ pub struct PassManager {
     pub time: bool,
     /// Print the module after the selected passes into [`PassRun::dump`].
     pub dump_after: Option<DumpAfter>,
+    /// Stop before the next pass once this is set.
+    pub interrupt: Option<Interrupt>,
     target: TargetRef,
 }
 
@@ -262,6 +264,7 @@ impl PassManager {
             verify: cfg!(debug_assertions),
             time: false,
             dump_after: None,
+            interrupt: None,
             target: TargetRef::default(),
         }
     }
@@ -297,6 +300,11 @@ impl PassManager {
             check(m, "input")?;
         }
         for pass in &self.passes {
+            if self.interrupt.as_ref().is_some_and(Interrupt::is_set) {
+                return Err(PassError::Interrupted {
+                    pass: pass.name().to_owned(),
+                });
+            }
             let start = Instant::now();
             let report = pass.run(m, opts)?;
             let time = start.elapsed();

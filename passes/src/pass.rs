@@ -15,6 +15,28 @@ pub struct PassOptions {
     pub explain: bool,
 }
 
+/// A request to stop, set from another thread (Ctrl-C in a Python session): the pass manager
+/// checks it between passes, and calibration before each sample. Clones share one flag.
+#[derive(Clone, Debug, Default)]
+pub struct Interrupt(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Interrupt {
+    /// A flag that is not set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks the work to stop at its next check.
+    pub fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether stopping was asked for.
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// One rule application recorded for `--explain`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Firing {
@@ -83,6 +105,12 @@ pub enum PassError {
         pass: String,
         /// What went wrong and where.
         message: String,
+    },
+    /// The work was asked to stop ([`Interrupt`]) before the pass.
+    #[error("interrupted before {pass}")]
+    Interrupted {
+        /// The pass that did not run.
+        pass: String,
     },
 }
 

@@ -41,17 +41,46 @@ ModelLike = Union[str, os.PathLike, bytes, "onnx.ModelProto", "Model"]  # noqa: 
 Sample = Mapping[str, np.ndarray]
 
 
-def _npy(array: Any) -> bytes:
+def _npy(array: Any, what: str) -> bytes:
+    try:
+        # np.require keeps a 0-d array 0-d (np.ascontiguousarray makes it shape [1]).
+        a = np.require(np.asarray(array), requirements="C")
+    except (ValueError, TypeError) as e:
+        raise TypeError(f"{what}: expected an array, got {type(array).__name__} ({e})") from None
+    if a.dtype.kind not in "biufU":
+        raise TypeError(
+            f"{what}: expected an array of numbers, booleans or strings, got dtype {a.dtype} "
+            f"(from {type(array).__name__})"
+        )
     buf = io.BytesIO()
-    # np.require keeps a 0-d array 0-d (np.ascontiguousarray makes it shape [1]).
-    np.save(buf, np.require(np.asarray(array), requirements="C"), allow_pickle=False)
+    np.save(buf, a, allow_pickle=False)
     return buf.getvalue()
 
 
 def _arrays(sample: Sample, what: str) -> list[tuple[str, bytes]]:
     if not isinstance(sample, Mapping):
         raise TypeError(f"{what}: expected a dict of input name to array, got {type(sample).__name__}")
-    return [(str(name), _npy(value)) for name, value in sample.items()]
+    out = []
+    for name, value in sample.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: input names are strings, got {type(name).__name__} {name!r}")
+        out.append((name, _npy(value, f"{what}: input '{name}'")))
+    return out
+
+
+def _expect(name: str, value: Any, kind: type | tuple[type, ...], optional: bool = False) -> None:
+    """Raises TypeError unless ``value`` is of ``kind`` (``None`` too when ``optional``); a bool
+    is not taken for a number."""
+    if value is None and optional:
+        return
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        ok = False
+    else:
+        ok = isinstance(value, kinds)
+    if not ok:
+        names = " or ".join(k.__name__ for k in kinds) + (" or None" if optional else "")
+        raise TypeError(f"{name}: expected {names}, got {type(value).__name__} {value!r}")
 
 
 def _model_path(model: ModelLike, tmp: str) -> str:
@@ -187,6 +216,32 @@ def compile(
     """
     import onnx
 
+    for name, value, kind, optional in [
+        ("target", target, str, False),
+        ("level", level, int, False),
+        ("quant", quant, str, True),
+        ("observer", observer, str, False),
+        ("report", report, bool, False),
+        ("placement", placement, str, False),
+        ("smoothquant", smoothquant, (int, float), True),
+        ("awq", awq, bool, False),
+        ("block", block, int, False),
+        ("asym", asym, bool, False),
+        ("int4_accuracy_level", int4_accuracy_level, int, True),
+        ("modality", modality, Mapping, True),
+        ("auto", auto, (int, float), True),
+        ("progress", progress, bool, True),
+        ("symbols", symbols, Mapping, True),
+        ("kv_cache", kv_cache, str, True),
+        ("image_cache", image_cache, str, True),
+        ("granularity", granularity, str, False),
+        ("skip_non_finite", skip_non_finite, bool, False),
+        ("precision_map", precision_map, (str, os.PathLike), True),
+        ("output", output, (str, os.PathLike), True),
+    ]:
+        _expect(name, value, kind, optional)
+    for k, v in (modality or {}).items():
+        _expect(f"modality[{k!r}]", v, str)
     if target == "trt" and output is None:
         raise ValueError("target='trt' writes a package directory: pass output=DIR")
     profiles = {
@@ -203,13 +258,13 @@ def compile(
         "calibration_random": None,
         "observer": observer,
         "placement": placement,
-        "smoothquant": smoothquant,
+        "smoothquant": None if smoothquant is None else float(smoothquant),
         "awq": bool(awq),
         "block": int(block),
         "asym": bool(asym),
         "int4_accuracy_level": None if int4_accuracy_level is None else int(int4_accuracy_level),
         "modality": dict(modality or {}),
-        "auto": auto,
+        "auto": None if auto is None else float(auto),
         "accuracy": "full" if report else "off",
         "symbols": profiles,
         "kv_cache": kv_cache,
@@ -229,7 +284,15 @@ def compile(
     elif isinstance(calibration, (str, os.PathLike)):
         options["calibration_dir"] = os.fspath(calibration)
     elif calibration is not None:
-        samples = [_arrays(s, f"calibration sample {i}") for i, s in enumerate(calibration)]
+        try:
+            it = iter(calibration)
+        except TypeError:
+            raise TypeError(
+                "calibration: expected samples (an iterable of dicts), a directory or a count, "
+                f"got {type(calibration).__name__}"
+            ) from None
+        # Read one sample at a time as calibration asks for it (an endless iterator is fine).
+        samples = (_arrays(s, f"calibration sample {i}") for i, s in enumerate(it))
     with tempfile.TemporaryDirectory(prefix="mmq-") as tmp:
         src = _model_path(model, tmp)
         out = os.fspath(output) if output is not None else os.path.join(tmp, "out.onnx")

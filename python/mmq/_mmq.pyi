@@ -1,6 +1,6 @@
 """Type stubs of the native module (use the functions of `mmq` instead)."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from os import PathLike
 
 __version__: str
@@ -19,7 +19,7 @@ def compile(
     inputs: Sequence[str | PathLike[str]],
     output: str | PathLike[str],
     options_json: str,
-    samples: Sequence[Sequence[tuple[str, bytes]]] | None = None,
+    samples: Iterator[Sequence[tuple[str, bytes]]] | None = None,
     progress: Callable[[str, int | None], object] | None = None,
 ) -> tuple[str, str]: ...
 def load(paths: Sequence[str | PathLike[str]]) -> Model: ...

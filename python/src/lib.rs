@@ -80,9 +80,9 @@ struct Options {
     skip_non_finite: bool,
 }
 
-/// `CompileOptions` from the Python keywords; `samples` are the calibration samples given as
-/// arrays (each a list of name and `.npy` bytes).
-fn options(o: Options, samples: Option<Vec<Arrays>>) -> PyResult<(CompileOptions, String)> {
+/// `CompileOptions` from the Python keywords; `samples` streams the calibration samples given
+/// as arrays (each a list of name and `.npy` bytes).
+fn options(o: Options, samples: Option<SampleIter>) -> PyResult<(CompileOptions, String)> {
     let target = match o.target.as_str() {
         "ort" | "trt" => TargetRef::by_name(&o.target).ok_or_else(|| err("no such target"))?,
         t => {
@@ -122,14 +122,7 @@ fn options(o: Options, samples: Option<Vec<Arrays>>) -> PyResult<(CompileOptions
     let calibration = match (o.calibration_dir, o.calibration_random, samples) {
         (Some(dir), None, None) => CalibrationSource::Dir(dir),
         (None, Some(count), None) => CalibrationSource::Random { count, seed: 0 },
-        (None, None, Some(samples)) => {
-            let decoded: Vec<Result<Sample, String>> = samples
-                .into_iter()
-                .enumerate()
-                .map(|(i, arrays)| decode_sample(arrays).map_err(|e| format!("sample {i}: {e}")))
-                .collect();
-            CalibrationSource::stream(decoded)
-        }
+        (None, None, Some(samples)) => CalibrationSource::stream(samples),
         (None, None, None) => CalibrationSource::Default,
         _ => {
             return Err(err(
@@ -196,6 +189,7 @@ fn options(o: Options, samples: Option<Vec<Arrays>>) -> PyResult<(CompileOptions
             dump_after: None,
             verify: cfg!(debug_assertions),
             progress: None,
+            interrupt: None,
         },
         warnings,
     ))
@@ -210,6 +204,72 @@ fn decode_sample(arrays: Arrays) -> Result<Sample, String> {
                 .map_err(|e| format!("array '{name}': {e}"))
         })
         .collect()
+}
+
+/// Calibration samples pulled from a Python iterator one at a time (with the GIL held for each
+/// pull), so an endless iterator is read only as far as calibration goes. An exception the
+/// iterator raises ends the stream and is kept in `raised`, to be raised as it was.
+struct SampleIter {
+    iter: Py<PyAny>,
+    index: usize,
+    raised: Arc<std::sync::Mutex<Option<PyErr>>>,
+}
+
+impl Iterator for SampleIter {
+    type Item = Result<Sample, String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let index = self.index;
+        self.index += 1;
+        let arrays = Python::with_gil(|py| -> Result<Option<Arrays>, PyErr> {
+            let next = self.iter.bind(py).call_method0("__next__");
+            match next {
+                Ok(item) => item.extract::<Arrays>().map(Some),
+                Err(e) if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        match arrays {
+            Ok(None) => None,
+            Ok(Some(arrays)) => {
+                Some(decode_sample(arrays).map_err(|e| format!("sample {index}: {e}")))
+            }
+            Err(e) => {
+                let message = e.to_string();
+                *self.raised.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                Some(Err(message))
+            }
+        }
+    }
+}
+
+/// Runs `work` on a thread of its own while this thread, holding the GIL between short sleeps,
+/// lets Python handle signals: Ctrl-C sets `stop` (the work stops at its next check and writes
+/// nothing) and is raised as `KeyboardInterrupt` once the work has returned.
+fn interruptible<T: Send>(
+    py: Python<'_>,
+    stop: &mmq_passes::Interrupt,
+    work: impl FnOnce() -> PyResult<T> + Send,
+) -> PyResult<T> {
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(work);
+        let mut signal: Option<PyErr> = None;
+        while !handle.is_finished() {
+            py.allow_threads(|| std::thread::sleep(std::time::Duration::from_millis(20)));
+            if signal.is_none()
+                && let Err(e) = py.check_signals()
+            {
+                stop.set();
+                signal = Some(e);
+            }
+        }
+        let out = py.allow_threads(|| handle.join());
+        let out = out.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        match signal {
+            Some(e) => Err(e),
+            None => out,
+        }
+    })
 }
 
 /// Calls the Python progress callback `(event, total)`.
@@ -252,7 +312,9 @@ fn warn(text: &str) {
 }
 
 /// Compiles the models at `inputs` with `options` (JSON) and writes the result to `output`;
-/// returns the compile report (JSON) and the precision map's warnings.
+/// returns the compile report (JSON) and the precision map's warnings. `samples` is an
+/// iterator of calibration samples (each a list of name and `.npy` bytes), read as calibration
+/// goes. Ctrl-C stops the compilation, writes nothing and raises `KeyboardInterrupt`.
 #[pyfunction]
 #[pyo3(signature = (inputs, output, options_json, samples=None, progress=None))]
 fn compile(
@@ -260,7 +322,7 @@ fn compile(
     inputs: Vec<PathBuf>,
     output: PathBuf,
     options_json: &str,
-    samples: Option<Vec<Arrays>>,
+    samples: Option<Py<PyAny>>,
     progress: Option<Py<PyAny>>,
 ) -> PyResult<(String, String)> {
     let o: Options = serde_json::from_str(options_json).map_err(err)?;
@@ -280,10 +342,25 @@ fn compile(
             "symbols sets TensorRT profiles; it needs target=\"trt\"",
         ));
     }
+    let raised = Arc::new(std::sync::Mutex::new(None));
+    let samples = samples.map(|iter| SampleIter {
+        iter,
+        index: 0,
+        raised: Arc::clone(&raised),
+    });
     let (mut options, warnings) = options(o, samples)?;
     options.progress = progress.map(progress_fn);
     options.check().map_err(err)?;
-    py.allow_threads(|| {
+    let stop = mmq_passes::Interrupt::new();
+    options.interrupt = Some(stop.clone());
+    let stopped = || {
+        if stop.is_set() {
+            Err(err("interrupted"))
+        } else {
+            Ok(())
+        }
+    };
+    let result = interruptible(py, &stop, || {
         let mut module = load(&inputs)?;
         if !mmq_compiler::writes_several_models(&module, &options) || trt {
             mmq_compiler::export::check_output(&output).map_err(err)?;
@@ -292,6 +369,7 @@ fn compile(
             mmq_compiler::export::check_distinct_outputs(&inputs, &output).map_err(err)?;
         }
         let report = mmq_compiler::compile(&mut module, &options).map_err(err)?;
+        stopped()?;
         if trt {
             let package = mmq_compiler::export::write_trt(
                 &module,
@@ -314,7 +392,15 @@ fn compile(
         }
         mmq_compiler::export::write(&module, &inputs, &output).map_err(err)?;
         Ok((report.to_json(), warnings))
-    })
+    });
+    // An exception of the samples' iterator is raised as it was (a TypeError of a sample stays
+    // a TypeError).
+    if result.is_err()
+        && let Some(e) = raised.lock().unwrap_or_else(|e| e.into_inner()).take()
+    {
+        return Err(e);
+    }
+    result
 }
 
 /// A loaded model.

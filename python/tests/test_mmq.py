@@ -3,6 +3,7 @@ interpreter and the compiled models against ONNX Runtime, byte-identical output 
 command line, calibration from an iterator, and errors."""
 
 import logging
+import os
 import subprocess
 
 import numpy as np
@@ -288,3 +289,78 @@ def test_a_scalar_input_stays_a_scalar():
     np.testing.assert_array_equal(got["y"], [0.0, 2.0, 4.0])
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"s": np.array(2.0, np.float32), "v": feeds["v"]})
     np.testing.assert_array_equal(got["rank_of_s"], want[1])
+
+
+def _endless(make):
+    i = 0
+    while True:
+        yield make(i)
+        i += 1
+
+
+def test_ctrl_c_during_compile_raises_and_writes_nothing(tmp_path, monkeypatch):
+    """Ctrl-C while compiling (sent here by the progress display, called from the native code
+    at the third calibration sample, where a KeyboardInterrupt used to be swallowed) raises
+    KeyboardInterrupt at once; the output is not written. The samples' iterator is endless: it
+    is read only as far as calibration goes."""
+    import signal
+
+    class Interrupting:
+        advances = 0
+
+        def __call__(self, event, total):
+            if event == "advance":
+                Interrupting.advances += 1
+                if Interrupting.advances == 3:
+                    os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(mmq, "_Progress", Interrupting)
+    pulled = []
+
+    def sample(i):
+        pulled.append(i)
+        return {"pixel_values": np.random.default_rng(i).standard_normal((2, 3, 32, 32), np.float32)}
+
+    fx = fixture("vit") / "model.onnx"
+    out = tmp_path / "out.onnx"
+    with pytest.raises(KeyboardInterrupt):
+        mmq.compile(fx, quant="int8", calibration=_endless(sample), output=out, progress=True)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+    assert 3 <= len(pulled) < 50, len(pulled)
+
+
+def test_an_endless_iterator_of_wrong_samples_stops_at_the_first():
+    fx = fixture("vit") / "model.onnx"
+    pulled = []
+
+    def sample(i):
+        pulled.append(i)
+        return {"pixel_values": np.zeros((2, 3, 32, 32), np.float64)}
+
+    with pytest.raises(mmq.MmqError, match=r"sample 0: .*dtype f64 instead of f32"):
+        mmq.compile(fx, quant="int8", calibration=_endless(sample))
+    assert pulled == [0]
+
+
+def test_wrong_python_types_raise_type_error(tmp_path):
+    fx = fixture("vit") / "model.onnx"
+    for kwargs, match in [
+        ({"level": "2"}, r"level: expected int, got str '2'"),
+        ({"block": 3.5}, "block: expected int"),
+        ({"awq": 1}, "awq: expected bool"),
+        ({"smoothquant": "strong"}, "smoothquant: expected int or float or None"),
+        ({"modality": {"pixel_values": 3}}, r"modality\['pixel_values'\]: expected str"),
+        ({"quant": 8}, "quant: expected str or None"),
+        ({"calibration": object()}, "calibration: expected samples"),
+        ({"quant": "int8", "calibration": [{"pixel_values": {"a": 1}}]},
+         "calibration sample 0: input 'pixel_values': expected an array of numbers"),
+        ({"quant": "int8", "calibration": [{"pixel_values": [[1.0, 2.0], [3.0]]}]},
+         "calibration sample 0: input 'pixel_values': expected an array, got list"),
+        ({"quant": "int8", "calibration": [{0: np.zeros(3)}]}, "input names are strings"),
+    ]:
+        with pytest.raises(TypeError, match=match):
+            mmq.compile(fx, output=tmp_path / "o.onnx", **kwargs)
+    with pytest.raises(TypeError, match="inputs: input 'pixel_values': expected an array of numbers"):
+        mmq.run(fx, {"pixel_values": object()})
+    assert list(tmp_path.iterdir()) == []

@@ -17,7 +17,7 @@ use mmq_passes::quant::calibrate::{self, Observer};
 use mmq_passes::quant::int8::{Int8Pass, Int8Scheme};
 use mmq_passes::quant::place::Placement;
 use mmq_passes::{PassManager, PassOptions};
-use mmq_tests::{cosine, repo_root};
+use mmq_tests::{cosine, repo_root, scratch_dir};
 
 fn load(name: &str) -> Module {
     mmq_tests::load_fixture_o2(name)
@@ -240,13 +240,31 @@ fn random_samples_respect_vocabulary_and_symbols() {
 
 #[test]
 fn dir_samples_reads_npz_in_order_and_reports_bad_folders() {
-    let dir = repo_root().join("tests/fixtures/vit");
-    let samples: Vec<_> = calibrate::dir_samples(&dir)
+    let m = load("vit");
+    let graph = m.entries[0].graph;
+    let fixture = repo_root().join("tests/fixtures/vit");
+    let dir = scratch_dir("dir-samples");
+    for name in ["a.npz", "b.npz"] {
+        std::fs::copy(fixture.join("inputs.npz"), dir.join(name)).expect("copy");
+    }
+    let samples: Vec<_> = calibrate::dir_samples(&m, graph, &dir)
         .expect("folder")
         .collect::<Result<_, _>>()
         .expect("npz files");
-    assert_eq!(samples.len(), 2); // inputs.npz, outputs.npz
-    let err = calibrate::dir_samples(&repo_root().join("tests/no-such-dir"))
+    assert_eq!(samples.len(), 2);
+    // A file of arrays that are no inputs (the fixture's expected outputs) is refused from its
+    // headers, as its run would be: the third sample, naming the array.
+    std::fs::copy(fixture.join("outputs.npz"), dir.join("c.npz")).expect("copy");
+    let err = calibrate::dir_samples(&m, graph, &dir)
+        .expect("folder")
+        .collect::<Result<Vec<_>, _>>()
+        .expect_err("outputs are no inputs");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("sample 2: input last_hidden_state: not an input of graph"),
+        "{text}"
+    );
+    let err = calibrate::dir_samples(&m, graph, &repo_root().join("tests/no-such-dir"))
         .err()
         .expect("missing folder is an error");
     assert!(err.to_string().contains("cannot read"), "{err}");

@@ -150,6 +150,9 @@ pub enum CalibError {
     /// cannot be drawn).
     #[error("{0}")]
     Module(String),
+    /// The work was asked to stop ([`crate::Interrupt`]) before the next sample.
+    #[error("interrupted")]
+    Interrupted,
     /// The interpreter failed on sample `index`.
     #[error("sample {index}: {message}")]
     Run {
@@ -535,10 +538,13 @@ where
 }
 
 /// The `.npz` files of `dir` in name order, read one at a time as samples (keyed by array name,
-/// which must be the graph input names).
-pub fn dir_samples(
+/// which must be the graph input names). Each file's headers are checked against the inputs
+/// of `graph` before its arrays are inflated.
+pub fn dir_samples<'m>(
+    m: &'m Module,
+    graph: GraphId,
     dir: &Path,
-) -> Result<impl Iterator<Item = Result<Sample, CalibError>> + use<>, CalibError> {
+) -> Result<impl Iterator<Item = Result<Sample, CalibError>> + use<'m>, CalibError> {
     let files = npz_paths(dir)?;
     if files.is_empty() {
         return Err(CalibError::Sample {
@@ -546,11 +552,22 @@ pub fn dir_samples(
             message: "no .npz files (one sample per file, arrays named after the inputs)".into(),
         });
     }
-    Ok(files.into_iter().map(|path| {
-        let arrays = mmq_kernels::io::read_npz(&path).map_err(|e| CalibError::Sample {
+    let interp = mmq_kernels::Interpreter::new(m);
+    Ok(files.into_iter().enumerate().map(move |(index, path)| {
+        let sample_error = |message: String| CalibError::Sample {
             path: path.clone(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        let headers =
+            mmq_kernels::io::npz_headers(&path).map_err(|e| sample_error(e.to_string()))?;
+        // As a run of the sample would fail, before the arrays are inflated.
+        interp
+            .check_headers(graph, &headers)
+            .map_err(|e| CalibError::Run {
+                index,
+                message: e.to_string(),
+            })?;
+        let arrays = mmq_kernels::io::read_npz(&path).map_err(|e| sample_error(e.to_string()))?;
         Ok(arrays
             .into_iter()
             .map(|(k, t)| (k, RtValue::from(t)))

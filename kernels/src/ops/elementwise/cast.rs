@@ -1,6 +1,6 @@
 //! `Cast` and `CastLike`: every pair of dtypes, with numpy's conversions (float to integer
 //! truncates; out-of-range values behave as numpy's `astype` on x86-64), ONNX's saturation for
-//! the fp8 types, and numpy's text formats for strings.
+//! the fp8 types, and ONNX Runtime's text for floats cast to strings.
 
 use half::{bf16, f16};
 use mmq_ir::{DType, Op};
@@ -135,31 +135,32 @@ fn from_i64(to: DType, shape: Vec<usize>, v: &[i64]) -> Result<Tensor, KernelErr
     Tensor::new(to, shape, data)
 }
 
-/// numpy's `str()` of a float: shortest round-trip digits, positional for 1e-4 <= |x| < 1e16,
-/// scientific (`1.5e-05`) otherwise.
-fn float_text(x: f64, shortest: impl Fn(bool) -> String) -> String {
+/// A float as ONNX Runtime writes it: `NaN`, `INF`, `-INF`, otherwise C's `%.8g` (8 significant
+/// digits, trailing zeros dropped, scientific below 1e-4 and from 1e8), for every float type.
+fn float_text(x: f64) -> String {
     if x.is_nan() {
-        return "nan".into();
+        return "NaN".into();
     }
     if x.is_infinite() {
-        return if x > 0.0 { "inf".into() } else { "-inf".into() };
+        return if x > 0.0 { "INF".into() } else { "-INF".into() };
     }
-    let a = x.abs();
-    if a == 0.0 || (1e-4..1e16).contains(&a) {
-        let s = shortest(false);
-        if s.contains('.') { s } else { format!("{s}.0") }
-    } else {
-        let s = shortest(true);
-        match s.split_once('e') {
-            Some((m, e)) => {
-                let (sign, digits) = match e.strip_prefix('-') {
-                    Some(d) => ('-', d),
-                    None => ('+', e),
-                };
-                format!("{m}e{sign}{digits:0>2}")
-            }
-            None => s,
+    const DIGITS: i32 = 8;
+    // The exponent after rounding to DIGITS significant digits decides the style, as in C.
+    let sci = format!("{x:.*e}", (DIGITS - 1) as usize);
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let trim = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_owned()
+        } else {
+            s.to_owned()
         }
+    };
+    if !(-4..DIGITS).contains(&exp) {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim(mantissa), exp.abs())
+    } else {
+        trim(&format!("{x:.*}", (DIGITS - 1 - exp) as usize))
     }
 }
 
@@ -168,44 +169,13 @@ fn to_strings(x: &Tensor) -> Result<Vec<String>, KernelError> {
         Data::Str(v) => v.clone(),
         Data::Bool(v) => v
             .iter()
-            .map(|&b| if b { "True" } else { "False" }.to_owned())
+            .map(|&b| if b { "1" } else { "0" }.to_owned())
             .collect(),
-        Data::F32(v) => v
-            .iter()
-            .map(|&f| {
-                float_text(f64::from(f), |sci| {
-                    if sci {
-                        format!("{f:e}")
-                    } else {
-                        format!("{f}")
-                    }
-                })
-            })
-            .collect(),
-        Data::F64(v) => v
-            .iter()
-            .map(|&f| {
-                float_text(f, |sci| {
-                    if sci {
-                        format!("{f:e}")
-                    } else {
-                        format!("{f}")
-                    }
-                })
-            })
-            .collect(),
+        Data::F64(v) => v.iter().map(|&f| float_text(f)).collect(),
         _ if x.dtype.is_float() => x
             .to_f32()?
             .into_iter()
-            .map(|f| {
-                float_text(f64::from(f), |sci| {
-                    if sci {
-                        format!("{f:e}")
-                    } else {
-                        format!("{f}")
-                    }
-                })
-            })
+            .map(|f| float_text(f64::from(f)))
             .collect(),
         Data::U64(v) => v.iter().map(u64::to_string).collect(),
         _ => x.to_i64()?.iter().map(i64::to_string).collect(),

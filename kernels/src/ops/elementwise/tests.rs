@@ -240,10 +240,10 @@ fn cast_numbers_strings_and_ints() {
         s.data,
         Data::Str(vec![
             "-1.7".into(),
-            "2.9".into(),
-            "1e-05".into(),
+            "2.9000001".into(),
+            "9.9999997e-06".into(),
             "0.5".into(),
-            "nan".into()
+            "NaN".into()
         ])
     );
     let back = one(
