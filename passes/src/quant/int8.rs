@@ -815,16 +815,7 @@ fn dq_weight(
     let data = &m.consts[c];
     let shape: Vec<usize> = data.shape.iter().map(|&d| d as usize).collect();
     let ishape = data.shape.clone();
-    let t = Tensor::from_const(data).map_err(|e| fail(format!("weight: {e}")))?;
-    let xs = t.into_f32().map_err(|e| fail(format!("weight: {e}")))?;
-    if let Some(i) = xs.iter().position(|v| !v.is_finite()) {
-        return Err(fail(format!(
-            "weight '{}': non-finite value {} at element {i}: it would become a finite code \
-             without a word; fix the weight or keep this node in float",
-            data.name.as_deref().unwrap_or("<unnamed>"),
-            xs[i]
-        )));
-    }
+    let xs = finite_weight(data)?;
     let (codes, scales) = if b.per_tensor {
         quantize_weight_per_channel(&xs, &[1, xs.len()], 0, b.qmax)
     } else {
@@ -940,6 +931,22 @@ fn conv_static(
     Ok(())
 }
 
+/// A weight's values, refused when one is NaN or infinite (it would become a finite code
+/// without a word), as every quantizing pass refuses them.
+fn finite_weight(data: &mmq_ir::ConstData) -> Result<Vec<f32>, PassError> {
+    let t = Tensor::from_const(data).map_err(|e| fail(format!("weight: {e}")))?;
+    let xs = t.into_f32().map_err(|e| fail(format!("weight: {e}")))?;
+    if let Some(i) = xs.iter().position(|v| !v.is_finite()) {
+        return Err(fail(format!(
+            "weight '{}': non-finite value {} at element {i}: it would become a finite code \
+             without a word; fix the weight or keep this node in float (--skip-non-finite)",
+            data.name.as_deref().unwrap_or("<unnamed>"),
+            xs[i]
+        )));
+    }
+    Ok(xs)
+}
+
 fn matmul_dynamic(
     m: &mut Module,
     b: &mut Builder,
@@ -954,8 +961,7 @@ fn matmul_dynamic(
     let data = &m.consts[c];
     let shape: Vec<usize> = data.shape.iter().map(|&d| d as usize).collect();
     let ishape = data.shape.clone();
-    let t = Tensor::from_const(data).map_err(|e| fail(format!("weight: {e}")))?;
-    let xs = t.into_f32().map_err(|e| fail(format!("weight: {e}")))?;
+    let xs = finite_weight(data)?;
     let (codes, scales) = quantize_weight_per_channel(&xs, &shape, 1, b.qmax);
     let act = s.act;
     let wname = b.name(m, s.weight, "quantized");
