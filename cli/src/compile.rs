@@ -11,10 +11,9 @@ use mmq_compiler::{
     Accuracy, CalibrationSource, CompileOptions, CompileReport, Int4Options, Precision, Progress,
     QuantScheme, Stage, load,
 };
-use mmq_ir::modality::Modality;
 use mmq_passes::quant::calibrate::Observer;
 use mmq_passes::quant::place::Placement;
-use mmq_passes::{DumpAfter, OptLevel, TargetRef};
+use mmq_passes::{DumpAfter, TargetRef};
 
 use mmq_compiler::run_files::RunFiles;
 
@@ -75,73 +74,146 @@ pub fn parse_observer(s: &str) -> Result<Observer, String> {
         .map_err(|e: mmq_passes::quant::calibrate::CalibError| e.to_string())
 }
 
-/// What `mmq compile` was asked to do.
+/// What `mmq compile` was asked to do: its command-line arguments.
+#[derive(clap::Args, Debug)]
 pub struct CompileArgs {
-    /// The models (several ONNX files load as one module).
+    /// The ONNX models (several load as one module and export into the directory OUT).
+    #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
-    /// The target.
+    /// The target (ONNX Runtime unless given).
+    #[arg(long, value_enum, default_value_t = CompileTarget::Ort)]
     pub target: CompileTarget,
-    /// The optimization level.
-    pub level: OptLevel,
-    /// The output file (one model) or directory (several).
+    /// Optimization level: -O0 (none), -O1 (canonicalize, const-fold, dce), -O2 (also the
+    /// rule sets).
+    #[arg(short = 'O', value_name = "LEVEL", default_value = "2", value_parser = crate::parse_level)]
+    pub level: mmq_passes::OptLevel,
+    /// Output ONNX file (a directory when there are several inputs, and for --target trt:
+    /// the TensorRT package).
+    #[arg(short, long)]
     pub output: PathBuf,
-    /// Print the module after these passes to stderr.
-    pub dump_after: Option<String>,
-    /// Print a table of pass times and counters to stderr.
-    pub time_passes: bool,
-    /// Write the compile report (passes, accuracy) here as JSON and print the accuracy table.
-    pub report: Option<PathBuf>,
-    /// Skip the end-to-end accuracy line a quantizing run prints by default.
-    pub no_accuracy: bool,
-    /// `--quant SCHEME`.
-    pub quant: Option<QuantArg>,
-    /// `--calib DIR`.
-    pub calib: Option<PathBuf>,
-    /// `--calib-random N`.
-    pub calib_random: Option<usize>,
-    /// `--observer`.
-    pub observer: Observer,
-    /// `--placement`.
-    pub placement: PlacementArg,
-    /// `--precision-map MAP.toml` for `--quant mixed` (implies it).
-    pub precision_map: Option<PathBuf>,
-    /// `--modality INPUT=KIND` overrides.
-    pub modality: Vec<(String, Modality)>,
-    /// `--block`: INT4 block size.
-    pub block: usize,
-    /// `--asym`: asymmetric INT4 blocks.
-    pub asym: bool,
-    /// `--int4-accuracy-level`: MatMulNBits' accuracy_level (`None`: the target's).
-    pub int4_accuracy_level: Option<i64>,
-    /// `--granularity`: run-time activation scales of int8-dynamic.
-    pub granularity: mmq_passes::quant::int8::ActGranularity,
-    /// `--skip-non-finite`: nodes with NaN/Inf weights stay float.
-    pub skip_non_finite: bool,
-    /// `--symbol NAME=MIN:OPT:MAX` (TensorRT profiles).
+    /// --target trt: the optimization profile of a symbolic dim (repeatable; defaults from
+    /// the symbol's name and bounds).
+    #[arg(long = "symbol", value_name = "NAME=MIN:OPT:MAX", value_parser = parse_symbol)]
     pub symbols: Vec<(String, mmq_backend_trt::Profile)>,
-    /// `--smoothquant ALPHA`: SmoothQuant before INT8.
+    /// Print the module to stderr after this pass (or `all`).
+    #[arg(long, value_name = "PASS|all")]
+    pub dump_after: Option<String>,
+    /// Print the time and counters of each pass to stderr.
+    #[arg(long)]
+    pub time_passes: bool,
+    /// Write the compile report here as JSON (each pass with its time, counters, notes and
+    /// e-graph sizes; the accuracy of the compiled model against the original in the
+    /// interpreter: per-layer SQNR and cosine, end-to-end cosine and top-1 agreement) and
+    /// print the accuracy table.
+    #[arg(long, value_name = "OUT.json")]
+    pub report: Option<PathBuf>,
+    /// Do not measure accuracy after quantizing (by default a quantizing run prints the
+    /// end-to-end cosine of the main output on held-back samples).
+    #[arg(long)]
+    pub no_accuracy: bool,
+    /// Quantize after the optimization passes.
+    #[arg(long, value_enum, value_name = "SCHEME")]
+    pub quant: Option<QuantArg>,
+    /// Calibration samples: a folder of .npz files, one sample each, keyed by input name.
+    #[arg(long, value_name = "DIR")]
+    pub calib: Option<PathBuf>,
+    /// Calibrate on N random samples (the default, with 16, when --calib is not given).
+    #[arg(long, value_name = "N")]
+    pub calib_random: Option<usize>,
+    /// INT4 block size along K (--quant int4): 32, 64 or 128.
+    #[arg(long, value_name = "32|64|128", default_value_t = 32)]
+    pub block: usize,
+    /// Asymmetric INT4 blocks (with zero points) instead of symmetric ones.
+    #[arg(long)]
+    pub asym: bool,
+    /// MatMulNBits' accuracy_level (--quant int4): the compute type ONNX Runtime uses for
+    /// the activations, 4 = int8 (the ort target's default), 1 = f32; 0 leaves it out.
+    /// Default: the target's choice
+    #[arg(long, value_name = "0..4")]
+    pub int4_accuracy_level: Option<i64>,
+    /// Run-time activation scales of --quant int8-dynamic: per-tensor (one per tensor,
+    /// DynamicQuantizeLinear), per-token or per-patch (one per row, symmetric i8).
+    #[arg(long, value_name = "per-tensor|per-token|per-patch", default_value = "per-tensor",
+          value_parser = crate::parse_granularity)]
+    pub granularity: mmq_passes::quant::int8::ActGranularity,
+    /// Keep a node in float, with a warning, when its weight holds NaN or an infinity
+    /// (--quant int8|int8-dynamic|int4|fp8), instead of failing.
+    #[arg(long)]
+    pub skip_non_finite: bool,
+    /// SmoothQuant before --quant int8|int8-dynamic: migrate activation outlier channels
+    /// into the weights with strength ALPHA in [0, 1] (0.5 is usual).
+    #[arg(long, value_name = "ALPHA")]
     pub smoothquant: Option<f32>,
-    /// `--awq`: AWQ scales before INT4.
+    /// AWQ before --quant int4: per-input-channel weight scales searched on the
+    /// calibration samples (--calib DIR or --calib-random N, default 16 random).
+    #[arg(long)]
     pub awq: bool,
-    /// `--auto TARGET`: choose a scheme per node for this end-to-end cosine.
+    /// How activation ranges are chosen: minmax, ema[:MOMENTUM], percentile[:P], entropy, mse.
+    #[arg(long, value_name = "OBSERVER", default_value = "minmax",
+          value_parser = parse_observer)]
+    pub observer: mmq_passes::quant::calibrate::Observer,
+    /// Which INT8 units stay integer: `cost` (the target's cost model keeps a unit only
+    /// where it is estimated faster than float) or `all` (every eligible node).
+    #[arg(long, value_enum, default_value_t = PlacementArg::Cost)]
+    pub placement: PlacementArg,
+    /// Per-node schemes for --quant mixed: ordered rules on node-name globs, op kinds and
+    /// modality (see docs/quantization.md). Implies --quant mixed.
+    #[arg(long, value_name = "MAP.toml")]
+    pub precision_map: Option<PathBuf>,
+    /// Set an input's modality instead of guessing it from its name, dtype and shape
+    /// (repeatable; precision-map rules match on modality).
+    #[arg(long, value_name = "INPUT=KIND", value_parser = crate::modality::parse_modality_arg)]
+    pub modality: Vec<(String, mmq_ir::modality::Modality)>,
+    /// Choose a scheme per node (int4, int8 or float for MatMul/Gemm, int8 or float for
+    /// Conv): the most compressed that keeps the end-to-end cosine of the main output at or
+    /// above COSINE on the calibration samples. Writes the choice as a precision map.
+    #[arg(long, value_name = "COSINE", value_parser = crate::parse_cosine,
+          allow_negative_numbers = true, conflicts_with_all = ["quant", "precision_map"])]
     pub auto: Option<f64>,
-    /// `--auto-map MAP.toml`: where `--auto` writes its choice.
+    /// Where --auto writes its precision map (default: the output with extension
+    /// .precision.toml).
+    #[arg(long, value_name = "MAP.toml", requires = "auto")]
     pub auto_map: Option<PathBuf>,
-    /// `--kv-cache FORMAT`.
+    /// Quantize the KV cache at the graph interface: every `past…` input whose `present…`
+    /// output continues it becomes codes plus `<name>_scale` (int8/fp8: 512-byte blocks,
+    /// one f32 scale per head and block; int4: groups of 64, binary16 scales).
+    #[arg(long, value_name = "int8|fp8|int4", value_parser = crate::parse_cache_format)]
     pub kv_cache: Option<mmq_kernels::cache::CacheFormat>,
-    /// `--image-cache FORMAT`.
+    /// Store vision feature outputs as INT4 groups of 64 with binary16 scales
+    /// (`<name>` + `<name>_scale`); a graph compiled with them that reads the same name
+    /// dequantizes it.
+    #[arg(long, value_name = "int4", value_parser = crate::parse_cache_format)]
     pub image_cache: Option<mmq_kernels::cache::CacheFormat>,
-    /// `--qparams TABLE.qpqr`.
-    pub qparams: Option<PathBuf>,
-    /// `--split`.
+    /// Split a merged multimodal graph (one graph from the image and token inputs to the
+    /// logits) at its modality boundary into `vision_encoder` (image inputs -> image
+    /// features) and `language_model` (features + token inputs -> logits); -o is then a
+    /// directory. Implied by --image-cache.
+    #[arg(long)]
     pub split: bool,
-    /// `--package`.
+    /// Write a deployment package into the directory -o: the compiled models,
+    /// pipeline.json (stages, bindings, cache layouts, generation settings, hashes) and,
+    /// where the decoder fits onnxruntime-genai's contract, genai_config.json.
+    #[arg(long)]
     pub package: bool,
-    /// `--generation-config FILE`.
+    /// Generation settings for --package: a Hugging Face generation_config.json or
+    /// config.json (bos/eos/pad token ids, max_position_embeddings as the context length).
+    #[arg(long, value_name = "FILE")]
     pub generation_config: Option<PathBuf>,
-    /// `--tokenizer FILE`.
+    /// A tokenizer.json to copy into the --package (tokenizer_config.json beside it too).
+    #[arg(long, value_name = "tokenizer.json")]
     pub tokenizer: Option<PathBuf>,
-    /// `--quiet`: no progress bar.
+    /// Write every scale and zero point into one memory-mapped table (QPQR, see
+    /// docs/qparams.md); in the model's directory, the ONNX Runtime model reads its scales
+    /// from it, so processes serving the model share one copy.
+    #[arg(long, value_name = "TABLE.qpqr")]
+    pub qparams: Option<PathBuf>,
+    /// The output the accuracy line, the report's end-to-end figures and --auto measure
+    /// (default: the first floating-point output named like logits, an embedding or a pooled
+    /// output, else the first floating-point output).
+    #[arg(long, value_name = "NAME")]
+    pub main_output: Option<String>,
+    /// `--quiet` (a global flag): no progress bar.
+    #[arg(skip)]
     pub quiet: bool,
 }
 
@@ -223,6 +295,7 @@ fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, F
         dump_after: args.dump_after.as_deref().map(DumpAfter::parse),
         verify: cfg!(debug_assertions),
         progress: if args.quiet { None } else { progress_bar() },
+        main_output: args.main_output.clone(),
         interrupt: None,
     })
 }

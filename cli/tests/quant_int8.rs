@@ -235,6 +235,40 @@ fn options_that_would_do_nothing_say_so() {
 /// are quantized (not the first left as a float `FusedConv`), and ONNX Runtime runs both as
 /// `QLinearConv`, close to FP32.
 #[test]
+fn the_main_output_is_chosen_by_name_and_can_be_named() {
+    let dir = scratch("main-output");
+    let vit = fixture("vit");
+    let args = |extra: &[&str]| {
+        let mut a = vec!["compile", &vit, "--quant", "int8", "-o", "out.onnx"];
+        a.extend_from_slice(extra);
+        a.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let a = args(extra);
+        run_in(&dir, &a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    // The pooled output, not the first one (last_hidden_state).
+    let (code, _, err) = run(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("accuracy: 'pooler_output' cosine"), "{err}");
+    let (code, _, err) = run(&["--main-output", "last_hidden_state"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("accuracy: 'last_hidden_state' cosine"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["--main-output", "logits"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(
+            "--main-output logits: the model has no output of that name (outputs: \
+             last_hidden_state, pooler_output)"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
 fn conv_relu_is_quantized_at_o2() {
     const MAKE: &str = r#"
 import sys, numpy as np, onnx

@@ -211,6 +211,7 @@ fn context(options: &CompileOptions) -> steps::Context {
         skip_non_finite: options.skip_non_finite,
         modality: options.modality.clone(),
         progress: options.progress.clone(),
+        main_output: options.main_output.clone(),
         interrupt: options.interrupt.clone(),
         auto: Mutex::new(None),
     }
@@ -226,6 +227,20 @@ pub fn compile(
     options.check().map_err(CompileError::Options)?;
     if module.entries.is_empty() {
         return Err(CompileError::NoGraph);
+    }
+    if let Some(name) = &options.main_output {
+        let outputs: Vec<&str> = module
+            .entries
+            .iter()
+            .flat_map(|e| &module.graphs[e.graph].outputs)
+            .filter_map(|&v| module.values[v].name.as_deref())
+            .collect();
+        if !outputs.contains(&name.as_str()) {
+            return Err(CompileError::Options(format!(
+                "--main-output {name}: the model has no output of that name (outputs: {})",
+                outputs.join(", ")
+            )));
+        }
     }
     if let Some(mmq_passes::DumpAfter::Pass(name)) = &options.dump_after {
         let names = pass_names(options);
@@ -269,7 +284,13 @@ pub fn compile(
     }
     if let (Some(mode), Some(original)) = (measure, &original) {
         let samples = accuracy_samples(original, options).map_err(CompileError::Accuracy)?;
-        report.accuracy = Some(accuracy(original, module, &samples, mode)?);
+        report.accuracy = Some(accuracy(
+            original,
+            module,
+            &samples,
+            mode,
+            options.main_output.as_deref(),
+        )?);
         if mode == Accuracy::Full {
             report.activations = activation_analysis(original, options)?;
             if let Some(AccuracyReport::Full(r)) = &report.accuracy {
@@ -369,11 +390,12 @@ fn accuracy(
     compiled: &Module,
     samples: &[Sample],
     mode: Accuracy,
+    main: Option<&str>,
 ) -> Result<AccuracyReport, CompileError> {
     use mmq_passes::quant::report;
     let fail = |e: &dyn std::fmt::Display| CompileError::Accuracy(e.to_string());
     if mode == Accuracy::Full {
-        let r = report::accuracy(original, compiled, samples).map_err(|e| fail(&e))?;
+        let r = report::accuracy(original, compiled, samples, main).map_err(|e| fail(&e))?;
         return Ok(AccuracyReport::Full(r));
     }
     if samples.is_empty() {
@@ -381,6 +403,6 @@ fn accuracy(
     }
     let held = (samples.len() / 4).max(1);
     let back = &samples[samples.len() - held..];
-    let e = report::end_to_end_only(original, compiled, back).map_err(|e| fail(&e))?;
+    let e = report::end_to_end_only(original, compiled, back, main).map_err(|e| fail(&e))?;
     Ok(AccuracyReport::EndToEnd { end_to_end: e })
 }

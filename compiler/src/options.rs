@@ -205,6 +205,10 @@ pub struct CompileOptions {
     pub verify: bool,
     /// Called as calibration advances.
     pub progress: Option<ProgressFn>,
+    /// The output the accuracy figures and `--auto` measure (`--main-output`); `None`: the
+    /// first floating-point output named like logits, an embedding or a pooled output, else
+    /// the first floating-point one ([`mmq_passes::quant::report::main_output`]).
+    pub main_output: Option<String>,
     /// Once set, the compilation stops at its next check (between passes, before each
     /// calibration sample) with [`crate::CompileError::Interrupted`].
     pub interrupt: Option<mmq_passes::Interrupt>,
@@ -232,6 +236,7 @@ impl Default for CompileOptions {
             dump_after: None,
             verify: cfg!(debug_assertions),
             progress: None,
+            main_output: None,
             interrupt: None,
         }
     }

@@ -34,6 +34,7 @@ pub(crate) struct Context {
     pub skip_non_finite: bool,
     pub modality: Vec<(String, Modality)>,
     pub progress: Option<ProgressFn>,
+    pub main_output: Option<String>,
     pub interrupt: Option<mmq_passes::Interrupt>,
     pub auto: Mutex<Option<AutoOutcome>>,
 }
@@ -787,7 +788,8 @@ impl Pass for AutoStep {
         let orig: &Module = m;
         let cands = auto::candidates(orig, graph);
         let samples = ctx.all_samples(orig, graph).map_err(calib)?;
-        let reference = Reference::new(orig, graph, &samples).map_err(user)?;
+        let reference =
+            Reference::new(orig, graph, &samples, self.ctx.main_output.as_deref()).map_err(user)?;
         let labels =
             mmq_ir::modality::analyze(orig, graph, &ctx.modality).map_err(|e| failed(name, e))?;
         let in_order: Vec<usize> = (0..cands.list.len()).collect();
@@ -893,6 +895,7 @@ impl Pass for AutoStep {
             skip_non_finite: ctx.skip_non_finite,
             modality: ctx.modality.clone(),
             progress: None,
+            main_output: ctx.main_output.clone(),
             interrupt: ctx.interrupt.clone(),
             auto: Mutex::new(None),
         };

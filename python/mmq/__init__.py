@@ -166,6 +166,7 @@ def compile(
     image_cache: Literal["int4"] | None = None,
     granularity: Literal["per-tensor", "per-token", "per-patch"] = "per-tensor",
     skip_non_finite: bool = False,
+    main_output: str | None = None,
 ) -> Any:
     """Optimizes and quantizes a model for a target; the same as ``mmq compile``.
 
@@ -206,6 +207,9 @@ def compile(
             or one per row (``"per-token"``, ``"per-patch"``).
         skip_non_finite: a node whose weight holds NaN or an infinity stays in float, with a
             warning, instead of raising (``--skip-non-finite``).
+        main_output: the output the accuracy figures and ``auto`` measure
+            (``--main-output``); ``None``: the first floating-point output named like logits,
+            an embedding or a pooled output, else the first floating-point output.
 
     Returns:
         the compiled ``onnx.ModelProto`` (``target="trt"``: the package manifest as a dict),
@@ -236,6 +240,7 @@ def compile(
         ("image_cache", image_cache, str, True),
         ("granularity", granularity, str, False),
         ("skip_non_finite", skip_non_finite, bool, False),
+        ("main_output", main_output, str, True),
         ("precision_map", precision_map, (str, os.PathLike), True),
         ("output", output, (str, os.PathLike), True),
     ]:
@@ -271,6 +276,7 @@ def compile(
         "image_cache": image_cache,
         "granularity": granularity,
         "skip_non_finite": skip_non_finite,
+        "main_output": main_output,
     }
     if precision_map is not None:
         text = os.fspath(precision_map)

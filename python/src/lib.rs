@@ -78,6 +78,9 @@ struct Options {
     /// `--skip-non-finite`.
     #[serde(default)]
     skip_non_finite: bool,
+    /// `--main-output`.
+    #[serde(default)]
+    main_output: Option<String>,
 }
 
 /// `CompileOptions` from the Python keywords; `samples` streams the calibration samples given
@@ -189,6 +192,7 @@ fn options(o: Options, samples: Option<SampleIter>) -> PyResult<(CompileOptions,
             dump_after: None,
             verify: cfg!(debug_assertions),
             progress: None,
+            main_output: o.main_output,
             interrupt: None,
         },
         warnings,

@@ -364,3 +364,22 @@ def test_wrong_python_types_raise_type_error(tmp_path):
     with pytest.raises(TypeError, match="inputs: input 'pixel_values': expected an array of numbers"):
         mmq.run(fx, {"pixel_values": object()})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_main_output_agrees_with_the_command_line(tmp_path):
+    """The accuracy figures score the pooled output by default, and ``main_output=`` picks
+    another, as ``--main-output`` does."""
+    import json
+
+    fx = fixture("vit") / "model.onnx"
+    for name, extra in [("pooler_output", []), ("last_hidden_state", ["--main-output", "last_hidden_state"])]:
+        kwargs = {"main_output": extra[1]} if extra else {}
+        _, report = mmq.compile(fx, quant="int8", report=True, **kwargs)
+        assert report["accuracy"]["end_to_end"]["output"] == name
+        out = tmp_path / "r.json"
+        subprocess.run([os.environ["MMQ_BIN"], "compile", str(fx), "--quant", "int8", "-o",
+                        str(tmp_path / "o.onnx"), "--report", str(out), *extra], check=True,
+                       capture_output=True)
+        assert json.loads(out.read_text())["accuracy"]["end_to_end"]["output"] == name
+    with pytest.raises(mmq.MmqError, match="--main-output logits: the model has no output"):
+        mmq.compile(fx, quant="int8", main_output="logits")

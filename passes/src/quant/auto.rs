@@ -170,13 +170,19 @@ pub struct Reference {
 }
 
 impl Reference {
-    /// Runs top-level graph `graph` of `m` on `samples` and keeps its main output.
-    pub fn new(m: &Module, graph: GraphId, samples: &[Sample]) -> Result<Reference, AutoError> {
+    /// Runs top-level graph `graph` of `m` on `samples` and keeps its main output
+    /// ([`super::report::main_output`]; `main` names it).
+    pub fn new(
+        m: &Module,
+        graph: GraphId,
+        samples: &[Sample],
+        main: Option<&str>,
+    ) -> Result<Reference, AutoError> {
         if samples.is_empty() {
             return Err(AutoError::NoSamples);
         }
         let interp = Interpreter::new(m);
-        let mut main: Option<(usize, String)> = None;
+        let mut chosen: Option<(usize, String)> = None;
         let mut values = Vec::with_capacity(samples.len());
         for (s, sample) in samples.iter().enumerate() {
             let outs = interp.run(graph, sample).map_err(|source| AutoError::Run {
@@ -184,17 +190,10 @@ impl Reference {
                 sample: s,
                 source,
             })?;
-            if main.is_none() {
-                let float = |min_len: usize| {
-                    outs.iter().enumerate().find_map(|(i, (name, v))| {
-                        v.as_tensor()
-                            .filter(|t| t.dtype.is_float() && t.len() >= min_len)
-                            .map(|_| (i, name.clone()))
-                    })
-                };
-                main = float(2).or_else(|| float(0));
+            if chosen.is_none() {
+                chosen = super::report::main_output(&outs, main).map(|i| (i, outs[i].0.clone()));
             }
-            let Some((i, _)) = &main else {
+            let Some((i, _)) = &chosen else {
                 return Err(AutoError::NoOutput);
             };
             let t = outs
@@ -204,7 +203,7 @@ impl Reference {
                 .ok_or(AutoError::NoOutput)?;
             values.push(to_f64(t).map_err(|_| AutoError::NoOutput)?);
         }
-        let Some((index, output)) = main else {
+        let Some((index, output)) = chosen else {
             return Err(AutoError::NoOutput);
         };
         Ok(Reference {
@@ -686,7 +685,7 @@ graph @g(%x: f32[2, 3]) -> (f32[2, 3]) {
         let t = Tensor::from_f32(vec![2, 3], x.clone()).expect("tensor");
         let samples = vec![HashMap::from([("x".to_owned(), t.into())])];
         let g = m.entries[0].graph;
-        let r = Reference::new(&m, g, &samples).expect("reference");
+        let r = Reference::new(&m, g, &samples, None).expect("reference");
         assert_eq!(r.output(), "y");
         assert_eq!(r.cosine(&m, &samples).expect("cosine"), 1.0);
         let want: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
@@ -701,7 +700,7 @@ graph @g(%x: f32[2, 3]) -> (f32[2, 3]) {
         let c = r.cosine(&q, &samples).expect("cosine");
         assert!((c - expect).abs() < 1e-7, "{c} vs {expect}");
         assert!(matches!(
-            Reference::new(&m, g, &[]),
+            Reference::new(&m, g, &[], None),
             Err(AutoError::NoSamples)
         ));
     }

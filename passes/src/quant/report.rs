@@ -185,25 +185,28 @@ pub fn accuracy(
     original: &Module,
     quantized: &Module,
     samples: &[Sample],
+    main: Option<&str>,
 ) -> Result<Report, ReportError> {
     if samples.is_empty() {
         return Err(ReportError::NoSamples);
     }
     if samples.len() == 1 {
-        return accuracy_split(original, quantized, samples, samples);
+        return accuracy_split(original, quantized, samples, samples, main);
     }
     let held = (samples.len() / 4).max(1);
     let (layer, back) = samples.split_at(samples.len() - held);
-    accuracy_split(original, quantized, layer, back)
+    accuracy_split(original, quantized, layer, back, main)
 }
 
 /// The report on explicit sample sets: per-layer statistics on `layer_samples`, end-to-end
-/// figures on `held_back`. Samples address the entry graphs' inputs by name.
+/// figures of the main output ([`main_output`]; `main` names it) on `held_back`. Samples
+/// address the entry graphs' inputs by name.
 pub fn accuracy_split(
     original: &Module,
     quantized: &Module,
     layer_samples: &[Sample],
     held_back: &[Sample],
+    main: Option<&str>,
 ) -> Result<Report, ReportError> {
     if layer_samples.is_empty() || held_back.is_empty() {
         return Err(ReportError::NoSamples);
@@ -261,7 +264,7 @@ pub fn accuracy_split(
         }
     }
 
-    let end_to_end = end_to_end(original, og, quantized, qg, held_back)?;
+    let end_to_end = end_to_end(original, og, quantized, qg, held_back, main)?;
     Ok(Report {
         layer_samples: layer_samples.len(),
         held_back_samples: held_back.len(),
@@ -279,13 +282,39 @@ pub fn end_to_end_only(
     original: &Module,
     quantized: &Module,
     held_back: &[Sample],
+    main: Option<&str>,
 ) -> Result<Option<EndToEnd>, ReportError> {
     if held_back.is_empty() {
         return Err(ReportError::NoSamples);
     }
     let og = entry(original).ok_or(ReportError::NoEntry("original"))?;
     let qg = entry(quantized).ok_or(ReportError::NoEntry("quantized"))?;
-    end_to_end(original, og, quantized, qg, held_back)
+    end_to_end(original, og, quantized, qg, held_back, main)
+}
+
+/// Which of a run's outputs is the main one: the output named `chosen` when given (`None` when
+/// there is none of that name or it is not floating point); otherwise the first floating-point
+/// output named like logits, then like an embedding, then like a pooled output (what a user
+/// of a classifier or an encoder reads), then the first of at least two elements, then any.
+pub fn main_output(outs: &[(String, RtValue)], chosen: Option<&str>) -> Option<usize> {
+    let float = |v: &RtValue, min_len: usize| {
+        v.as_tensor()
+            .is_some_and(|t| t.dtype.is_float() && t.len() >= min_len)
+    };
+    if let Some(name) = chosen {
+        return outs.iter().position(|(n, v)| n == name && float(v, 0));
+    }
+    let named = |words: &[&str]| {
+        outs.iter().position(|(n, v)| {
+            let n = n.to_ascii_lowercase();
+            float(v, 2) && words.iter().any(|w| n.contains(w))
+        })
+    };
+    named(&["logits"])
+        .or_else(|| named(&["embedding", "embeds"]))
+        .or_else(|| named(&["pooled", "pooler"]))
+        .or_else(|| outs.iter().position(|(_, v)| float(v, 2)))
+        .or_else(|| outs.iter().position(|(_, v)| float(v, 0)))
 }
 
 fn entry(m: &Module) -> Option<GraphId> {
@@ -393,6 +422,7 @@ fn end_to_end(
     q: &Module,
     qg: GraphId,
     samples: &[Sample],
+    chosen: Option<&str>,
 ) -> Result<Option<EndToEnd>, ReportError> {
     let oi = Interpreter::new(o);
     let qi = Interpreter::new(q);
@@ -408,16 +438,10 @@ fn end_to_end(
         let ro = run(&oi, og, sample, "original", s)?;
         let rq = run(&qi, qg, sample, "quantized", s)?;
         if main.is_none() {
-            let float = |min_len: usize| {
-                ro.iter().enumerate().find_map(|(i, (name, v))| {
-                    v.as_tensor()
-                        .filter(|t| t.dtype.is_float() && t.len() >= min_len)
-                        .map(|_| (i, name.clone()))
-                })
-            };
-            let Some((i, name)) = float(2).or_else(|| float(0)) else {
+            let Some(i) = main_output(&ro, chosen) else {
                 return Ok(None);
             };
+            let name = ro[i].0.clone();
             let j = rq.iter().position(|(n, _)| *n == name).unwrap_or(i);
             main = Some((i, name, j));
         }
@@ -577,6 +601,41 @@ pub fn shorten(name: &str, width: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_main_output_is_the_logits_an_embedding_or_a_pooled_output() {
+        let f = |n: usize| RtValue::from(Tensor::from_f32(vec![n], vec![0.0; n]).expect("t"));
+        let i = RtValue::from(Tensor::from_i64(vec![2], vec![0, 1]).expect("t"));
+        let outs = |names: &[(&str, RtValue)]| -> Vec<(String, RtValue)> {
+            names
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), v.clone()))
+                .collect()
+        };
+        let encoder = outs(&[
+            ("last_hidden_state", f(8)),
+            ("pooler_output", f(4)),
+            ("sentence_embedding", f(4)),
+        ]);
+        assert_eq!(main_output(&encoder, None), Some(2));
+        assert_eq!(main_output(&encoder, Some("last_hidden_state")), Some(0));
+        assert_eq!(main_output(&encoder, Some("nope")), None);
+        let vit = outs(&[("last_hidden_state", f(8)), ("pooler_output", f(4))]);
+        assert_eq!(main_output(&vit, None), Some(1));
+        let decoder = outs(&[
+            ("present.0.key", f(8)),
+            ("logits", f(8)),
+            ("ids", i.clone()),
+        ]);
+        assert_eq!(main_output(&decoder, None), Some(1));
+        assert_eq!(
+            main_output(&decoder, Some("ids")),
+            None,
+            "not floating point"
+        );
+        let plain = outs(&[("ids", i), ("score", f(1)), ("y", f(3))]);
+        assert_eq!(main_output(&plain, None), Some(2));
+    }
+
     use super::*;
 
     fn parse(src: &str) -> Module {
@@ -644,7 +703,7 @@ graph @g(%x: f32[2, 2]) -> (f32[2, 3], i8[2, 3]) {
     #[test]
     fn a_module_against_itself_is_exact() {
         let m = parse(ORIGINAL);
-        let r = accuracy(&m, &m, &samples()).expect("report");
+        let r = accuracy(&m, &m, &samples(), None).expect("report");
         assert_eq!((r.layer_samples, r.held_back_samples), (3, 1));
         assert!(r.held_back_disjoint);
         let names: Vec<&str> = r.layers.iter().map(|l| l.name.as_str()).collect();
@@ -667,7 +726,7 @@ graph @g(%x: f32[2, 2]) -> (f32[2, 3], i8[2, 3]) {
         let o = parse(ORIGINAL);
         let q = parse(QUANTIZED);
         let all = samples();
-        let r = accuracy_split(&o, &q, &all, &all[..1]).expect("report");
+        let r = accuracy_split(&o, &q, &all, &all[..1], None).expect("report");
         // The int8 `p` is listed as skipped, not compared.
         assert_eq!(
             r.skipped,
@@ -729,7 +788,7 @@ graph @g(%x: f32[2, 3]) -> (f32[2, 3]) {
         // Row 0 keeps its arg-max (index 0); row 1 moves from 1 to 2.
         let t = Tensor::from_f32(vec![2, 3], vec![3.0, 1.0, 0.0, 0.0, 1.0, 0.8]).expect("tensor");
         let s = HashMap::from([("x".to_owned(), RtValue::from(t))]);
-        let r = accuracy(&o, &q, std::slice::from_ref(&s)).expect("report");
+        let r = accuracy(&o, &q, std::slice::from_ref(&s), None).expect("report");
         assert!(!r.held_back_disjoint);
         let e = r.end_to_end.clone().expect("main output");
         assert_eq!((e.top1_agreement, e.top1_rows), (Some(0.5), 2));
@@ -745,7 +804,7 @@ graph @g(%x: f32[2, 3]) -> (f32[2, 3]) {
     fn json_has_every_figure() {
         let o = parse(ORIGINAL);
         let q = parse(QUANTIZED);
-        let r = accuracy(&o, &q, &samples()).expect("report");
+        let r = accuracy(&o, &q, &samples(), None).expect("report");
         let v: serde_json::Value = serde_json::from_str(&r.to_json()).expect("valid JSON");
         assert_eq!(v["layers"][0]["name"], "h");
         assert!(v["layers"][0]["sqnr_db"].as_f64().is_some());
@@ -759,12 +818,12 @@ graph @g(%x: f32[2, 3]) -> (f32[2, 3]) {
     #[test]
     fn errors_name_the_module_and_the_sample() {
         let m = parse(ORIGINAL);
-        assert_eq!(accuracy(&m, &m, &[]), Err(ReportError::NoSamples));
+        assert_eq!(accuracy(&m, &m, &[], None), Err(ReportError::NoSamples));
         let bad = HashMap::from([(
             "x".to_owned(),
             RtValue::from(Tensor::from_f32(vec![3], vec![0.0; 3]).expect("tensor")),
         )]);
-        let err = accuracy(&m, &m, &[samples()[0].clone(), bad]).expect_err("bad shape");
+        let err = accuracy(&m, &m, &[samples()[0].clone(), bad], None).expect_err("bad shape");
         let text = err.to_string();
         assert!(
             text.starts_with("running the original module on sample 0: input x:"),
@@ -772,7 +831,7 @@ graph @g(%x: f32[2, 3]) -> (f32[2, 3]) {
         );
         let empty = Module::default();
         assert_eq!(
-            accuracy(&empty, &m, &samples()),
+            accuracy(&empty, &m, &samples(), None),
             Err(ReportError::NoEntry("original"))
         );
     }
