@@ -471,7 +471,7 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
             .map_err(|e| Failure::user(format!("error: --auto-map: {e}\n")))?;
         let _ = writeln!(stderr, "auto: wrote precision map {}", map.display());
     }
-    stderr.push_str(&accuracy_text(&report, args.report.is_some()));
+    stderr.push_str(&accuracy_text(&report, args.report.is_some(), args.auto));
     if let Some(path) = &args.report {
         write_atomic(path, (report.to_json() + "\n").as_bytes())
             .map_err(|e| Failure::user(format!("error: --report: {e}\n")))?;
@@ -719,8 +719,9 @@ fn check_side_outputs(args: &CompileArgs, output_dir: bool) -> Result<(), Failur
     files.check().map_err(|e| Failure::usage(e.to_string()))
 }
 
-/// The accuracy table (`--report`) or line (a quantizing run) of `report`.
-fn accuracy_text(report: &CompileReport, full: bool) -> String {
+/// The accuracy table (`--report`) or line (a quantizing run) of `report`; `auto` is the
+/// `--auto` target the run was given, so the hint below the goal never names the same run.
+fn accuracy_text(report: &CompileReport, full: bool, auto: Option<f64>) -> String {
     match &report.accuracy {
         None => String::new(),
         Some(mmq_compiler::AccuracyReport::Full(r)) if full => {
@@ -752,13 +753,35 @@ fn accuracy_text(report: &CompileReport, full: bool) -> String {
                 e.output, e.cosine_mean, e.cosine_min, e.samples
             );
             if e.cosine_min < ACCURACY_GOAL {
-                line.push_str(&format!(
-                    "; below {ACCURACY_GOAL}: --auto {ACCURACY_GOAL} keeps the most sensitive layers in \
-                     higher precision until it holds (--report OUT.json shows each layer)"
-                ));
+                line.push_str(&format!("; below {ACCURACY_GOAL}: {}", next_step(auto)));
             }
             line.push('\n');
             line
+        }
+    }
+}
+
+/// What to try when the held-back cosine falls below [`ACCURACY_GOAL`], never the run that was
+/// just made: without `--auto`, `--auto` at the goal; with it, a higher target, real calibration
+/// samples (the search judged on its own) or a map keeping the weakest layers float.
+fn next_step(auto: Option<f64>) -> String {
+    let report = "--report OUT.json shows each layer";
+    match auto {
+        None => format!(
+            "--auto {ACCURACY_GOAL} keeps the most sensitive layers in higher precision until it \
+             holds ({report})"
+        ),
+        Some(target) => {
+            let higher = (target + (1.0 - target) / 2.0).max(ACCURACY_GOAL);
+            let higher = if higher >= 0.9999 {
+                "a precision map keeping the weakest layers float".to_owned()
+            } else {
+                format!("--auto {higher:.4} (the search met {target} on its own samples)")
+            };
+            format!(
+                "try {higher}, or --calib DIR with real samples so the search judges on data \
+                 like the held-back samples ({report})"
+            )
         }
     }
 }
@@ -821,4 +844,29 @@ pub fn counter_table<'a>(
 /// Counters as `name=count` items.
 fn counter_list(counters: &std::collections::BTreeMap<String, usize>) -> Vec<String> {
     counters.iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_step;
+
+    #[test]
+    fn the_hint_below_the_goal_never_names_the_run_that_was_made() {
+        assert!(next_step(None).starts_with("--auto 0.99 keeps"));
+        for target in [0.9, 0.98, 0.99, 0.995] {
+            let hint = next_step(Some(target));
+            assert!(
+                !hint.contains(&format!("--auto {target} ")),
+                "{target}: {hint}"
+            );
+            assert!(hint.contains("--calib DIR"), "{hint}");
+        }
+        assert!(next_step(Some(0.99)).starts_with("try --auto 0.9950"));
+        assert!(next_step(Some(0.9)).starts_with("try --auto 0.9900"));
+        let top = next_step(Some(0.9999));
+        assert!(
+            top.starts_with("try a precision map") && !top.contains("--auto 0."),
+            "{top}"
+        );
+    }
 }
