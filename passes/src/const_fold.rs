@@ -81,6 +81,7 @@ impl Pass for ConstFold {
 
     fn run(&self, m: &mut Module, _opts: &PassOptions) -> Result<PassReport, PassError> {
         let mut report = PassReport::default();
+        dequantize_forms(m, &mut report);
         for _ in 0..MAX_ROUNDS {
             let folded = self.fold_nodes(m, &mut report);
             let replaced = fold_shape_values(m, &mut report);
@@ -92,6 +93,203 @@ impl Pass for ConstFold {
         }
         Ok(report)
     }
+}
+
+/// Weights an exporter stored quantized and dequantizes in the graph, `Mul(Cast(W), s)` or
+/// `Mul(Sub(Cast(W), z), s)` with `W` an int8 or uint8 constant cast to f32, `s` a constant f32
+/// scale and `z` a constant zero point (f32 of whole numbers in `W`'s range, or a `Cast` of a
+/// constant of `W`'s type), each of one value or one per slice of one axis of `W`, become
+/// `DequantizeLinear(W, s[, z], axis)`: the same values, the codes kept (folding the product
+/// gave an f32 copy of 4x the bytes), in the form ONNX Runtime and TensorRT read as a
+/// quantized weight. Needs opset 13 for a scale per slice (10 for one).
+///
+/// Counter: `dequantize-forms`.
+fn dequantize_forms(m: &mut Module, report: &mut PassReport) {
+    let mut count = 0;
+    for g in live_graphs(m) {
+        let opset = m.onnx_opset(g).unwrap_or(0);
+        for n in m.graphs[g].nodes.clone() {
+            if !matches!(m.nodes[n].op, Op::Mul {}) {
+                continue;
+            }
+            let [Some(a), Some(b)] = m.nodes[n].inputs[..] else {
+                continue;
+            };
+            let Some(form) = DequantizeForm::of(m, a, b).or_else(|| DequantizeForm::of(m, b, a))
+            else {
+                continue;
+            };
+            if opset < if form.axis.is_some() { 13 } else { 10 } {
+                continue;
+            }
+            // Named after the weight the product made (`fc1.weight_scale`).
+            let weight = m.nodes[n].outputs.first().copied().flatten();
+            let name = |suffix: &str| {
+                weight
+                    .and_then(|w| m.values[w].name.clone())
+                    .map(|n| format!("{n}_{suffix}"))
+            };
+            let shape = |len: usize| {
+                if form.axis.is_some() {
+                    vec![len as i64]
+                } else {
+                    vec![]
+                }
+            };
+            let scale = ConstData::new(
+                name("scale"),
+                DType::F32,
+                shape(form.scale.len()),
+                Storage::Inline(Bytes::from(
+                    form.scale
+                        .iter()
+                        .flat_map(|x| x.to_le_bytes())
+                        .collect::<Vec<u8>>(),
+                )),
+            );
+            let zero = form.zero.as_ref().map(|z| {
+                ConstData::new(
+                    name("zero_point"),
+                    form.dtype,
+                    shape(z.len()),
+                    Storage::Inline(Bytes::from(z.clone())),
+                )
+            });
+            let mut inputs = vec![Some(form.codes), Some(m.add_const(scale))];
+            if let Some(z) = zero {
+                inputs.push(Some(m.add_const(z)));
+            }
+            let node = &mut m.nodes[n];
+            node.op = Op::DequantizeLinear {
+                axis: form.axis,
+                block_size: None,
+                output_dtype: None,
+            };
+            node.inputs = inputs;
+            count += 1;
+        }
+    }
+    report.count("dequantize-forms", count);
+}
+
+/// The operands of a `DequantizeLinear` recognized in `Mul(x, scale)` ([`dequantize_forms`]).
+struct DequantizeForm {
+    /// The int8 or uint8 constant.
+    codes: Value,
+    /// Its type.
+    dtype: DType,
+    /// One scale, or one per slice of `axis`.
+    scale: Vec<f32>,
+    /// Zero points as `dtype` bytes, as many as the scales; `None` when all are 0.
+    zero: Option<Vec<u8>>,
+    /// The axis of the per-slice scales.
+    axis: Option<i64>,
+}
+
+impl DequantizeForm {
+    fn of(m: &Module, x: Value, scale: Value) -> Option<DequantizeForm> {
+        let (cast, zero) = match producer(m, x)? {
+            (Op::Sub {}, [Some(c), Some(z)]) => (*c, Some(*z)),
+            _ => (x, None),
+        };
+        let (Op::Cast { to, .. }, [Some(codes)]) = producer(m, cast)? else {
+            return None;
+        };
+        if *to != Some(i64::from(DType::F32.onnx_code())) {
+            return None;
+        }
+        let wc = &m.consts[const_of(m, *codes)?];
+        let dtype = wc.dtype;
+        if !matches!(dtype, DType::I8 | DType::U8) {
+            return None;
+        }
+        let (scale_values, scale_axis) = per_slice(m, scale, &wc.shape)?;
+        if scale_values.iter().any(|s| !s.is_finite()) {
+            return None;
+        }
+        let mut axis = scale_axis;
+        let zero = match zero {
+            None => None,
+            Some(z) => {
+                // A zero point stored as codes and cast, or as whole f32 numbers.
+                let z = match producer(m, z) {
+                    Some((Op::Cast { .. }, [Some(zc)]))
+                        if const_of(m, *zc).is_some_and(|c| m.consts[c].dtype == dtype) =>
+                    {
+                        *zc
+                    }
+                    _ => z,
+                };
+                let (values, zero_axis) = per_slice(m, z, &wc.shape)?;
+                let (lo, hi) = if dtype == DType::I8 {
+                    (-128.0, 127.0)
+                } else {
+                    (0.0, 255.0)
+                };
+                if values.iter().any(|&v| v.fract() != 0.0 || v < lo || v > hi) {
+                    return None;
+                }
+                // One zero point for per-slice scales repeats; per-slice zero points need the
+                // scales' axis.
+                let values = match (zero_axis, axis) {
+                    (None, Some(_)) => vec![values[0]; scale_values.len()],
+                    (Some(_), None) => {
+                        axis = zero_axis;
+                        values
+                    }
+                    (za, a) if za == a => values,
+                    _ => return None,
+                };
+                (values.iter().any(|&v| v != 0.0))
+                    .then(|| values.iter().map(|&v| v as i32 as u8).collect())
+            }
+        };
+        // Per-slice zero points with one scale: the scale repeats.
+        let count = zero.as_ref().map_or(scale_values.len(), Vec::len);
+        let scale = if scale_values.len() == count {
+            scale_values
+        } else {
+            vec![scale_values[0]; count]
+        };
+        Some(DequantizeForm {
+            codes: *codes,
+            dtype,
+            scale,
+            zero,
+            axis,
+        })
+    }
+}
+
+/// The op and operands of the node producing `v`.
+fn producer(m: &Module, v: Value) -> Option<(&Op, &[Option<Value>])> {
+    let ValueDef::Output { node, .. } = m.values[v].def else {
+        return None;
+    };
+    Some((&m.nodes[node].op, &m.nodes[node].inputs))
+}
+
+/// A constant's values as f32 and the axis of `shape` they vary along: `None` for one value,
+/// `Some(axis)` when its dims, right-aligned against `shape`, are 1 except one equal to
+/// `shape[axis]`.
+fn per_slice(m: &Module, v: Value, shape: &[i64]) -> Option<(Vec<f32>, Option<i64>)> {
+    let c = &m.consts[const_of(m, v)?];
+    if c.shape.len() > shape.len() {
+        return None;
+    }
+    let offset = shape.len() - c.shape.len();
+    let mut axis = None;
+    for (i, &d) in c.shape.iter().enumerate() {
+        if d == 1 {
+            continue;
+        }
+        if d != shape[offset + i] || axis.is_some() {
+            return None;
+        }
+        axis = Some((offset + i) as i64);
+    }
+    let values = Tensor::from_const(c).ok()?.to_f32().ok()?;
+    Some((values, axis))
 }
 
 /// Whether `v` is a constant operand (not a graph input with a default, which callers may
@@ -113,6 +311,24 @@ fn static_elements(m: &Module, v: Value) -> Option<usize> {
     dims.iter()
         .map(|d| d.as_known().and_then(|k| usize::try_from(k).ok()))
         .try_fold(1usize, |acc, d| acc.checked_mul(d?))
+}
+
+/// A tensor value's bytes (strings count their bytes).
+fn bytes_of(v: &RtValue) -> Option<u64> {
+    let t = v.as_tensor()?;
+    Some(match &t.data {
+        Data::Str(v) => v.iter().map(|s| s.len() as u64).sum(),
+        _ => (t.len() as u64 * t.dtype.bits() as u64).div_ceil(8),
+    })
+}
+
+/// A value's bytes when inference knows its element type and count.
+fn static_bytes(m: &Module, v: Value) -> Option<u64> {
+    let dtype = m.value_type(v).dtype()?;
+    if dtype == DType::String {
+        return None;
+    }
+    Some((static_elements(m, v)? as u64 * dtype.bits() as u64).div_ceil(8))
 }
 
 impl ConstFold {
@@ -254,6 +470,7 @@ impl ConstFold {
         }
         let mut args = Vec::with_capacity(node.inputs.len());
         let mut largest = 0usize;
+        let mut operand_bytes = 0u64;
         for slot in &node.inputs {
             let Some(v) = *slot else {
                 args.push(None);
@@ -264,13 +481,20 @@ impl ConstFold {
                 None => RtValue::Tensor(interp.constant(const_of(m, v)?).ok()?),
             };
             largest = largest.max(elements(&val)?);
+            operand_bytes += bytes_of(&val)?;
             args.push(Some(val));
         }
-        let limit = |count: usize| is_constant || count <= self.max_elements || count <= largest;
+        // Past the element limit, a result folds only when it is no larger than its operands,
+        // in elements and in bytes: `Cast` of an int8 weight to f32 (4x the bytes) stays.
+        let limit = |count: usize, bytes: Option<u64>| {
+            is_constant
+                || count <= self.max_elements
+                || (count <= largest && bytes.is_none_or(|b| b <= operand_bytes))
+        };
         // Skip before evaluating what inference already knows to be too large.
         for v in node.outputs.iter().flatten() {
             if let Some(count) = static_elements(m, *v)
-                && !limit(count)
+                && !limit(count, static_bytes(m, *v))
             {
                 return None;
             }
@@ -278,7 +502,7 @@ impl ConstFold {
         let outs = interp.eval_node(n, args).ok()?;
         for (slot, out) in node.outputs.iter().zip(&outs) {
             match (slot, out) {
-                (Some(_), Some(val)) if limit(elements(val)?) => {}
+                (Some(_), Some(val)) if limit(elements(val)?, bytes_of(val)) => {}
                 (None, _) => {}
                 _ => return None,
             }

@@ -37,9 +37,12 @@ const TOL: &str = "1e-4";
 /// in `qat_cnn`, whose logits moved by 9.0e-3 when this was set).
 const TOL_QUANTIZED: &str = "2e-2";
 
-/// The bound for fixture `name`.
+/// The bound for fixture `name`. `prequant`'s weights are int8 codes the model dequantizes:
+/// ONNX Runtime's default optimizations run each `DequantizeLinear` → `MatMul` as an 8-bit
+/// `MatMulNBits` with int8 activations (`accuracy_level` 4), on the source model as on mmq's
+/// output (both 1.6e-2 from the float references when this was set).
 fn tolerance(name: &str) -> &'static str {
-    if name == "qat_cnn" || name.starts_with("matrix/qat_") {
+    if name == "qat_cnn" || name == "prequant" || name.starts_with("matrix/qat_") {
         TOL_QUANTIZED
     } else {
         TOL

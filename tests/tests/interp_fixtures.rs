@@ -162,6 +162,7 @@ fixture_tests!(
     llama_gqa_kv,
     llava,
     pipeline,
+    prequant,
     qat_cnn,
     vit,
     vit_dynamic

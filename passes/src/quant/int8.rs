@@ -211,6 +211,9 @@ struct Site {
     kind: Kind,
     act: Value,
     weight: Value,
+    /// The weight is already int8 codes dequantized in the graph ([`prequantized_weight`]):
+    /// its codes and scales are kept as they are.
+    prequantized: bool,
 }
 
 /// The value whose range `v` has: `v` seen back through data-movement ops (`Reshape`,
@@ -251,15 +254,18 @@ fn site(m: &Module, n: Node) -> Option<Site> {
     };
     let act = (*node.inputs.first()?)?;
     let weight = (*node.inputs.get(1)?)?;
-    let c = const_source(m, weight)?;
-    let wc = &m.consts[c];
-    if wc.dtype != DType::F32 {
-        return None;
-    }
-    match kind {
-        Kind::MatMul | Kind::Gemm if wc.shape.len() != 2 => return None,
-        Kind::Conv if wc.shape.len() < 3 => return None,
-        _ => {}
+    let prequantized = kind == Kind::MatMul && prequantized_weight(m, weight);
+    if !prequantized {
+        let c = const_source(m, weight)?;
+        let wc = &m.consts[c];
+        if wc.dtype != DType::F32 {
+            return None;
+        }
+        match kind {
+            Kind::MatMul | Kind::Gemm if wc.shape.len() != 2 => return None,
+            Kind::Conv if wc.shape.len() < 3 => return None,
+            _ => {}
+        }
     }
     if m.value_type(act).dtype() != Some(DType::F32) {
         return None;
@@ -269,7 +275,63 @@ fn site(m: &Module, n: Node) -> Option<Site> {
     {
         return None;
     }
-    Some(Site { kind, act, weight })
+    Some(Site {
+        kind,
+        act,
+        weight,
+        prequantized,
+    })
+}
+
+/// Whether `w` is a 2-d int8 weight the model already stores quantized:
+/// `DequantizeLinear(W, s[, 0])` of an i8 constant with one f32 scale, or one per output column
+/// (axis 1), and no zero point other than 0 — the form INT8 quantization writes itself.
+fn prequantized_weight(m: &Module, w: Value) -> bool {
+    let ValueDef::Output { node, .. } = m.values[w].def else {
+        return false;
+    };
+    let nd = &m.nodes[node];
+    let Op::DequantizeLinear {
+        axis, block_size, ..
+    } = nd.op
+    else {
+        return false;
+    };
+    if block_size.is_some_and(|b| b != 0) {
+        return false;
+    }
+    let operand = |i: usize| {
+        nd.inputs
+            .get(i)
+            .copied()
+            .flatten()
+            .and_then(|v| const_source(m, v))
+            .map(|c| &m.consts[c])
+    };
+    let (Some(codes), Some(scale)) = (operand(0), operand(1)) else {
+        return false;
+    };
+    if codes.dtype != DType::I8 || codes.shape.len() != 2 || scale.dtype != DType::F32 {
+        return false;
+    }
+    let per_tensor = scale.num_elements() == 1;
+    let per_column = scale.shape.len() == 1
+        && scale.shape[0] == codes.shape[1]
+        && axis.is_none_or(|a| a == 1 || a == -1);
+    if !(per_tensor || per_column) {
+        return false;
+    }
+    match nd.inputs.get(2).copied().flatten() {
+        None => true,
+        Some(z) => const_source(m, z).is_some_and(|c| {
+            let zc = &m.consts[c];
+            zc.dtype == DType::I8
+                && zc
+                    .read_bytes()
+                    .and_then(Result::ok)
+                    .is_some_and(|b| b.iter().all(|&x| x == 0))
+        }),
+    }
 }
 
 /// Symmetric per-channel i8 quantization of `w` (row-major, `shape`) along `axis` to codes in
@@ -600,9 +662,14 @@ impl Pass for Int8Pass {
                         units.extend(unit(m, n));
                         sizes.extend(ranges.elements(range_source(m, s.act)).map(|e| (s.act, e)));
                         let (a, _) = b.fake_quant_act(m, n, s.act, r, *symmetric);
-                        let w = dq_weight(m, &mut b, n, s.weight, 1)?;
                         m.nodes[n].inputs[0] = Some(a);
-                        m.nodes[n].inputs[1] = Some(w.0);
+                        if s.prequantized {
+                            // The model's own codes and scales, as they are.
+                            report.count("prequantized-weights-kept", 1);
+                        } else {
+                            let w = dq_weight(m, &mut b, n, s.weight, 1)?;
+                            m.nodes[n].inputs[1] = Some(w.0);
+                        }
                         report.count("quantized-matmul", 1);
                     }
                     (Int8Scheme::Static { ranges, symmetric }, Kind::Conv) => {
@@ -627,6 +694,11 @@ impl Pass for Int8Pass {
                             .and_then(|&d| m.nodes[d].outputs.first().copied().flatten());
                         units.extend(float.zip(out).map(|(u, out)| Unit { out, ..u }));
                         report.count("quantized-conv", 1);
+                    }
+                    (Int8Scheme::Dynamic, Kind::MatMul) if s.prequantized => {
+                        // Dynamic quantization builds its own weight codes: the model's stay,
+                        // with the product in float.
+                        report.count("prequantized-weights-kept", 1);
                     }
                     (Int8Scheme::Dynamic, Kind::MatMul) => {
                         units.extend(unit(m, n));
