@@ -7,6 +7,10 @@
 //! for Gemm/MatMul). Exact in real arithmetic; in floating point the folded weights and bias
 //! differ from the unfolded computation by rounding only (a few ulp of each product).
 //!
+//! A BN after the sum of two Convs (`BN(Conv1 + Conv2)`, a residual shortcut's BN after its
+//! `Add`) folds into both: the scale `k` into both weights (and the second bias), the shift
+//! into the first bias.
+//!
 //! A Conv weight that is quantized per output channel keeps its quantized form so that
 //! `fuse-quant` can still turn the Conv into an integer kernel:
 //! - `DequantizeLinear(w_q, s, zp)` (axis 0, `w_q` a constant): `k * (w_q - zp) * s =
@@ -500,6 +504,60 @@ fn fold_bn_before_conv(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
     Some(add_op(eg, conv, &[Some(at(s, "?x")), Some(w), Some(b)], 1))
 }
 
+/// The second Conv of a sum (`?x2`, `?w2`, optional `?b2`, `?ac2`) can take the BN's scale:
+/// a Conv with a constant weight of `?w`'s float dtype and as many output channels.
+fn second_conv_ok(eg: &EG, s: &Subst) -> bool {
+    let dims = |v: &str| -> Option<Vec<i64>> {
+        shape_of(eg, s, v)?.iter().map(|d| d.as_known()).collect()
+    };
+    let (Some(d1), Some(d2)) = (dims("?w"), dims("?w2")) else {
+        return false;
+    };
+    matches!(op(eg, s, "?ac"), Some(Op::Conv { .. }))
+        && matches!(op(eg, s, "?ac2"), Some(Op::Conv { .. }))
+        && d2.len() >= 3
+        && d1.first() == d2.first()
+        && is_const(eg, s, "?w2")
+        && dtype_of(eg, s, "?w2") == dtype_of(eg, s, "?w")
+        && second_bias(eg, s).is_none_or(|b| {
+            eg[b].data.konst.is_const()
+                && eg[b].data.ty.as_ref().and_then(|t| t.dtype()) == dtype_of(eg, s, "?w")
+        })
+}
+
+/// The bias operand `?b2` of the second Conv when present.
+fn second_bias(eg: &EG, s: &Subst) -> Option<Id> {
+    let b = *s.get(var("?b2"))?;
+    (!matches!(eg[b].data.konst, Konst::Absent)).then_some(b)
+}
+
+/// Folds a BatchNormalization after the sum of two Convs into both (the shortcut of a
+/// residual block whose BN follows the `Add`): `BN(Conv1 + Conv2) = Conv(x1, w1 · k,
+/// (b1 - mean) · k + beta) + Conv(x2, w2 · k, b2 · k)`. Exact in real arithmetic; rounding
+/// only.
+fn fold_conv_sum(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
+    let (c1, c2, add) = (
+        op(eg, s, "?ac")?.clone(),
+        op(eg, s, "?ac2")?.clone(),
+        op(eg, s, "?aa")?.clone(),
+    );
+    let rank = |eg: &EG, v: &str| shape_of(eg, s, v).map(|d| d.len());
+    let (r1, r2) = (rank(eg, "?w")?, rank(eg, "?w2")?);
+    let k = build_k(eg, s)?;
+    let w1 = scale_axis(eg, at(s, "?w"), k, r1, 0)?;
+    let w2 = scale_axis(eg, at(s, "?w2"), k, r2, 0)?;
+    let b1 = bias(eg, s);
+    let b1 = build_bias(eg, s, b1, k);
+    let b2 = second_bias(eg, s).map(|b| add_op(eg, Op::Mul {}, &[Some(b), Some(k)], 1));
+    let first = add_op(eg, c1, &[Some(at(s, "?x")), Some(w1), Some(b1)], 1);
+    let mut inputs = vec![Some(at(s, "?x2")), Some(w2)];
+    if b2.is_some() {
+        inputs.push(b2);
+    }
+    let second = add_op(eg, c2, &inputs, 1);
+    Some(add_op(eg, add, &[Some(first), Some(second)], 1))
+}
+
 #[rustfmt::skip]
 pub(crate) fn rules() -> Vec<Rw> {
     const BN: &str = "?g ?be ?m ?v ?abn)";
@@ -516,6 +574,11 @@ pub(crate) fn rules() -> Vec<Rw> {
         rule("fold-bn-into-gemm",               &p("(Gemm ?x ?w ?b ?ag)"),          vec![ok()], fold_gemm),
         rule("fold-bn-into-gemm-noc",           &p("(Gemm ?x ?w ?ag)"),             vec![ok()], fold_gemm),
         rule("fold-bn-into-matmul",             &p("(MatMul ?x ?w ?am)"),           vec![ok()], fold_matmul),
+        // BN(Conv1 + Conv2) -> Conv1' + Conv2': the BN's scale into both, its shift into one.
+        rule("fold-bn-into-conv-sum",
+             &p("(Add (Conv ?x ?w ?b ?ac) (Conv ?x2 ?w2 ?b2 ?ac2) ?aa)"), vec![ok(), when(second_conv_ok)], fold_conv_sum),
+        rule("fold-bn-into-conv-sum-nobias",
+             &p("(Add (Conv ?x ?w ?ac) (Conv ?x2 ?w2 ?ac2) ?aa)"),         vec![ok(), when(second_conv_ok)], fold_conv_sum),
         // BN(x) before an unpadded dense Conv folds into that Conv's weight and bias.
         rule("fold-bn-before-conv",        &format!("(Conv (BatchNormalization ?x {BN} ?w ?b ?ac)"),
              vec![ok(), when(unpadded_dense_conv)], fold_bn_before_conv),
