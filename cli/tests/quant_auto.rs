@@ -99,6 +99,12 @@ fn auto_reaches_the_target_and_lower_targets_compress_more() {
         assert_eq!(code, 0, "{target}: {err}");
         assert!(achieved(&err) >= target, "{target}: {err}");
         assert!(err.contains("node_linear_14  MatMul"), "{err}");
+        // A quarter of the 8 samples is kept from the search and judges its choice.
+        assert!(
+            err.contains("on 2 sample(s) the search did not use"),
+            "{target}: {err}"
+        );
+        assert!(err.contains("over 6 samples"), "{target}: {err}");
 
         // The map: default path, a header, one exact-name rule per candidate, parses cleanly.
         let text = std::fs::read_to_string(dir.join(format!("{tag}.precision.toml")))

@@ -50,6 +50,11 @@ pub struct AutoOutcome {
     pub searched_cosine: f64,
     /// The compiled model's cosine measured the same way.
     pub compiled_cosine: f64,
+    /// The compiled model's cosine on the samples kept from the search (a quarter of them,
+    /// from 4 samples on); `None` with fewer.
+    pub held_back_cosine: Option<f64>,
+    /// How many samples were kept from the search.
+    pub held_back_samples: usize,
 }
 
 type Shared = Arc<Context>;
@@ -787,9 +792,18 @@ impl Pass for AutoStep {
 
         let orig: &Module = m;
         let cands = auto::candidates(orig, graph);
-        let samples = ctx.all_samples(orig, graph).map_err(calib)?;
-        let reference =
-            Reference::new(orig, graph, &samples, self.ctx.main_output.as_deref()).map_err(user)?;
+        let all = ctx.all_samples(orig, graph).map_err(calib)?;
+        // A quarter of the samples (from 4 on) is kept from the search, to judge its choice on
+        // data it did not fit.
+        let held = if all.len() >= 4 { all.len() / 4 } else { 0 };
+        let (samples, judge) = all.split_at(all.len() - held);
+        let main = self.ctx.main_output.as_deref();
+        let reference = Reference::new(orig, graph, samples, main).map_err(user)?;
+        let judge_reference = if judge.is_empty() {
+            None
+        } else {
+            Some(Reference::new(orig, graph, judge, main).map_err(user)?)
+        };
         let labels =
             mmq_ir::modality::analyze(orig, graph, &ctx.modality).map_err(|e| failed(name, e))?;
         let in_order: Vec<usize> = (0..cands.list.len()).collect();
@@ -814,7 +828,7 @@ impl Pass for AutoStep {
             orig,
             graph,
             &map.plan(orig, graph, &labels),
-            &samples,
+            samples,
             &mut calib_notes,
         )
         .map_err(calib)?;
@@ -833,7 +847,7 @@ impl Pass for AutoStep {
             ));
             pm.verify = false;
             pm.run(&mut q, opts).map_err(EvalError)?;
-            Ok(reference.cosine(&q, &samples)?)
+            Ok(reference.cosine(&q, samples)?)
         };
         let choice = auto::search(&cands.list, self.target, evaluate).map_err(|e| e.0)?;
         let searched = start.elapsed();
@@ -884,7 +898,7 @@ impl Pass for AutoStep {
             searched.as_secs_f64()
         ));
         let stream = CalibrationSource::Stream(Arc::new(crate::calibration::SampleStream::of(
-            samples.clone(),
+            samples.to_vec(),
         )));
         let replay = Context {
             calibration: stream,
@@ -902,18 +916,45 @@ impl Pass for AutoStep {
         run_map(&replay, m, &map, name, opts, &mut report)?;
         // The compiled model measured the same way: equal to the search's figure unless the
         // calibration differs.
-        let compiled = reference.cosine(m, &samples).map_err(user)?;
+        let compiled = reference.cosine(m, samples).map_err(user)?;
         if compiled < self.target {
             report.notes.push(format!(
                 "warning: the compiled model's cosine {compiled:.6} is below the target {} (the search measured {:.6})",
                 self.target, choice.cosine
             ));
         }
+        // The choice judged on the samples the search did not see.
+        let held_back = match &judge_reference {
+            Some(r) => Some(r.cosine(m, judge).map_err(user)?),
+            None => None,
+        };
+        match held_back {
+            Some(c) if c < self.target => report.notes.push(format!(
+                "warning: on {} sample(s) the search did not use, the compiled model's cosine is \
+                 {c:.6}, below the target {} it met on its own {} ({:.6}): give more or more \
+                 varied calibration samples (--calib DIR), or a higher target",
+                judge.len(),
+                self.target,
+                samples.len(),
+                compiled
+            )),
+            Some(c) => report.notes.push(format!(
+                "on {} sample(s) the search did not use: cosine {c:.6} (target {})",
+                judge.len(),
+                self.target
+            )),
+            None => report.notes.push(format!(
+                "all {} sample(s) went into the search (from 4, a quarter is kept to judge it)",
+                samples.len()
+            )),
+        }
         *ctx.auto.lock().unwrap_or_else(|e| e.into_inner()) = Some(AutoOutcome {
             map: text,
             target: self.target,
             searched_cosine: choice.cosine,
             compiled_cosine: compiled,
+            held_back_cosine: held_back,
+            held_back_samples: judge.len(),
         });
         Ok(report)
     }
