@@ -266,6 +266,31 @@ def archives():
     (OUT / "inflate_bomb.npz").write_bytes(bytes(data))
 
 
+def qparam_tables():
+    """A QPQR table whose first scale is NaN, its checksum recomputed (as a tool editing a table
+    in place would leave it). Needs a built `target/debug/mmq` and the `xxhash` package."""
+    import subprocess
+    import tempfile
+
+    import xxhash
+
+    repo = OUT.parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        table = Path(tmp) / "t.qpqr"
+        subprocess.run([str(repo / "target/debug/mmq"), "compile",
+                        str(repo / "tests/fixtures/vit/model.onnx"), "--quant", "int4",
+                        "--placement", "all", "--no-accuracy", "-q", "-o",
+                        str(Path(tmp) / "m.onnx"), "--qparams", str(table)], check=True)
+        b = bytearray(table.read_bytes())
+    pairs, index = struct.unpack_from("<QQ", b, 16)
+    (raw0,) = struct.unpack_from("<Q", b, index + 32)
+    b[pairs:pairs + 2] = struct.pack("<H", 0x7E00)  # the f16 pair's scale
+    b[raw0:raw0 + 4] = struct.pack("<f", float("nan"))  # the exact f32 scale
+    b[56:64] = bytes(8)
+    b[56:64] = struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(b)))
+    (OUT / "nan_scale.qpqr").write_bytes(bytes(b))
+
+
 if __name__ == "__main__":
     main()
     data_sized()
@@ -273,3 +298,4 @@ if __name__ == "__main__":
     wrong_in_text()
     interpreter_answers()
     archives()
+    qparam_tables()

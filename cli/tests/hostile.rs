@@ -1088,6 +1088,18 @@ fn archives_that_lie_are_refused_naming_the_member() {
 }
 
 #[test]
+fn a_table_that_means_nothing_fails_verify_though_its_checksum_matches() {
+    refused(
+        "nan_scale",
+        &["qparams", "verify", &file("nan_scale.qpqr")],
+        &[
+            "nan_scale.qpqr",
+            "pair 0 has scale NaN (a scale is a finite, non-zero number)",
+        ],
+    );
+}
+
+#[test]
 fn floats_cast_to_strings_as_onnx_runtime_writes_them() {
     let dir = scratch("hostile-cast-string");
     let model = file("cast_float_to_string.onnx");
