@@ -107,8 +107,10 @@ fn write_model(dir: &Path) -> u64 {
 /// The largest resident set of any child process waited for so far, in bytes.
 fn children_peak_rss() -> u64 {
     // SAFETY: getrusage writes one plain C struct; a zeroed `rusage` is a valid value.
+    #[allow(unsafe_code, reason = "getrusage fills a C struct")]
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `u` is a valid, writable `rusage`.
+    #[allow(unsafe_code, reason = "getrusage fills a C struct")]
     let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
     assert_eq!(rc, 0, "getrusage");
     u.ru_maxrss as u64 * 1024

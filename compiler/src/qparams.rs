@@ -485,6 +485,10 @@ impl QParamTable {
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only; a process truncating the file underneath would be a
         // SIGBUS, as for every mapped model file; the table is written by rename, never in place.
+        #[allow(
+            unsafe_code,
+            reason = "the table is mapped read only; verify checks its checksum"
+        )]
         let map = unsafe { MmapOptions::new().map(&file) }.map_err(io)?;
         let (pairs_offset, length, entries) = parse(&map).map_err(|what| QParamError::Invalid {
             path: path.to_owned(),

@@ -157,6 +157,10 @@ fn map_file(path: &Path) -> Result<Bytes> {
     }
     // SAFETY: the map is read-only; model files must not be modified while a module that refers
     // to them is alive (the same contract as `mmq_ir::ExternalFile` and ONNX Runtime's loader).
+    #[allow(
+        unsafe_code,
+        reason = "the model file is mapped read only for lazy weights"
+    )]
     let map = unsafe { Mmap::map(&file) }
         .map_err(|e| err!(Io, "cannot map '{}': {e}", path.display()))?;
     Ok(Bytes::from_owner(map))

@@ -71,6 +71,10 @@ impl ExternalFile {
         let file = File::open(path)?;
         // SAFETY: the map is read-only; we document that external data files must not be modified
         // while a module that maps them is alive (the same contract as ONNX Runtime's mmap loader).
+        #[allow(
+            unsafe_code,
+            reason = "a mapped weight file is read only; changes under it are detected by its hash"
+        )]
         let map = unsafe { Mmap::map(&file)? };
         Ok(ExternalFile {
             path: path.to_owned(),

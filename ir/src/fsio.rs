@@ -187,6 +187,7 @@ impl AtomicFile {
                     .map_err(io::Error::other)?;
                 let to = CString::new(temp.as_os_str().as_bytes()).map_err(io::Error::other)?;
                 // SAFETY: both paths are NUL-terminated C strings that live across the call.
+                #[allow(unsafe_code, reason = "linkat has no safe binding")]
                 let rc = unsafe {
                     libc::linkat(
                         libc::AT_FDCWD,

@@ -5,6 +5,10 @@
 //! medians of timed runs of calls queued back to back (CUDA events) after warm-up; prints
 //! Markdown. Without a GPU it says why and exits 0.
 
+#![allow(
+    unsafe_code,
+    reason = "the benchmark launches CUDA kernels and cuBLAS through their C APIs"
+)]
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
 use std::sync::Arc;

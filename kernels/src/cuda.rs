@@ -15,6 +15,11 @@
 //! kernels where there is no GPU: their results, their loads (aligned, inside the buffers), their
 //! barriers (no deadlock) and their writes (no byte past a buffer's ends).
 
+#![allow(
+    unsafe_code,
+    reason = "the CUDA driver API (through cudarc) and page-locked host memory are foreign calls"
+)]
+
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -545,7 +550,10 @@ pub fn dynamic_plan(
 }
 
 /// Checks an INT4 matrix product of `a_len` activations (`[m, k]`).
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the shapes, block and buffers of one INT4 product"
+)]
 pub fn nbits_plan(
     a_len: usize,
     n: usize,
@@ -1141,7 +1149,10 @@ impl Device {
     /// Quantizes rows of `row_len` in groups of `group` (per token: `group == row_len`), each
     /// group with the scale and zero point of its own range ([`crate::packed::group_qparams`]),
     /// in one pass: `scales` and `zeros` get one value per group.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the input, its row and group sizes and the three outputs"
+    )]
     pub fn quantize_dynamic<T: Float>(
         &self,
         x: &Buffer<T>,

@@ -5,6 +5,11 @@
 //! straddle scales); dequantization bit for bit to f32 and within 1 ulp to binary16 / bfloat16;
 //! the INT4 GEMV / GEMM within rounding; every KV append bit for bit.
 
+#![allow(
+    unsafe_code,
+    reason = "the kernel bodies compiled for the host are C functions"
+)]
+
 use half::{bf16, f16};
 
 use crate::cuda::{RawScaleMap, quant_plan};

@@ -3,6 +3,11 @@
 //! ±0, NaN, ±Inf, saturation, ±448 and subnormals for FP8, every FP8 code, nibble order, odd
 //! lengths).
 
+#![allow(
+    unsafe_code,
+    reason = "the kernel bodies compiled for the host are C functions"
+)]
+
 #[cfg(mmq_host_cuh)]
 mod checks {
     use mmq_ir::DType;

@@ -397,7 +397,10 @@ fn out_of(dev: &Device, codes: &[u8]) -> cuda::Buffer<u8> {
 }
 
 /// One dynamic quantization of `x` (as `T`) on `dev` against the reference.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one case of the dynamic quantization table"
+)]
 fn check_dynamic<T: cuda::Float>(
     dev: &Device,
     x: &[f32],

@@ -3,6 +3,11 @@
 //! Floating-point kernels are generic over [`Real`] (`f32`, `f64`): f16/bf16 operands are widened
 //! to f32, computed, and rounded back once. Matrix products go through `matrixmultiply`.
 
+#![allow(
+    unsafe_code,
+    reason = "matrixmultiply's GEMM takes raw pointers and strides"
+)]
+
 mod attention;
 mod conv;
 mod einsum;
