@@ -284,6 +284,23 @@ impl Module {
         }
     }
 
+    /// Whether symbol `s` appears in the type of an input or output of a graph.
+    fn on_interface(&self, s: Sym) -> bool {
+        self.graphs.iter().any(|(_, g)| {
+            g.inputs.iter().chain(&g.outputs).any(|&v| {
+                self.value_type(v).shape().is_some_and(|dims| {
+                    dims.iter().any(|d| {
+                        d.expr().is_some_and(|e| {
+                            let mut syms = Vec::new();
+                            e.symbols(&mut syms);
+                            syms.contains(&s)
+                        })
+                    })
+                })
+            })
+        })
+    }
+
     /// Records that symbol `s` equals `e` (see [`SymbolData::equals`]) unless `s` already
     /// stands for an expression or `e`, with the known equalities applied, mentions `s`.
     /// Every recorded expression is rewritten with the new one, so none refers to a symbol that
@@ -298,7 +315,10 @@ impl Module {
         let e = self.canon_expr(e);
         let mut mentioned = Vec::new();
         e.symbols(&mut mentioned);
-        if mentioned.contains(&s) || e.as_constant().is_some() {
+        // A symbol of a graph's inputs or outputs is the caller's to choose: a constant found
+        // for it inside is not a declaration. One that names an inner dim only (an exporter's
+        // `unk__35`) stands for what inference computes, a constant too.
+        if mentioned.contains(&s) || (e.as_constant().is_some() && self.on_interface(s)) {
             return false;
         }
         let keys: Vec<Sym> = self.symbols.keys().collect();

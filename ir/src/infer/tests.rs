@@ -822,12 +822,18 @@ fn declared_symbol_equal_to_an_inferred_expression() {
 /// and one that already stands for an expression keeps it.
 #[test]
 fn symbol_equalities_stay_acyclic() {
-    let mut m = Module::new();
-    let (a, b, c) = (m.symbol("a"), m.symbol("b"), m.symbol("c"));
+    // `a` is a dim of the graph's input: the caller's, never a constant; `d` names an inner dim
+    // only and may stand for one.
+    let src = "graph @g(%x: f32[a]) -> (f32[a]) {\n  %y = Relu(%x) : f32[a]\n  return %y\n}\n";
+    let (mut m, _) = crate::text::parse(src).expect("parses");
+    let a = m.symbol("a");
+    let (b, c, d) = (m.symbol("b"), m.symbol("c"), m.symbol("d"));
     let e = |s| DimExpr::sym(s);
     let ok = |x: Option<DimExpr>| x.expect("no overflow");
     assert!(!m.assume_equal(a, &ok(e(a).add(&DimExpr::constant(1)))));
     assert!(!m.assume_equal(a, &DimExpr::constant(3)));
+    assert!(m.assume_equal(d, &DimExpr::constant(16)));
+    assert_eq!(m.canon_dim(&Dim::sym(d)).as_known(), Some(16));
     assert!(m.assume_equal(a, &ok(e(b).add(&e(c)))));
     assert!(!m.assume_equal(a, &e(c)));
     // b = c * 2 rewrites a's expression, so no expression names a symbol that has one.
