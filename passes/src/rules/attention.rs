@@ -374,9 +374,11 @@ fn read(eg: &EG, s: &Subst, bias: bool) -> Option<Attn> {
     }
     if bias {
         let b = shape4(eg, s, "?bias")?;
+        // A mask over keys only (`[B, 1, 1, T]`, a padding mask) is expanded over the query
+        // rows: `attention_bias` has them.
         let ok = (known(&b[0]) == Some(1) || same(&b[0], &q[0]))
             && (known(&b[1]) == Some(1) || known(&b[1]) == Some(heads))
-            && same(&b[2], &q[2])
+            && (same(&b[2], &q[2]) || known(&b[2]) == Some(1))
             && same(&b[3], &kt[3])
             && dtype_of(eg, s, "?bias") == Some(dtype);
         if !ok {
@@ -397,6 +399,56 @@ fn read(eg: &EG, s: &Subst, bias: bool) -> Option<Attn> {
         head,
         value_head,
     })
+}
+
+/// The additive mask `?bias` as `attention_bias` takes it, `[B or 1, N or 1, S, T]`: a mask
+/// over keys only (`[B, 1, 1, T]`) expanded over the `S` query rows (`Expand` to the shape
+/// `Shape(bias)[0:2] ++ S ++ Shape(bias)[3:4]`, `S` read from the mask where it equals `T`,
+/// else from `Q`); the same values, so exact.
+fn full_bias(eg: &mut EG, s: &Subst) -> Option<Id> {
+    let b = at(s, "?bias");
+    let (bd, qd) = (shape4(eg, s, "?bias")?, shape4(eg, s, "?q")?);
+    if same(&bd[2], &qd[2]) {
+        return Some(b);
+    }
+    let part = |eg: &mut EG, x: Id, lo: f64, hi: f64| -> Option<Id> {
+        let shape = add_typed(
+            eg,
+            Op::Shape {
+                start: None,
+                end: None,
+            },
+            &[Some(x)],
+        );
+        let (st, en) = (
+            lit(eg, DType::I64, vec![1], &[lo])?,
+            lit(eg, DType::I64, vec![1], &[hi])?,
+        );
+        Some(add_typed(
+            eg,
+            Op::Slice {
+                starts: None,
+                ends: None,
+                axes: None,
+            },
+            &[Some(shape), Some(st), Some(en)],
+        ))
+    };
+    let lead = part(eg, b, 0.0, 2.0)?;
+    let keys = part(eg, b, 3.0, 4.0)?;
+    // Self-attention (as many query rows as keys): the rows from the mask's own shape, so
+    // nothing keeps the transposed Q alive for its shape.
+    let rows = if same(&qd[2], &shape4(eg, s, "?kt")?[3]) {
+        keys
+    } else {
+        part(eg, at(s, "?q"), 2.0, 3.0)?
+    };
+    let full = add_typed(
+        eg,
+        Op::Concat { axis: Some(0) },
+        &[Some(lead), Some(rows), Some(keys)],
+    );
+    Some(add_typed(eg, Op::Expand {}, &[Some(b), Some(full)]))
 }
 
 /// Builds `Reshape(MultiHeadAttention(Reshape(Transpose(Q)), Transpose(Kᵀ), V, bias),
@@ -468,7 +520,8 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool, guard: bool) -> O
     }
     let mut inputs = vec![Some(q3), Some(k), Some(v)];
     if bias {
-        inputs.extend([None, None, Some(at(s, "?bias"))]);
+        let full = full_bias(eg, s)?;
+        inputs.extend([None, None, Some(full)]);
     }
     let mut y = add_typed(eg, mha, &inputs);
     if guard {
