@@ -471,7 +471,12 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
             .map_err(|e| Failure::user(format!("error: --auto-map: {e}\n")))?;
         let _ = writeln!(stderr, "auto: wrote precision map {}", map.display());
     }
-    stderr.push_str(&accuracy_text(&report, args.report.is_some(), args.auto));
+    stderr.push_str(&accuracy_text(
+        &report,
+        args.report.is_some(),
+        args.auto,
+        args.calib.is_some(),
+    ));
     if let Some(path) = &args.report {
         write_atomic(path, (report.to_json() + "\n").as_bytes())
             .map_err(|e| Failure::user(format!("error: --report: {e}\n")))?;
@@ -720,8 +725,15 @@ fn check_side_outputs(args: &CompileArgs, output_dir: bool) -> Result<(), Failur
 }
 
 /// The accuracy table (`--report`) or line (a quantizing run) of `report`; `auto` is the
-/// `--auto` target the run was given, so the hint below the goal never names the same run.
-fn accuracy_text(report: &CompileReport, full: bool, auto: Option<f64>) -> String {
+/// `--auto` target the run was given, so the hint below the goal never names the same run;
+/// `calibrated_on` says the samples were a `--calib` folder, which also calibrated the model
+/// (random samples are drawn afresh for the figures).
+fn accuracy_text(
+    report: &CompileReport,
+    full: bool,
+    auto: Option<f64>,
+    calibrated_on: bool,
+) -> String {
     match &report.accuracy {
         None => String::new(),
         Some(mmq_compiler::AccuracyReport::Full(r)) if full => {
@@ -747,9 +759,13 @@ fn accuracy_text(report: &CompileReport, full: bool, auto: Option<f64>) -> Strin
             let Some(e) = a.end_to_end() else {
                 return "accuracy: no float output to compare\n".to_owned();
             };
+            let on = if calibrated_on {
+                "sample(s) of the --calib folder (they calibrated it too)"
+            } else {
+                "held-back sample(s)"
+            };
             let mut line = format!(
-                "accuracy: '{}' cosine {:.4} (min {:.4}) against the unquantized model on {} \
-                 held-back sample(s)",
+                "accuracy: '{}' cosine {:.4} (min {:.4}) against the unquantized model on {} {on}",
                 e.output, e.cosine_mean, e.cosine_min, e.samples
             );
             if e.cosine_min < ACCURACY_GOAL {

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{fixture, run_in, scratch};
+use common::{fixture, repo, run_in, scratch};
 
 /// Compiles `name` with `extra` flags and `--report`; checks the pass list of the compile
 /// report and returns its accuracy section and stderr.
@@ -286,4 +286,30 @@ fn side_outputs_never_overwrite_inputs_or_the_output() {
         assert!(!dir.join("out.onnx").exists(), "{extra:?}");
         assert_eq!(std::fs::read(&model).expect("model"), before, "{extra:?}");
     }
+}
+
+/// The accuracy line says which samples it measured on: random ones are drawn afresh, so
+/// held back from the calibration; a `--calib` folder's also calibrated the model.
+#[test]
+fn the_accuracy_line_says_whether_its_samples_calibrated_the_model() {
+    let dir = scratch("accuracy-samples");
+    let calib = dir.join("calib");
+    std::fs::create_dir_all(&calib).expect("dir");
+    let inputs = repo().join("tests/fixtures/vit/inputs.npz");
+    for name in ["a.npz", "b.npz", "c.npz", "d.npz"] {
+        std::fs::copy(&inputs, calib.join(name)).expect("copy");
+    }
+    let fx = fixture("vit");
+    let base = ["compile", &fx, "-o", "out.onnx", "--quant", "int8"];
+    let (code, _, err) = run_in(&dir, &base);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("held-back sample(s)"), "{err}");
+    let mut with_folder = base.to_vec();
+    with_folder.extend(["--calib", "calib"]);
+    let (code, _, err) = run_in(&dir, &with_folder);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("on 1 sample(s) of the --calib folder (they calibrated it too)"),
+        "{err}"
+    );
 }

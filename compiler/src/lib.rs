@@ -375,10 +375,16 @@ fn activation_analysis(
 /// The accuracy samples: the calibration source, or [`ACCURACY_SAMPLES`] random ones.
 fn accuracy_samples(original: &Module, options: &CompileOptions) -> Result<Vec<Sample>, String> {
     let graph = original.entries[0].graph;
+    // Random samples are drawn afresh (the next seed), so none of them calibrated the model;
+    // given samples (a folder, an iterator) are the calibration's own.
     let source = match &options.calibration {
         CalibrationSource::Default => CalibrationSource::Random {
             count: ACCURACY_SAMPLES,
-            seed: 0,
+            seed: 1,
+        },
+        CalibrationSource::Random { count, seed } => CalibrationSource::Random {
+            count: *count,
+            seed: seed.wrapping_add(1),
         },
         s => s.clone(),
     };
