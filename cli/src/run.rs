@@ -60,7 +60,14 @@ pub fn run(args: &RunArgs) -> Result<String, Failure> {
         Interpreter::new(m)
     };
     // An archive's shapes are checked against the inputs before its arrays are inflated.
-    let feeds = feeds(args, |headers| interp.check_headers(entry.graph, headers))?;
+    let feeds = feeds(args, |headers| {
+        interp.check_shapes(
+            entry.graph,
+            headers
+                .iter()
+                .map(|h| (h.name.as_str(), h.dtype, &h.shape[..])),
+        )
+    })?;
     let mut outputs = interp.run(entry.graph, &feeds).map_err(user)?;
     if args.repeat > 0 {
         // The first run decoded the constants and kept the constant subexpressions; what the

@@ -44,23 +44,16 @@ fn named_values(m: &Module, graph: GraphId) -> HashMap<String, Value> {
         .collect()
 }
 
-fn producer(m: &Module, v: Value) -> Option<&mmq_ir::NodeData> {
-    match m.values[v].def {
-        ValueDef::Output { node, .. } => Some(&m.nodes[node]),
-        _ => None,
-    }
-}
-
 /// The precision the node computing `v` runs in, read off the compiled graph.
 fn precision_of(m: &Module, v: Value, depth: usize) -> &'static str {
-    let Some(nd) = producer(m, v) else {
+    let Some(nd) = m.producer(v) else {
         return "float";
     };
     let from = |op: &str| {
         nd.inputs
             .iter()
             .flatten()
-            .any(|&i| producer(m, i).is_some_and(|p| p.op.op_type() == op))
+            .any(|&i| m.producer(i).is_some_and(|p| p.op.op_type() == op))
     };
     match &nd.op {
         Op::MatMulNBits { .. } | Op::MmqMatMulNBits { .. } => "int4",
@@ -69,10 +62,11 @@ fn precision_of(m: &Module, v: Value, depth: usize) -> &'static str {
         Op::QLinearConv { .. } | Op::QLinearMatMul { .. } => "int8",
         Op::Mul {} if depth < 3 => {
             let integer = nd.inputs.iter().flatten().any(|&i| {
-                producer(m, i).is_some_and(|p| {
+                m.producer(i).is_some_and(|p| {
                     matches!(p.op, Op::Cast { .. })
                         && p.inputs.iter().flatten().any(|&x| {
-                            producer(m, x).is_some_and(|q| matches!(q.op, Op::MatMulInteger {}))
+                            m.producer(x)
+                                .is_some_and(|q| matches!(q.op, Op::MatMulInteger {}))
                         })
                 }) || precision_of(m, i, depth + 1) == "int8 dynamic"
             });
@@ -85,7 +79,7 @@ fn precision_of(m: &Module, v: Value, depth: usize) -> &'static str {
                 .first()
                 .copied()
                 .flatten()
-                .and_then(|x| producer(m, x));
+                .and_then(|x| m.producer(x));
             match q.and_then(|q| q.inputs.first().copied().flatten()) {
                 Some(x) => precision_of(m, x, depth + 1),
                 None => "float",
@@ -93,7 +87,7 @@ fn precision_of(m: &Module, v: Value, depth: usize) -> &'static str {
         }
         Op::MatMul {} | Op::Gemm { .. } | Op::Conv { .. } | Op::ConvTranspose { .. } => {
             for &i in nd.inputs.iter().flatten() {
-                if let Some(p) = producer(m, i) {
+                if let Some(p) = m.producer(i) {
                     if let Op::DequantizeLinear { .. } = p.op {
                         let codes = p.inputs.first().copied().flatten();
                         let dtype = codes.and_then(|c| m.value_type(c).dtype());

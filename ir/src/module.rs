@@ -534,6 +534,14 @@ impl Module {
         out
     }
 
+    /// The node that computes `v` (`None` for inputs and constants).
+    pub fn producer(&self, v: Value) -> Option<&NodeData> {
+        match self.values.get(v)?.def {
+            ValueDef::Output { node, .. } => self.nodes.get(node),
+            _ => None,
+        }
+    }
+
     /// Total bytes of constant data.
     pub fn weight_bytes(&self) -> u64 {
         self.consts.iter().map(|(_, c)| c.byte_len()).sum()

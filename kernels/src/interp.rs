@@ -276,14 +276,14 @@ impl<'m> Interpreter<'m> {
         self.check_tensor_type(name, ty, t.dtype, &t.shape, bound)
     }
 
-    /// Checks the element types and shapes of inputs before their data exists (an array file's
-    /// headers), as [`Interpreter::run`] checks them: a file that claims a gigabyte for a small
-    /// input is refused before it is inflated. Inputs not in `headers` are not checked; a name
-    /// that is no input of `graph` is an error.
-    pub fn check_headers(
+    /// Checks inputs given as (name, element type, shape) — an array file's headers before its
+    /// data is read, or a sample's tensors as they arrive — as [`Interpreter::run`] checks
+    /// them: a file that claims a gigabyte for a small input is refused before it is inflated.
+    /// Inputs not given are not checked; a name that is no input of `graph` is an error.
+    pub fn check_shapes<'s>(
         &self,
         graph: GraphId,
-        headers: &[crate::io::NpyHeader],
+        given: impl IntoIterator<Item = (&'s str, mmq_ir::DType, &'s [usize])>,
     ) -> Result<(), KernelError> {
         let m = self.module;
         let g = m
@@ -291,17 +291,17 @@ impl<'m> Interpreter<'m> {
             .get(graph)
             .ok_or_else(|| KernelError::Module(format!("no graph {graph:?}")))?;
         let mut bound: HashMap<Sym, i64> = HashMap::new();
-        for h in headers {
+        for (name, dtype, shape) in given {
             let Some(&v) = g
                 .inputs
                 .iter()
-                .find(|&&v| m.values[v].name.as_deref() == Some(h.name.as_str()))
+                .find(|&&v| m.values[v].name.as_deref() == Some(name))
             else {
-                return Err(self.not_an_input(graph, &h.name));
+                return Err(self.not_an_input(graph, name));
             };
             let ty = m.value_type(v);
             if ty.as_tensor().is_some() {
-                self.check_tensor_type(&h.name, ty, h.dtype, &h.shape, &mut bound)?;
+                self.check_tensor_type(name, ty, dtype, shape, &mut bound)?;
             }
         }
         self.check_ranges(&bound)

@@ -188,11 +188,12 @@ struct DequantizeForm {
 
 impl DequantizeForm {
     fn of(m: &Module, x: Value, scale: Value) -> Option<DequantizeForm> {
-        let (cast, zero) = match producer(m, x)? {
-            (Op::Sub {}, [Some(c), Some(z)]) => (*c, Some(*z)),
+        let (cast, zero) = match m.producer(x).map(|n| (&n.op, &n.inputs[..])) {
+            Some((Op::Sub {}, [Some(c), Some(z)])) => (*c, Some(*z)),
             _ => (x, None),
         };
-        let (Op::Cast { to, .. }, [Some(codes)]) = producer(m, cast)? else {
+        let cast = m.producer(cast)?;
+        let (Op::Cast { to, .. }, [Some(codes)]) = (&cast.op, &cast.inputs[..]) else {
             return None;
         };
         if *to != Some(i64::from(DType::F32.onnx_code())) {
@@ -212,7 +213,7 @@ impl DequantizeForm {
             None => None,
             Some(z) => {
                 // A zero point stored as codes and cast, or as whole f32 numbers.
-                let z = match producer(m, z) {
+                let z = match m.producer(z).map(|n| (&n.op, &n.inputs[..])) {
                     Some((Op::Cast { .. }, [Some(zc)]))
                         if const_of(m, *zc).is_some_and(|c| m.consts[c].dtype == dtype) =>
                     {
@@ -259,14 +260,6 @@ impl DequantizeForm {
             axis,
         })
     }
-}
-
-/// The op and operands of the node producing `v`.
-fn producer(m: &Module, v: Value) -> Option<(&Op, &[Option<Value>])> {
-    let ValueDef::Output { node, .. } = m.values[v].def else {
-        return None;
-    };
-    Some((&m.nodes[node].op, &m.nodes[node].inputs))
 }
 
 /// A constant's values as f32 and the axis of `shape` they vary along: `None` for one value,
@@ -318,17 +311,14 @@ fn bytes_of(v: &RtValue) -> Option<u64> {
     let t = v.as_tensor()?;
     Some(match &t.data {
         Data::Str(v) => v.iter().map(|s| s.len() as u64).sum(),
-        _ => (t.len() as u64 * t.dtype.bits() as u64).div_ceil(8),
+        _ => t.dtype.storage_bytes(t.len())? as u64,
     })
 }
 
-/// A value's bytes when inference knows its element type and count.
+/// A value's bytes when inference knows its element type and count (not for strings).
 fn static_bytes(m: &Module, v: Value) -> Option<u64> {
     let dtype = m.value_type(v).dtype()?;
-    if dtype == DType::String {
-        return None;
-    }
-    Some((static_elements(m, v)? as u64 * dtype.bits() as u64).div_ceil(8))
+    Some(dtype.storage_bytes(static_elements(m, v)?)? as u64)
 }
 
 impl ConstFold {

@@ -215,16 +215,14 @@ fn decode_sample(arrays: Arrays) -> Result<Sample, String> {
 /// iterator raises ends the stream and is kept in `raised`, to be raised as it was.
 struct SampleIter {
     iter: Py<PyAny>,
-    index: usize,
     raised: Arc<std::sync::Mutex<Option<PyErr>>>,
 }
 
 impl Iterator for SampleIter {
     type Item = Result<Sample, String>;
 
+    /// A failing sample's message; the stream adds which sample it was.
     fn next(&mut self) -> Option<Self::Item> {
-        let index = self.index;
-        self.index += 1;
         let arrays = Python::with_gil(|py| -> Result<Option<Arrays>, PyErr> {
             let next = self.iter.bind(py).call_method0("__next__");
             match next {
@@ -235,9 +233,7 @@ impl Iterator for SampleIter {
         });
         match arrays {
             Ok(None) => None,
-            Ok(Some(arrays)) => {
-                Some(decode_sample(arrays).map_err(|e| format!("sample {index}: {e}")))
-            }
+            Ok(Some(arrays)) => Some(decode_sample(arrays)),
             Err(e) => {
                 let message = e.to_string();
                 *self.raised.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
@@ -349,7 +345,6 @@ fn compile(
     let raised = Arc::new(std::sync::Mutex::new(None));
     let samples = samples.map(|iter| SampleIter {
         iter,
-        index: 0,
         raised: Arc::clone(&raised),
     });
     let (mut options, warnings) = options(o, samples)?;

@@ -562,7 +562,12 @@ pub fn dir_samples<'m>(
             mmq_kernels::io::npz_headers(&path).map_err(|e| sample_error(e.to_string()))?;
         // As a run of the sample would fail, before the arrays are inflated.
         interp
-            .check_headers(graph, &headers)
+            .check_shapes(
+                graph,
+                headers
+                    .iter()
+                    .map(|h| (h.name.as_str(), h.dtype, &h.shape[..])),
+            )
             .map_err(|e| CalibError::Run {
                 index,
                 message: e.to_string(),

@@ -287,10 +287,9 @@ fn site(m: &Module, n: Node) -> Option<Site> {
 /// `DequantizeLinear(W, s[, 0])` of an i8 constant with one f32 scale, or one per output column
 /// (axis 1), and no zero point other than 0 — the form INT8 quantization writes itself.
 fn prequantized_weight(m: &Module, w: Value) -> bool {
-    let ValueDef::Output { node, .. } = m.values[w].def else {
+    let Some(nd) = m.producer(w) else {
         return false;
     };
-    let nd = &m.nodes[node];
     let Op::DequantizeLinear {
         axis, block_size, ..
     } = nd.op

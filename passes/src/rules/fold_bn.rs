@@ -115,10 +115,14 @@ fn scale_axis(eg: &mut EG, w: Id, k: Id, rank: usize, axis: usize) -> Option<Id>
 
 /// The bias operand `?b` when present (an absent operand is `None`).
 fn bias(eg: &EG, s: &Subst) -> Option<Id> {
-    let b = *s.get(var("?b"))?;
-    (!matches!(eg[b].data.konst, Konst::Absent)).then_some(b)
+    present(eg, s, "?b")
 }
 
+/// The operand bound to `v` when the match bound it and it is not an absent optional operand.
+fn present(eg: &EG, s: &Subst, v: &str) -> Option<Id> {
+    let b = *s.get(var(v))?;
+    (!matches!(eg[b].data.konst, Konst::Absent)).then_some(b)
+}
 /// The known static dims of `?w`.
 fn w_dims(eg: &EG, s: &Subst) -> Option<Vec<i64>> {
     shape_of(eg, s, "?w")?
@@ -519,16 +523,10 @@ fn second_conv_ok(eg: &EG, s: &Subst) -> bool {
         && d1.first() == d2.first()
         && is_const(eg, s, "?w2")
         && dtype_of(eg, s, "?w2") == dtype_of(eg, s, "?w")
-        && second_bias(eg, s).is_none_or(|b| {
+        && present(eg, s, "?b2").is_none_or(|b| {
             eg[b].data.konst.is_const()
                 && eg[b].data.ty.as_ref().and_then(|t| t.dtype()) == dtype_of(eg, s, "?w")
         })
-}
-
-/// The bias operand `?b2` of the second Conv when present.
-fn second_bias(eg: &EG, s: &Subst) -> Option<Id> {
-    let b = *s.get(var("?b2"))?;
-    (!matches!(eg[b].data.konst, Konst::Absent)).then_some(b)
 }
 
 /// Folds a BatchNormalization after the sum of two Convs into both (the shortcut of a
@@ -548,7 +546,7 @@ fn fold_conv_sum(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
     let w2 = scale_axis(eg, at(s, "?w2"), k, r2, 0)?;
     let b1 = bias(eg, s);
     let b1 = build_bias(eg, s, b1, k);
-    let b2 = second_bias(eg, s).map(|b| add_op(eg, Op::Mul {}, &[Some(b), Some(k)], 1));
+    let b2 = present(eg, s, "?b2").map(|b| add_op(eg, Op::Mul {}, &[Some(b), Some(k)], 1));
     let first = add_op(eg, c1, &[Some(at(s, "?x")), Some(w1), Some(b1)], 1);
     let mut inputs = vec![Some(at(s, "?x2")), Some(w2)];
     if b2.is_some() {
