@@ -11,6 +11,8 @@ ONNX Runtime's CPU provider, for products M x K x N from 17x32x32 to 512x768x307
   INT8 weight through `DequantizeLinear` into `MatMul` (ONNX Runtime fuses it into
   `QuantizeLinear -> MatMulIntegerToFloat`);
 - a standalone `QuantizeLinear` of x (what the unit pays to quantize its activation);
+- the INT4 weight-only product mmq emits for `--quant int4`, `com.microsoft.MatMulNBits` with
+  symmetric blocks of 32 along K and `accuracy_level` 4;
 
 then fits each by least squares on (1, multiply-accumulates) or (1, elements) with the median
 times, and prints the table, the fitted rates, and a Rust literal to paste into the target's
@@ -30,7 +32,8 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 SHAPES = [(17, 32, 32), (17, 32, 128), (64, 64, 64), (64, 64, 256), (128, 256, 256),
-          (128, 768, 768), (128, 768, 3072), (1, 768, 768), (1, 4096, 4096), (512, 768, 768)]
+          (128, 768, 768), (128, 768, 3072), (1, 768, 768), (1, 4096, 4096), (512, 768, 768),
+          (257, 384, 1536), (1, 384, 1536)]
 
 
 def product(m, k, n, quant):
@@ -55,6 +58,22 @@ def product(m, k, n, quant):
         out = h.make_tensor_value_info("y", T.FLOAT, [m, n])
     g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [m, k])], [out], inits)
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+
+
+def nbits(m, k, n):
+    """`MatMulNBits`, 4-bit symmetric blocks of 32 along K (codes 8 +- 7), level 4."""
+    rng = np.random.default_rng(0)
+    blocks = k // 32
+    codes = rng.integers(1, 16, size=(n, blocks, 32), dtype=np.uint8)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    inits = [nh.from_array(packed, "b"),
+             nh.from_array(np.full(n * blocks, 0.01, np.float32), "s")]
+    nodes = [h.make_node("MatMulNBits", ["x", "b", "s"], ["y"], domain="com.microsoft",
+                         K=k, N=n, bits=4, block_size=32, accuracy_level=4)]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [m, k])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [m, n])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17),
+                                          h.make_opsetid("com.microsoft", 1)]).SerializeToString()
 
 
 def quantize_only(m, k):
@@ -98,31 +117,39 @@ def main():
     args = ap.parse_args()
     rows = []
     print(f"onnxruntime {ort.__version__}, {args.threads} thread(s)")
-    print(f"{'M':>5} {'K':>5} {'N':>5} {'float_us':>10} {'int_us':>10} {'q_us':>8} {'int/float':>9}")
+    print(f"{'M':>5} {'K':>5} {'N':>5} {'float_us':>10} {'int_us':>10} {'q_us':>8} {'int/float':>9}"
+          f" {'int4_us':>9} {'int4/float':>10}")
     for m, k, n in SHAPES:
         x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
         rounds = args.rounds if m * k * n < 1e7 else max(args.rounds // 10, 10)
-        f, q, qo = medians([product(m, k, n, 0), product(m, k, n, 1), quantize_only(m, k)], x,
-                           rounds, args.threads)
-        rows.append((m, k, n, f, q, qo))
-        print(f"{m:>5} {k:>5} {n:>5} {f:>10.1f} {q:>10.1f} {qo:>8.1f} {q / f:>9.3f}")
+        f, q, qo, q4 = medians([product(m, k, n, 0), product(m, k, n, 1), quantize_only(m, k),
+                                nbits(m, k, n)], x, rounds, args.threads)
+        rows.append((m, k, n, f, q, qo, q4))
+        print(f"{m:>5} {k:>5} {n:>5} {f:>10.1f} {q:>10.1f} {qo:>8.1f} {q / f:>9.3f}"
+              f" {q4:>9.1f} {q4 / f:>10.3f}")
     macs = [m * k * n for m, k, n, *_ in rows]
     elems = [m * k for m, k, *_ in rows]
     kernel, float_mac = fit(macs, [r[3] for r in rows])
     q_kernel, element = fit(elems, [r[5] for r in rows])
     # The unit's own time less its activation quantization is the integer product.
     int_kernel, int_mac = fit(macs, [r[4] - (q_kernel + e * element) for r, e in zip(rows, elems)])
+    # INT4 reads half a byte per weight where float reads four: a per-MAC rate for the
+    # products with many rows, a per-weight rate for the one-row ones (memory-bound).
+    nbits_kernel, nbits_mac = fit(macs, [r[6] for r in rows])
     print()
     print("fitted (microseconds; rates per multiply-accumulate or element):")
     print(f"  float kernel {kernel:.2f}, {1 / float_mac:,.0f} MACs/us")
     print(f"  int kernel   {int_kernel:.2f}, {1 / int_mac:,.0f} MACs/us")
     print(f"  quantize     {q_kernel:.2f}, {1 / element:,.0f} elements/us")
+    print(f"  int4 kernel  {nbits_kernel:.2f}, {1 / nbits_mac:,.0f} MACs/us")
     print()
     print("PlaceRates {")
     print(f"    kernel: {max(kernel, 0.1):.2f},")
     print(f"    int_kernel: {max(int_kernel, 0.1):.2f},")
     print(f"    q_kernel: {max(q_kernel, 0.1):.2f},")
-    for name, rate in [("float_mac", float_mac), ("int_mac", int_mac), ("element", element)]:
+    print(f"    nbits_kernel: {max(nbits_kernel, 0.1):.2f},")
+    for name, rate in [("float_mac", float_mac), ("int_mac", int_mac), ("element", element),
+                       ("nbits_mac", nbits_mac)]:
         print(f"    {name}: 1.0 / {round(1 / rate):_}.0,")
     print("    absorbed: 0.05,")
     print("}")

@@ -11,7 +11,6 @@ use mmq_compiler::{
     Accuracy, CalibrationSource, CompileOptions, CompileReport, Int4Options, Precision, Progress,
     QuantScheme, Stage, load,
 };
-use mmq_passes::quant::calibrate::Observer;
 use mmq_passes::quant::place::Placement;
 use mmq_passes::{DumpAfter, TargetRef};
 
@@ -69,7 +68,7 @@ pub enum PlacementArg {
 }
 
 /// Parses `--observer`.
-pub fn parse_observer(s: &str) -> Result<Observer, String> {
+pub fn parse_observer(s: &str) -> Result<mmq_compiler::ObserverChoice, String> {
     s.parse()
         .map_err(|e: mmq_passes::quant::calibrate::CalibError| e.to_string())
 }
@@ -148,10 +147,12 @@ pub struct CompileArgs {
     /// calibration samples (--calib DIR or --calib-random N, default 16 random).
     #[arg(long)]
     pub awq: bool,
-    /// How activation ranges are chosen: minmax, ema[:MOMENTUM], percentile[:P], entropy, mse.
+    /// How activation ranges are chosen: minmax, ema[:MOMENTUM], percentile[:P], entropy, mse,
+    /// or auto (each of minmax, percentile, entropy and mse tried on the INT8 model, the best
+    /// cosine on samples kept from the ranges chosen; --quant int8 or --auto).
     #[arg(long, value_name = "OBSERVER", default_value = "minmax",
           value_parser = parse_observer)]
-    pub observer: mmq_passes::quant::calibrate::Observer,
+    pub observer: mmq_compiler::ObserverChoice,
     /// Which INT8 units stay integer: `cost` (the target's cost model keeps a unit only
     /// where it is estimated faster than float) or `all` (every eligible node).
     #[arg(long, value_enum, default_value_t = PlacementArg::Cost)]

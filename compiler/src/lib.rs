@@ -41,7 +41,8 @@ use mmq_passes::{Pass, PassError, PassOptions};
 pub use calibration::{CalibrationSource, DEFAULT_RANDOM_SAMPLES};
 pub use mmq_deploy::GenerationConfig;
 pub use options::{
-    Accuracy, CompileOptions, Int4Options, Precision, Progress, ProgressFn, QuantScheme,
+    Accuracy, CompileOptions, Int4Options, ObserverChoice, Precision, Progress, ProgressFn,
+    QuantScheme,
 };
 pub use report::{AccuracyReport, CompileReport, PassSummary, Stage};
 pub use steps::AutoOutcome;
@@ -204,7 +205,11 @@ pub fn pass_names(options: &CompileOptions) -> Vec<String> {
 fn context(options: &CompileOptions) -> steps::Context {
     steps::Context {
         calibration: options.calibration.clone(),
-        observer: options.observer,
+        observer: match options.observer {
+            ObserverChoice::Fixed(o) => o,
+            ObserverChoice::Measured => mmq_passes::quant::calibrate::Observer::MinMax,
+        },
+        measure_observer: options.observer == ObserverChoice::Measured,
         placement: options.placement,
         int4: options.int4,
         granularity: options.granularity,

@@ -108,6 +108,54 @@ impl Precision {
     }
 }
 
+/// How activation ranges are chosen (`--observer`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ObserverChoice {
+    /// One observer.
+    Fixed(Observer),
+    /// `auto`: the observer of [`ObserverChoice::MEASURED`] whose INT8 model measures best
+    /// (main output's cosine on samples kept from the calibration; `--quant int8` and `--auto`).
+    Measured,
+}
+
+impl ObserverChoice {
+    /// The observers `auto` compares, in order of preference on a tie.
+    pub const MEASURED: [Observer; 4] = [
+        Observer::MinMax,
+        Observer::Percentile { percentile: 99.99 },
+        Observer::Entropy,
+        Observer::Mse,
+    ];
+}
+
+impl Default for ObserverChoice {
+    fn default() -> Self {
+        ObserverChoice::Fixed(Observer::MinMax)
+    }
+}
+
+impl fmt::Display for ObserverChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ObserverChoice::Fixed(o) => o.fmt(f),
+            ObserverChoice::Measured => f.write_str("auto"),
+        }
+    }
+}
+
+impl FromStr for ObserverChoice {
+    type Err = mmq_passes::quant::calibrate::CalibError;
+
+    /// `auto`, or an [`Observer`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "auto" {
+            Ok(ObserverChoice::Measured)
+        } else {
+            s.parse().map(ObserverChoice::Fixed)
+        }
+    }
+}
+
 /// INT4 block settings (`--quant int4`, `--awq`, and the INT4 candidates of `--auto`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Int4Options {
@@ -173,7 +221,7 @@ pub struct CompileOptions {
     /// The samples calibration and accuracy measurement run on.
     pub calibration: CalibrationSource,
     /// How activation ranges are chosen.
-    pub observer: Observer,
+    pub observer: ObserverChoice,
     /// Which INT8 units stay integer.
     pub placement: Placement,
     /// SmoothQuant strength before INT8 (`None`: no SmoothQuant).
@@ -221,7 +269,7 @@ impl Default for CompileOptions {
             level: OptLevel::O2,
             precision: Precision::Float,
             calibration: CalibrationSource::Default,
-            observer: Observer::MinMax,
+            observer: ObserverChoice::default(),
             placement: Placement::Cost,
             smoothquant: None,
             awq: false,
@@ -297,6 +345,13 @@ impl CompileOptions {
                     named(scheme)
                 ));
             }
+        }
+        if self.observer == ObserverChoice::Measured && !matches!(scheme, Some("int8" | "auto")) {
+            return Err(format!(
+                "--observer auto compares the observers on an INT8 model: it needs --quant int8 \
+                 or --auto, not {}",
+                named(scheme)
+            ));
         }
         if self.awq && scheme != Some("int4") {
             return Err(format!("--awq needs --quant int4, not {}", named(scheme)));

@@ -21,13 +21,15 @@ use mmq_passes::quant::weight_only::{
 use mmq_passes::{Pass, PassError, PassManager, PassOptions, PassReport};
 
 use crate::calibration::{CalibrationSource, Samples};
-use crate::options::{Int4Options, Progress, ProgressFn};
+use crate::options::{Int4Options, ObserverChoice, Progress, ProgressFn};
 
 /// What the quantization passes share: the samples, the observer, the progress callback, and
 /// where `--auto` leaves its choice.
 pub(crate) struct Context {
     pub calibration: CalibrationSource,
     pub observer: Observer,
+    /// `--observer auto`: [`Context::choose_observer`] replaces `observer` for INT8.
+    pub measure_observer: bool,
     pub placement: Placement,
     pub int4: Int4Options,
     pub granularity: ActGranularity,
@@ -202,6 +204,78 @@ fn run_with_notes(
     Ok(report)
 }
 
+impl Context {
+    /// The observer INT8 calibrates with: `observer`, or with `--observer auto` the one of
+    /// [`ObserverChoice::MEASURED`] whose INT8 model (every eligible node, placed as asked)
+    /// measures best: ranges from the first three quarters of the samples (all of them below
+    /// 4), the main output's cosine against FP32 on the last quarter (else on all). A note
+    /// gives each figure.
+    fn int8_observer(
+        &self,
+        m: &Module,
+        graph: GraphId,
+        pass: &str,
+        opts: &PassOptions,
+        notes: &mut Vec<String>,
+    ) -> Result<Observer, PassError> {
+        if !self.measure_observer {
+            return Ok(self.observer);
+        }
+        let calib = |e: CalibError| self.calib_failed(pass, m, graph, &e);
+        let samples = self.all_samples(m, graph).map_err(calib)?;
+        let held = if samples.len() >= 4 {
+            samples.len() / 4
+        } else {
+            0
+        };
+        let (fit, judge) = samples.split_at(samples.len() - held);
+        let judge = if judge.is_empty() { fit } else { judge };
+        let values: Vec<Value> = Int8Pass::activations(m, None)
+            .into_iter()
+            .flat_map(|(_, v)| v)
+            .collect();
+        let observers = ObserverChoice::MEASURED;
+        let each =
+            calibrate::calibrate_each(m, graph, &values, fit.iter().cloned().map(Ok), &observers)
+                .map_err(calib)?;
+        let reference = Reference::new(m, graph, judge, self.main_output.as_deref())
+            .map_err(|e| failed(pass, e))?;
+        let mut best: Option<(Observer, f64)> = None;
+        let mut figures = Vec::new();
+        for (observer, ranges) in observers.into_iter().zip(each) {
+            let mut q = m.clone();
+            let mut int8 = Int8Pass::new(Int8Scheme::Static {
+                ranges,
+                symmetric: opts.target.qdq_rules().symmetric_activations,
+            })
+            .with_placement(self.placement)
+            .with_granularity(self.granularity);
+            if let Some(f) = self.finite_filter(m, &mut Vec::new()) {
+                int8 = int8.with_filter(f);
+            }
+            int8.run(&mut q, opts)?;
+            let cosine = reference.cosine(&q, judge).map_err(|e| failed(pass, e))?;
+            figures.push(format!("{observer} {cosine:.6}"));
+            if best.is_none_or(|(_, b)| cosine > b) {
+                best = Some((observer, cosine));
+            }
+        }
+        let chosen = best.map_or(self.observer, |(o, _)| o);
+        notes.push(format!(
+            "observer auto: cosine of '{}' on {} sample(s){}: {}; chose {chosen}",
+            reference.output(),
+            judge.len(),
+            if held > 0 {
+                " kept from the ranges"
+            } else {
+                " (too few to keep some from the ranges)"
+            },
+            figures.join(", ")
+        ));
+        Ok(chosen)
+    }
+}
+
 /// `--quant int8` (calibrated) and `--quant int8-dynamic`.
 pub(crate) struct Int8Step {
     pub ctx: Shared,
@@ -220,16 +294,18 @@ impl Pass for Int8Step {
         } else {
             let acts = Int8Pass::activations(m, None);
             let graph = one_graph(m, self.name(), "--quant int8 calibrates")?;
+            let observer = self
+                .ctx
+                .int8_observer(m, graph, self.name(), opts, &mut notes)?;
             let values: Vec<Value> = acts.into_iter().flat_map(|(_, v)| v).collect();
             let ranges = self
                 .ctx
-                .ranges(m, graph, &values, self.ctx.observer)
+                .ranges(m, graph, &values, observer)
                 .map_err(|e| self.ctx.calib_failed(self.name(), m, graph, &e))?;
             notes.push(format!(
-                "calibrated {} activations on {} samples ({})",
+                "calibrated {} activations on {} samples ({observer})",
                 ranges.len(),
                 ranges.samples,
-                self.ctx.observer
             ));
             Int8Scheme::Static {
                 ranges,
@@ -739,6 +815,11 @@ impl Pass for MixedStep {
     }
 }
 
+/// Runs of candidates `--auto` measures end to end to scale the local losses by depth
+/// ([`auto::depth_scaled`]), and the samples it measures them on.
+const DEPTH_GROUPS: usize = 16;
+const DEPTH_SAMPLES: usize = 4;
+
 /// `--auto COSINE`: chooses a scheme per node, then quantizes with the chosen map as
 /// `--precision-map` would read it.
 pub(crate) struct AutoStep {
@@ -766,7 +847,8 @@ impl Pass for AutoStep {
         let ctx = &self.ctx;
         let graph = one_graph(m, name, "--auto chooses precisions for")?;
         let (block, asym) = (ctx.int4.block as u32, !ctx.int4.symmetric);
-        let observer = ctx.observer;
+        let mut observer_notes = Vec::new();
+        let observer = ctx.int8_observer(m, graph, name, opts, &mut observer_notes)?;
         let settings = move |s: Scheme| match s {
             Scheme::Int4 => Settings {
                 scheme: s,
@@ -833,23 +915,65 @@ impl Pass for AutoStep {
         )
         .map_err(calib)?;
 
-        let evaluate = |schemes: &[Scheme]| -> Result<f64, EvalError> {
-            let map = auto::assignment_map(&cands.list, schemes, &in_order, &settings)?;
-            let plan = map.plan(orig, graph, &labels);
+        // Quantizes `q` (the module or a copy of part of it) with one scheme per candidate.
+        let quantize =
+            |q: &mut Module, schemes: &[Scheme], ranges: &Ranges| -> Result<(), EvalError> {
+                let map = auto::assignment_map(&cands.list, schemes, &in_order, &settings)?;
+                let plan = map.plan(q, graph, &labels);
+                let mut pm = PassManager::new(plan_passes(
+                    q,
+                    &plan,
+                    ranges,
+                    ctx.placement,
+                    ctx.int4,
+                    &*opts.target,
+                ));
+                pm.verify = false;
+                pm.run(q, opts).map_err(EvalError)?;
+                Ok(())
+            };
+        let evaluate_on = |schemes: &[Scheme],
+                           reference: &Reference,
+                           samples: &[Sample]|
+         -> Result<f64, EvalError> {
             let mut q = orig.clone();
-            let mut pm = PassManager::new(plan_passes(
-                orig,
-                &plan,
-                &ranges,
-                ctx.placement,
-                ctx.int4,
-                &*opts.target,
-            ));
-            pm.verify = false;
-            pm.run(&mut q, opts).map_err(EvalError)?;
+            quantize(&mut q, schemes, &ranges)?;
             Ok(reference.cosine(&q, samples)?)
         };
-        let choice = auto::search(&cands.list, self.target, evaluate).map_err(|e| e.0)?;
+        let evaluate = |schemes: &[Scheme]| evaluate_on(schemes, &reference, samples);
+        // Each candidate's sensitivity from the FP32 activations it reads, quantized alone.
+        let quantize_alone = |i: usize, iso: &mut auto::Isolated| -> Result<(), EvalError> {
+            let mut schemes = vec![Scheme::Float; cands.list.len()];
+            schemes[i] = cands.list[i]
+                .ladder
+                .first()
+                .copied()
+                .unwrap_or(Scheme::Float);
+            let mut ranges = ranges.clone();
+            for &(old, new) in &iso.inputs {
+                ranges.alias(new, old);
+            }
+            quantize(&mut iso.module, &schemes, &ranges)
+        };
+        let mut local = auto::local_sensitivity(orig, graph, &cands.list, samples, quantize_alone)
+            .map_err(|e: EvalError| e.0)?;
+        let reaches = auto::reaches(orig, graph, &cands.list, reference.output());
+        for (loss, reaches) in local.iter_mut().zip(reaches) {
+            if !reaches {
+                *loss = 0.0;
+            }
+        }
+        // Scaled by depth on a few samples: a ratio of losses needs fewer than the target does.
+        let few = samples.len().min(DEPTH_SAMPLES);
+        let (few_reference, few_samples) = (reference.first(few), &samples[..few]);
+        let mut depth_evaluations = 0usize;
+        let sensitivity = auto::depth_scaled(&cands.list, &local, DEPTH_GROUPS, |s| {
+            depth_evaluations += 1;
+            evaluate_on(s, &few_reference, few_samples)
+        })
+        .map_err(|e| e.0)?;
+        let choice =
+            auto::search(&cands.list, self.target, Some(sensitivity), evaluate).map_err(|e| e.0)?;
         let searched = start.elapsed();
         let text = choice
             .toml(&cands.list, &settings, self.target, reference.output())
@@ -867,6 +991,7 @@ impl Pass for AutoStep {
         };
 
         let mut report = PassReport::default();
+        report.notes.extend(observer_notes);
         report
             .notes
             .extend(table(&cands.list, &choice).lines().map(str::to_owned));
@@ -884,7 +1009,9 @@ impl Pass for AutoStep {
             })
             .collect();
         report.notes.push(format!(
-            "target cosine {}, achieved {:.8} on output '{}' over {} samples ({}); {} evaluations in {:.2} s",
+            "target cosine {}, achieved {:.8} on output '{}' over {} samples ({}); {} evaluations \
+             (sensitivity: each node alone on the FP32 activations, scaled by depth with {} more on \
+             {} samples) in {:.2} s",
             self.target,
             choice.cosine,
             reference.output(),
@@ -895,6 +1022,8 @@ impl Pass for AutoStep {
                 counts.join(", ")
             },
             choice.evaluations,
+            depth_evaluations,
+            few,
             searched.as_secs_f64()
         ));
         let stream = CalibrationSource::Stream(Arc::new(crate::calibration::SampleStream::of(
@@ -902,7 +1031,8 @@ impl Pass for AutoStep {
         )));
         let replay = Context {
             calibration: stream,
-            observer: ctx.observer,
+            observer,
+            measure_observer: false,
             placement: ctx.placement,
             int4: ctx.int4,
             granularity: ctx.granularity,

@@ -56,6 +56,20 @@ impl Pass for Dce {
 fn mark_graph(m: &Module, g: GraphId, used: &mut HashSet<Value>, live: &mut HashSet<Node>) {
     let Some(data) = m.graphs.get(g) else { return };
     used.extend(data.outputs.iter().copied());
+    mark_nodes(m, g, used, live);
+}
+
+/// The nodes of `g` (and of their bodies) that `roots`, values of `g`, depend on.
+pub(crate) fn needed_by(m: &Module, g: GraphId, roots: &[Value]) -> HashSet<Node> {
+    let mut used: HashSet<Value> = roots.iter().copied().collect();
+    let mut live = HashSet::new();
+    mark_nodes(m, g, &mut used, &mut live);
+    live
+}
+
+/// Marks the nodes of `g` whose results are in `used`, walking backwards.
+fn mark_nodes(m: &Module, g: GraphId, used: &mut HashSet<Value>, live: &mut HashSet<Node>) {
+    let Some(data) = m.graphs.get(g) else { return };
     for &n in data.nodes.iter().rev() {
         let Some(node) = m.nodes.get(n) else { continue };
         if !node.outputs.iter().flatten().any(|v| used.contains(v)) {

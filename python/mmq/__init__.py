@@ -182,7 +182,8 @@ def compile(
         calibration: the samples: any iterable of ``{input name: array}`` (like ONNX Runtime's
             ``CalibrationDataReader``), a directory of ``.npz`` files, or a number of random
             samples. ``None``: 16 random samples.
-        observer: ``minmax``, ``ema[:MOMENTUM]``, ``percentile[:P]``, ``entropy`` or ``mse``.
+        observer: ``minmax``, ``ema[:MOMENTUM]``, ``percentile[:P]``, ``entropy``, ``mse`` or
+            ``auto`` (each of the four compared on the INT8 model, the best kept).
         report: also return the compile report (passes, times, accuracy) as a dict.
         output: write the model here (large weights beside it) and return it without loading
             its external weights.

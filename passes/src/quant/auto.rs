@@ -14,8 +14,11 @@
 //!   (1 when identical, non-finite elements left out).
 //! - **Search** ([`search`]), with a caller-supplied evaluation (quantize a copy of the module
 //!   with the assignment, measure it):
-//!   1. sensitivity: each candidate alone at its most compressed scheme, every other node float;
-//!      its loss is `1 − cosine`;
+//!   1. sensitivity: given by the caller, or else each candidate alone at its most compressed
+//!      scheme, every other node float, measured end to end (`1 − cosine`). The compiler gives
+//!      [`local_sensitivity`] (each node quantized alone on the FP32 activations it reads)
+//!      scaled by [`depth_scaled`], which needs a handful of model runs instead of one per
+//!      candidate;
 //!   2. every candidate starts at its most compressed scheme. One *step* moves the most
 //!      sensitive candidate still below float one rung up its ladder, so the steps form a fixed
 //!      sequence (the most sensitive candidate climbs to float, then the next one...). The search
@@ -30,13 +33,14 @@
 
 use std::collections::HashMap;
 
-use mmq_ir::{GraphId, Module, Node, Op};
-use mmq_kernels::{Interpreter, KernelError, Tensor};
+use mmq_ir::{GraphId, Module, Node, Op, Value, ValueDef};
+use mmq_kernels::{Interpreter, KernelError, RtValue, Tensor};
+use rayon::prelude::*;
 
 use crate::quant::calibrate::Sample;
 use crate::quant::int8::{Int8Pass, NodeFilter};
 use crate::quant::precision::{PrecisionMap, Rule, Scheme, Settings, escape_glob};
-use crate::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass};
+use crate::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass, const_source};
 
 /// Why the automatic choice failed.
 #[derive(Debug, thiserror::Error)]
@@ -182,26 +186,36 @@ impl Reference {
             return Err(AutoError::NoSamples);
         }
         let interp = Interpreter::new(m);
-        let mut chosen: Option<(usize, String)> = None;
-        let mut values = Vec::with_capacity(samples.len());
-        for (s, sample) in samples.iter().enumerate() {
-            let outs = interp.run(graph, sample).map_err(|source| AutoError::Run {
-                which: "original",
-                sample: s,
-                source,
-            })?;
-            if chosen.is_none() {
-                chosen = super::report::main_output(&outs, main).map(|i| (i, outs[i].0.clone()));
-            }
-            let Some((i, _)) = &chosen else {
-                return Err(AutoError::NoOutput);
-            };
+        let run = |s: usize| {
+            interp
+                .run(graph, &samples[s])
+                .map_err(|source| AutoError::Run {
+                    which: "original",
+                    sample: s,
+                    source,
+                })
+        };
+        // The first sample picks the main output; the others run in parallel.
+        let first = run(0)?;
+        let chosen = super::report::main_output(&first, main).map(|i| (i, first[i].0.clone()));
+        let Some((i, _)) = &chosen else {
+            return Err(AutoError::NoOutput);
+        };
+        let main_of = |outs: &[(String, RtValue)]| {
             let t = outs
                 .get(*i)
                 .and_then(|(_, v)| v.as_tensor())
                 .filter(|t| t.dtype.is_float())
                 .ok_or(AutoError::NoOutput)?;
-            values.push(to_f64(t).map_err(|_| AutoError::NoOutput)?);
+            to_f64(t).map_err(|_| AutoError::NoOutput)
+        };
+        let mut values = vec![main_of(&first)?];
+        let rest: Vec<Result<Vec<f64>, AutoError>> = (1..samples.len())
+            .into_par_iter()
+            .map(|s| main_of(&run(s)?))
+            .collect();
+        for v in rest {
+            values.push(v?);
         }
         let Some((index, output)) = chosen else {
             return Err(AutoError::NoOutput);
@@ -211,6 +225,15 @@ impl Reference {
             index,
             values,
         })
+    }
+
+    /// The same reference over the first `k` samples only.
+    pub fn first(&self, k: usize) -> Reference {
+        Reference {
+            output: self.output.clone(),
+            index: self.index,
+            values: self.values.iter().take(k).cloned().collect(),
+        }
     }
 
     /// The main output's name.
@@ -228,8 +251,7 @@ impl Reference {
             .map(|e| e.graph)
             .ok_or(AutoError::NoOutput)?;
         let interp = Interpreter::new(quantized);
-        let mut sum = 0.0;
-        for (s, (sample, want)) in samples.iter().zip(&self.values).enumerate() {
+        let one = |s: usize, sample: &Sample, want: &Vec<f64>| -> Result<f64, AutoError> {
             let outs = interp.run(graph, sample).map_err(|source| AutoError::Run {
                 which: "quantized",
                 sample: s,
@@ -258,7 +280,18 @@ impl Reference {
                     want.len()
                 )));
             }
-            sum += cosine(want, &got);
+            Ok(cosine(want, &got))
+        };
+        // Samples in parallel, summed in order (the same figure on any number of threads).
+        let each: Vec<Result<f64, AutoError>> = samples
+            .par_iter()
+            .zip(self.values.par_iter())
+            .enumerate()
+            .map(|(s, (sample, want))| one(s, sample, want))
+            .collect();
+        let mut sum = 0.0;
+        for c in each {
+            sum += c?;
         }
         Ok(sum / samples.len().min(self.values.len()).max(1) as f64)
     }
@@ -292,6 +325,239 @@ fn cosine(x: &[f64], y: &[f64]) -> f64 {
     }
 }
 
+/// One candidate alone in a copy of the module: its graph holds the candidate and the
+/// `Constant` nodes of its constant operands; every other operand is a graph input.
+pub struct Isolated {
+    /// The copy (constants shared with the original).
+    pub module: Module,
+    /// The graph that holds the candidate.
+    pub graph: GraphId,
+    /// Per operand that became a graph input: (the original value, the input that replaces it,
+    /// named [`Isolated::input_name`] of its position).
+    pub inputs: Vec<(Value, Value)>,
+    /// The candidate's first result in the original module.
+    pub output: Value,
+}
+
+impl Isolated {
+    /// The name of graph input `k`.
+    pub fn input_name(k: usize) -> String {
+        format!("isolated.{k}")
+    }
+}
+
+/// Copies `m` with `node` (of top-level graph `graph`) alone in `graph` (see [`Isolated`]);
+/// `None` when the node has no result.
+pub fn isolate(m: &Module, graph: GraphId, node: Node) -> Option<Isolated> {
+    let data = &m.nodes[node];
+    let output = (*data.outputs.first()?)?;
+    let mut module = m.clone();
+    let mut nodes = Vec::new();
+    let mut inputs: Vec<(Value, Value)> = Vec::new();
+    module.graphs[graph].inputs.clear();
+    let mut operands = data.inputs.clone();
+    for v in operands.iter_mut().flatten() {
+        if let Some((_, new)) = inputs.iter().find(|(old, _)| old == v) {
+            *v = *new;
+            continue;
+        }
+        match m.values[*v].def {
+            ValueDef::Const(_) => {}
+            ValueDef::Output { node: p, .. } if const_source(m, *v).is_some() => {
+                if !nodes.contains(&p) {
+                    nodes.push(p);
+                }
+            }
+            _ => {
+                let ty = m.value_type(*v).clone();
+                let name = Isolated::input_name(inputs.len());
+                let new = module.add_input(graph, Some(name), ty);
+                inputs.push((*v, new));
+                *v = new;
+            }
+        }
+    }
+    module.nodes[node].inputs = operands;
+    nodes.push(node);
+    let g = &mut module.graphs[graph];
+    g.nodes = nodes;
+    g.outputs = vec![output];
+    Some(Isolated {
+        module,
+        graph,
+        inputs,
+        output,
+    })
+}
+
+/// Per candidate, `1 − cosine` of its own first result quantized at the bottom of its ladder
+/// against the FP32 result, both computed from the FP32 activations it reads: one run of the
+/// original module per sample gives every candidate's operands and result, then each candidate
+/// runs alone ([`isolate`], quantized by `quantize(i, &mut isolated)`), so the cost is one model
+/// run per sample plus one node per candidate instead of one model run per candidate. A
+/// candidate whose ladder starts at float gets 0.
+pub fn local_sensitivity<E: From<AutoError>>(
+    m: &Module,
+    graph: GraphId,
+    candidates: &[Candidate],
+    samples: &[Sample],
+    mut quantize: impl FnMut(usize, &mut Isolated) -> Result<(), E>,
+) -> Result<Vec<f64>, E> {
+    if samples.is_empty() {
+        return Err(AutoError::NoSamples.into());
+    }
+    let mut alone: Vec<Option<Isolated>> = Vec::with_capacity(candidates.len());
+    for (i, c) in candidates.iter().enumerate() {
+        let bottom = c.ladder.first().copied().unwrap_or(Scheme::Float);
+        let iso = match isolate(m, graph, c.node) {
+            Some(mut iso) if bottom != Scheme::Float => {
+                quantize(i, &mut iso)?;
+                Some(iso)
+            }
+            _ => None,
+        };
+        alone.push(iso);
+    }
+    // The original module with every operand and result of a candidate as an extra output.
+    let mut probe = m.clone();
+    let n_out = probe.graphs[graph].outputs.len();
+    let mut watched: Vec<Value> = Vec::new();
+    for iso in alone.iter().flatten() {
+        for v in iso.inputs.iter().map(|(old, _)| *old).chain([iso.output]) {
+            if !watched.contains(&v) {
+                watched.push(v);
+            }
+        }
+    }
+    probe.graphs[graph].outputs.extend(watched.iter().copied());
+    let interp = Interpreter::new(&probe);
+    let alone_interps: Vec<Option<(&Isolated, Interpreter<'_>)>> = alone
+        .iter()
+        .map(|iso| iso.as_ref().map(|iso| (iso, Interpreter::new(&iso.module))))
+        .collect();
+    // Per sample (in parallel), each candidate's cosine; NaN where its result cannot be compared.
+    let one = |s: usize, sample: &Sample| -> Result<Vec<f64>, AutoError> {
+        let outs = interp.run(graph, sample).map_err(|source| AutoError::Run {
+            which: "original",
+            sample: s,
+            source,
+        })?;
+        let seen: HashMap<Value, &RtValue> = watched
+            .iter()
+            .copied()
+            .zip(outs[n_out..].iter().map(|(_, v)| v))
+            .collect();
+        let mut cosines = vec![0.0f64; alone_interps.len()];
+        for (c, entry) in cosines.iter_mut().zip(&alone_interps) {
+            let Some((iso, run)) = entry else { continue };
+            let mut feeds: Sample = HashMap::with_capacity(iso.inputs.len());
+            // By name: the passes may renumber the copy's values.
+            for (k, (old, _)) in iso.inputs.iter().enumerate() {
+                if let Some(v) = seen.get(old) {
+                    feeds.insert(Isolated::input_name(k), (*v).clone());
+                }
+            }
+            let got = run
+                .run(iso.graph, &feeds)
+                .map_err(|source| AutoError::Run {
+                    which: "quantized",
+                    sample: s,
+                    source,
+                })?;
+            let want = seen.get(&iso.output).and_then(|v| v.as_tensor());
+            let got = got.first().and_then(|(_, v)| v.as_tensor());
+            *c = match (want.map(|t| to_f64(t)), got.map(|t| to_f64(t))) {
+                (Some(Ok(want)), Some(Ok(got))) if want.len() == got.len() => cosine(&want, &got),
+                _ => f64::NAN,
+            };
+        }
+        Ok(cosines)
+    };
+    let per_sample: Vec<Result<Vec<f64>, AutoError>> = samples
+        .par_iter()
+        .enumerate()
+        .map(|(s, sample)| one(s, sample))
+        .collect();
+    let mut sums = vec![0.0f64; candidates.len()];
+    for cosines in per_sample {
+        for (sum, c) in sums.iter_mut().zip(cosines?) {
+            *sum += c;
+        }
+    }
+    Ok(alone
+        .iter()
+        .zip(sums)
+        .map(|(iso, sum)| match iso {
+            Some(_) => 1.0 - sum / samples.len() as f64,
+            None => 0.0,
+        })
+        .collect())
+}
+
+/// Per candidate, whether the graph output named `output` depends on it (a candidate it does not
+/// depend on costs that output nothing, whatever its local loss).
+pub fn reaches(m: &Module, graph: GraphId, candidates: &[Candidate], output: &str) -> Vec<bool> {
+    let roots: Vec<Value> = m.graphs[graph]
+        .outputs
+        .iter()
+        .copied()
+        .filter(|&v| m.values[v].name.as_deref() == Some(output))
+        .collect();
+    if roots.is_empty() {
+        return vec![true; candidates.len()];
+    }
+    let needed = crate::dce::needed_by(m, graph, &roots);
+    candidates
+        .iter()
+        .map(|c| needed.contains(&c.node))
+        .collect()
+}
+
+/// Scales local losses ([`local_sensitivity`]) by how much the model amplifies or damps them
+/// where they occur: the candidates (in node order) fall into up to `groups` runs of equal size;
+/// each run is measured end to end once with all its members at the bottom of their ladders (the
+/// rest float), and its members' local losses are scaled so that they sum to that loss. A node's
+/// local loss says how much its own result changes; the run's measurement says what such a
+/// change at that depth costs the main output (early layers of a deep network weigh more than
+/// late ones, a classifier's head more than a feature layer). `evaluate` is the search's.
+pub fn depth_scaled<E: From<AutoError>>(
+    candidates: &[Candidate],
+    local: &[f64],
+    groups: usize,
+    mut evaluate: impl FnMut(&[Scheme]) -> Result<f64, E>,
+) -> Result<Vec<f64>, E> {
+    let n = candidates.len();
+    let bottom = |c: &Candidate| c.ladder.first().copied().unwrap_or(Scheme::Float);
+    let members: Vec<usize> = (0..n)
+        .filter(|&i| bottom(&candidates[i]) != Scheme::Float)
+        .collect();
+    let mut scaled: Vec<f64> = local.to_vec();
+    if members.is_empty() || groups == 0 {
+        return Ok(scaled);
+    }
+    let size = members.len().div_ceil(groups.min(members.len()));
+    for run in members.chunks(size) {
+        let sum: f64 = run.iter().map(|&i| local[i]).sum();
+        if sum.is_nan() || sum <= 0.0 {
+            continue;
+        }
+        let mut schemes = vec![Scheme::Float; n];
+        for &i in run {
+            schemes[i] = bottom(&candidates[i]);
+        }
+        let loss = 1.0 - evaluate(&schemes)?;
+        let gain = if loss.is_nan() {
+            f64::NAN
+        } else {
+            loss.max(0.0) / sum
+        };
+        for &i in run {
+            scaled[i] = local[i] * gain;
+        }
+    }
+    Ok(scaled)
+}
+
 /// The outcome of [`search`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Choice {
@@ -311,9 +577,13 @@ pub struct Choice {
 
 /// Chooses a scheme per candidate (see the module documentation). `evaluate` gets one scheme per
 /// candidate and returns the cosine of the module quantized that way.
+///
+/// `sensitivity`, when given (one loss per candidate, e.g. from [`local_sensitivity`]), replaces
+/// the first phase's evaluations; the steps are measured end to end all the same.
 pub fn search<E: From<AutoError>>(
     candidates: &[Candidate],
     target: f64,
+    sensitivity: Option<Vec<f64>>,
     mut evaluate: impl FnMut(&[Scheme]) -> Result<f64, E>,
 ) -> Result<Choice, E> {
     if !(0.0..=1.0).contains(&target) {
@@ -327,14 +597,20 @@ pub fn search<E: From<AutoError>>(
         evaluate(schemes)
     };
 
-    let mut sensitivity = vec![0.0; n];
-    for (i, c) in candidates.iter().enumerate() {
-        let mut s = vec![Scheme::Float; n];
-        s[i] = bottom(c);
-        if s[i] != Scheme::Float {
-            sensitivity[i] = 1.0 - eval(&s)?;
+    let sensitivity = match sensitivity {
+        Some(given) if given.len() == n => given,
+        _ => {
+            let mut measured = vec![0.0; n];
+            for (i, c) in candidates.iter().enumerate() {
+                let mut s = vec![Scheme::Float; n];
+                s[i] = bottom(c);
+                if s[i] != Scheme::Float {
+                    measured[i] = 1.0 - eval(&s)?;
+                }
+            }
+            measured
         }
-    }
+    };
     // A NaN loss (a broken output) counts as the most sensitive.
     let key = |i: usize| {
         if sensitivity[i].is_nan() {
@@ -450,8 +726,8 @@ impl Choice {
             "# Precision map chosen by `mmq compile --auto {target}`: the most compressed scheme\n\
              # per node that keeps the mean cosine of output '{}' at or above {target}.\n\
              # Achieved cosine: {:.8} on the calibration samples ({} evaluations).\n\
-             # Rules: most sensitive node first; sensitivity = 1 - cosine with the node alone at\n\
-             # its most compressed scheme.\n",
+             # Rules: most sensitive node first; sensitivity = the loss (1 - cosine) the node\n\
+             # alone at its most compressed scheme is estimated to cost.\n",
             output.replace(|c: char| c.is_control(), " "),
             self.cosine,
             self.evaluations,
@@ -514,21 +790,21 @@ mod tests {
         // b is the most sensitive, then c, then a.
         let loss = [[0.001, 0.0001, 0.0], [0.05, 0.002, 0.0], [0.01, 0.001, 0.0]];
         let all_int4 = 1.0 - (0.001 + 0.05 + 0.01);
-        let c = search(&cands, 0.5, additive(&cands, &loss)).expect("choice");
+        let c = search(&cands, 0.5, None, additive(&cands, &loss)).expect("choice");
         assert_eq!(c.schemes, vec![Scheme::Int4; 3]);
         assert_eq!((c.steps, c.cosine), (0, all_int4));
         assert_eq!(c.order, vec![1, 2, 0]);
         assert!((c.sensitivity[1] - 0.05).abs() < 1e-12);
         // 0.98: b to int8 (loss 0.013) is enough.
-        let c = search(&cands, 0.98, additive(&cands, &loss)).expect("choice");
+        let c = search(&cands, 0.98, None, additive(&cands, &loss)).expect("choice");
         assert_eq!(c.schemes, [Scheme::Int4, Scheme::Int8, Scheme::Int4]);
         assert!(c.cosine >= 0.98);
         // 0.99: b to float (0.011 left) is not enough, c to int8 too (0.002).
-        let c = search(&cands, 0.99, additive(&cands, &loss)).expect("choice");
+        let c = search(&cands, 0.99, None, additive(&cands, &loss)).expect("choice");
         assert_eq!(c.schemes, [Scheme::Int4, Scheme::Float, Scheme::Int8]);
         assert_eq!(c.steps, 3);
         // 1.0: everything float.
-        let c = search(&cands, 1.0, additive(&cands, &loss)).expect("choice");
+        let c = search(&cands, 1.0, None, additive(&cands, &loss)).expect("choice");
         assert_eq!(c.schemes, vec![Scheme::Float; 3]);
         assert_eq!(c.cosine, 1.0);
         // Evaluations: 3 sensitivities, no step, all steps, then log2(6) bisections.
@@ -554,7 +830,7 @@ mod tests {
             })
             .collect();
         for target in [0.9, 0.95, 0.97, 0.99, 0.995, 0.999, 0.9999] {
-            let c = search(&cands, target, additive(&cands, &loss)).expect("choice");
+            let c = search(&cands, target, None, additive(&cands, &loss)).expect("choice");
             assert!(c.cosine >= target, "{target}: {}", c.cosine);
             // One step fewer misses the target.
             if c.steps > 0 {
@@ -584,16 +860,16 @@ mod tests {
         let never = |_: &[Scheme]| Ok::<f64, AutoError>(0.5);
         for t in [-0.1, 1.5, f64::NAN] {
             assert!(matches!(
-                search(&cands, t, never),
+                search(&cands, t, None, never),
                 Err(AutoError::Target(_))
             ));
         }
-        match search(&cands, 0.9, never) {
+        match search(&cands, 0.9, None, never) {
             Err(AutoError::Unreachable { best, .. }) => assert_eq!(best, 0.5),
             other => panic!("{other:?}"),
         }
         // No candidates: the unquantized model is the choice.
-        let c = search(&[], 0.99, |_| Ok::<f64, AutoError>(1.0)).expect("choice");
+        let c = search(&[], 0.99, None, |_| Ok::<f64, AutoError>(1.0)).expect("choice");
         assert!(c.schemes.is_empty() && c.cosine == 1.0);
     }
 
@@ -703,5 +979,120 @@ graph @g(%x: f32[2, 3]) -> (f32[2, 3]) {
             Reference::new(&m, g, &[], None),
             Err(AutoError::NoSamples)
         ));
+    }
+
+    /// Two MatMuls in a chain and one beside it that the main output does not read.
+    const CHAIN: &str = r#"
+const $w1 : f32[4, 4] = dense<[0.9, -0.2, 0.33, 0.4, 0.5, 0.61, -0.7, 0.8, 0.05, 1.0, 1.1, -1.2, 1.3, 0.14, 1.5, 1.6]>
+const $w2 : f32[4, 4] = dense<[0.3, 0.1, -0.4, 0.7, 0.2, 0.9, 0.6, -0.5, 0.8, 0.35, 0.25, 0.45, -0.15, 0.55, 0.65, 0.75]>
+graph @g(%x: f32[3, 4]) -> (f32[3, 4], f32[3, 4]) {
+  %a = MatMul(%x, $w1) : f32[3, 4] loc("first")
+  %r = Relu(%a) : f32[3, 4]
+  %b = MatMul(%r, $w2) : f32[3, 4] loc("second")
+  %c = MatMul(%x, $w2) : f32[3, 4] loc("beside")
+  return %b, %c
+}
+"#;
+
+    fn chain_samples() -> Vec<Sample> {
+        (0..3)
+            .map(|s| {
+                let x: Vec<f32> = (0..12)
+                    .map(|i| ((i * 7 + s * 5) % 11) as f32 * 0.3 - 1.4)
+                    .collect();
+                let t = Tensor::from_f32(vec![3, 4], x).expect("tensor");
+                HashMap::from([("x".to_owned(), t.into())])
+            })
+            .collect()
+    }
+
+    /// INT4 weight-only on the nodes named in `only`, as the search's evaluation does.
+    fn int4(m: &mut Module, only: &[&str]) {
+        use crate::pass::{Pass, PassOptions};
+        let names: Vec<String> = only.iter().map(|s| (*s).to_owned()).collect();
+        let filter: NodeFilter = Box::new(move |m, n| {
+            m.nodes[n]
+                .name
+                .as_deref()
+                .is_some_and(|x| names.iter().any(|y| y == x))
+        });
+        let config = WeightOnlyConfig {
+            block_size: 16,
+            ..WeightOnlyConfig::default()
+        };
+        WeightOnlyPass::new(config)
+            .with_filter(filter)
+            .run(m, &PassOptions::default())
+            .expect("int4");
+    }
+
+    #[test]
+    fn a_node_alone_on_the_fp32_activations_loses_what_it_loses_in_the_model() {
+        let m = parse(CHAIN);
+        let g = m.entries[0].graph;
+        let cands = candidates(&m, g).list;
+        let names: Vec<&str> = cands.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["first", "second", "beside"]);
+        let samples = chain_samples();
+        let local = local_sensitivity(&m, g, &cands, &samples, |i, iso: &mut Isolated| {
+            assert_eq!(iso.module.graphs[iso.graph].nodes, [cands[i].node]);
+            int4(&mut iso.module, &[cands[i].name.as_str()]);
+            Ok::<(), AutoError>(())
+        })
+        .expect("local");
+        // The last node of the chain reads FP32 activations in the model too, so its local
+        // loss is its end-to-end loss on the output it computes.
+        let mut q = m.clone();
+        int4(&mut q, &["second"]);
+        let r = Reference::new(&m, g, &samples, Some("b")).expect("reference");
+        let end_to_end = 1.0 - r.cosine(&q, &samples).expect("cosine");
+        assert!(end_to_end > 1e-6, "INT4 leaves some noise: {end_to_end}");
+        assert!(
+            (local[1] - end_to_end).abs() < 1e-12,
+            "{} vs {end_to_end}",
+            local[1]
+        );
+        assert!(local.iter().all(|&l| l > 0.0 && l < 0.1), "{local:?}");
+        // Only the chain reaches `b`.
+        assert_eq!(reaches(&m, g, &cands, "b"), [true, true, false]);
+        assert_eq!(reaches(&m, g, &cands, "c"), [false, false, true]);
+    }
+
+    #[test]
+    fn depth_scaling_makes_each_run_sum_to_its_measured_loss() {
+        let cands = vec![
+            cand("a", &I4),
+            cand("b", &[Scheme::Float]),
+            cand("c", &I4),
+            cand("d", &I4),
+        ];
+        let local = [0.01, 0.0, 0.02, 0.03];
+        // Runs of 2 movable candidates: {a, c} then {d}; the first run measures 0.006, the
+        // second 0.06.
+        let mut seen = Vec::new();
+        let scaled = depth_scaled(&cands, &local, 2, |s: &[Scheme]| {
+            seen.push(s.to_vec());
+            Ok::<f64, AutoError>(if s[0] == Scheme::Int4 {
+                1.0 - 0.006
+            } else {
+                1.0 - 0.06
+            })
+        })
+        .expect("scaled");
+        assert_eq!(seen.len(), 2);
+        assert_eq!(
+            seen[0],
+            [Scheme::Int4, Scheme::Float, Scheme::Int4, Scheme::Float]
+        );
+        let want = [0.002, 0.0, 0.004, 0.06];
+        for (x, y) in scaled.iter().zip(want) {
+            assert!((x - y).abs() < 1e-12, "{scaled:?}");
+        }
+        // The search then walks c before a, whatever their local order.
+        let c = search(&cands, 0.999, Some(scaled), |_: &[Scheme]| {
+            Ok::<f64, AutoError>(1.0)
+        })
+        .expect("choice");
+        assert_eq!(c.order[..2], [3, 2]);
     }
 }

@@ -203,6 +203,17 @@ impl Ranges {
         self.map.insert(v, r);
     }
 
+    /// Gives `v` the range and element count of `of` (a value standing in for another, as in
+    /// [`crate::quant::auto::isolate`]).
+    pub fn alias(&mut self, v: Value, of: Value) {
+        if let Some(r) = self.map.get(&of).copied() {
+            self.map.insert(v, r);
+        }
+        if let Some(n) = self.sizes.get(&of).copied() {
+            self.sizes.insert(v, n);
+        }
+    }
+
     /// The largest number of elements `v` held on a calibration sample.
     pub fn elements(&self, v: Value) -> Option<usize> {
         self.sizes.get(&v).copied()
@@ -489,12 +500,31 @@ pub fn calibrate<I>(
 where
     I: IntoIterator<Item = Result<Sample, CalibError>>,
 {
+    let mut each = calibrate_each(m, graph, values, samples, &[observer])?;
+    Ok(each.pop().unwrap_or_default())
+}
+
+/// [`calibrate`] under several observers from one run per sample: one [`Ranges`] per observer,
+/// in order (an `ema` observer's momentum is the first one given).
+pub fn calibrate_each<I>(
+    m: &Module,
+    graph: GraphId,
+    values: &[Value],
+    samples: I,
+    observers: &[Observer],
+) -> Result<Vec<Ranges>, CalibError>
+where
+    I: IntoIterator<Item = Result<Sample, CalibError>>,
+{
     let (probe, n_out, observed) = probe(m, graph, values)?;
     let interp = Interpreter::new(&probe);
-    let momentum = match observer {
-        Observer::Ema { momentum } => momentum,
-        _ => 0.9,
-    };
+    let momentum = observers
+        .iter()
+        .find_map(|o| match o {
+            Observer::Ema { momentum } => Some(*momentum),
+            _ => None,
+        })
+        .unwrap_or(0.9);
     let mut stats: Vec<Stats> = observed.iter().map(|_| Stats::new()).collect();
     let mut sizes: Vec<usize> = vec![0; observed.len()];
     let mut count = 0;
@@ -523,18 +553,23 @@ where
     if count == 0 {
         return Err(CalibError::Empty);
     }
-    let mut ranges = Ranges {
-        map: HashMap::new(),
-        sizes: HashMap::new(),
-        samples: count,
-    };
-    for ((v, st), size) in observed.into_iter().zip(&stats).zip(sizes) {
-        if let Some(r) = st.range(observer) {
-            ranges.insert(v, r);
-            ranges.sizes.insert(v, size);
-        }
-    }
-    Ok(ranges)
+    Ok(observers
+        .iter()
+        .map(|&observer| {
+            let mut ranges = Ranges {
+                map: HashMap::new(),
+                sizes: HashMap::new(),
+                samples: count,
+            };
+            for ((&v, st), &size) in observed.iter().zip(&stats).zip(&sizes) {
+                if let Some(r) = st.range(observer) {
+                    ranges.insert(v, r);
+                    ranges.sizes.insert(v, size);
+                }
+            }
+            ranges
+        })
+        .collect())
 }
 
 /// The `.npz` files of `dir` in name order, read one at a time as samples (keyed by array name,

@@ -4,6 +4,7 @@
 use mmq_ir::{DType, Op};
 
 use crate::error::KernelError;
+use crate::ops::linalg::gemm;
 use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{RtValue, Tensor};
@@ -129,22 +130,27 @@ pub(super) fn multi_head_attention(
     };
     let qv = q.to_f64()?;
     let mut out = vec![0.0; b * s * n * dv];
-    let mut row = vec![0.0; t];
-    for bi in 0..b {
+    // Per batch and head: scores = scale · Q Kᵀ (+ bias), softmax along T, then P V, each
+    // product one strided GEMM in f64.
+    let mut scores = vec![0.0; s * t];
+    for bi in (0..b).filter(|_| s > 0 && t > 0) {
         for hi in 0..n {
             let kbase = (bi * n + hi) * t;
-            for si in 0..s {
-                let qo = (bi * s + si) * hidden + hi * d;
-                let qr = &qv[qo..qo + d];
-                for (ti, r) in row.iter_mut().enumerate() {
-                    let ko = (kbase + ti) * d;
-                    let dot: f64 = qr
-                        .iter()
-                        .zip(&kh.data[ko..ko + d])
-                        .map(|(x, y)| x * y)
-                        .sum();
-                    *r = dot * scale;
-                }
+            let qo = bi * s * hidden + hi * d;
+            gemm(
+                s,
+                d,
+                t,
+                scale,
+                &qv[qo..],
+                (hidden, 1),
+                &kh.data[kbase * d..],
+                (1, d),
+                0.0,
+                &mut scores,
+                (t, 1),
+            );
+            for (si, row) in scores.chunks_exact_mut(t).enumerate() {
                 if let Some((a, per_b, per_h)) = &bias {
                     let ab = if *per_b { bi } else { 0 };
                     let ah = if *per_h { hi } else { 0 };
@@ -160,15 +166,24 @@ pub(super) fn multi_head_attention(
                     *r = (*r - max).exp();
                     sum += *r;
                 }
-                let oo = (bi * s + si) * n * dv + hi * dv;
-                for (ti, p) in row.iter().enumerate() {
-                    let w = p / sum;
-                    let vo = (kbase + ti) * dv;
-                    for (o, x) in out[oo..oo + dv].iter_mut().zip(&vh.data[vo..vo + dv]) {
-                        *o += w * x;
-                    }
+                for r in row.iter_mut() {
+                    *r /= sum;
                 }
             }
+            let oo = bi * s * n * dv + hi * dv;
+            gemm(
+                s,
+                t,
+                dv,
+                1.0,
+                &scores,
+                (t, 1),
+                &vh.data[kbase * dv..],
+                (dv, 1),
+                0.0,
+                &mut out[oo..],
+                (n * dv, 1),
+            );
         }
     }
     let y = Tensor::from_f64_as(q.dtype, vec![b, s, n * dv], &out)?;

@@ -137,6 +137,17 @@ fn dequantize_b(
             let q = row * p.k_blocks + kb;
             let (scale, zp) = (scales[q], zps[q]);
             let blob = &codes[q * p.blob..(q + 1) * p.blob];
+            if p.bits == 4 {
+                // Two codes per byte, low bits first, through the block's 16 values.
+                let lut: [f32; 16] = std::array::from_fn(|c| (c as f32 - zp) * scale);
+                for (pair, &byte) in chunk.chunks_mut(2).zip(blob) {
+                    pair[0] = lut[usize::from(byte & 15)];
+                    if let Some(hi) = pair.get_mut(1) {
+                        *hi = lut[usize::from(byte >> 4)];
+                    }
+                }
+                continue;
+            }
             for (i, slot) in chunk.iter_mut().enumerate() {
                 let bit = i * p.bits;
                 let code = (u16::from(blob[bit / 8]) >> (bit % 8)) & mask;
@@ -237,7 +248,9 @@ fn quantize_a_blocks(a: &mut [f32], k: usize, block: usize) {
             let scale = amax / 127.0;
             let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
             for v in blk.iter_mut() {
-                *v = (*v * inv).round_ties_even().clamp(-127.0, 127.0) * scale;
+                // `round_half_even` is inlined where `round_ties_even` calls libm.
+                let q = crate::numeric::round_half_even(f64::from(*v * inv)) as f32;
+                *v = q.clamp(-127.0, 127.0) * scale;
             }
         }
     }
@@ -262,6 +275,43 @@ mod tests {
     }
 
     /// `accuracy_level` 4 rounds A to int8 per block; other levels do not.
+    #[test]
+    fn activation_blocks_round_half_to_even_as_libm_does() {
+        // Blocks of 16 led by 127 (scale 1, so k + 0.5 is an exact tie), with values near the
+        // ties, past the ends and a NaN, against `round_ties_even`.
+        let mut values: Vec<f32> = Vec::new();
+        for k in -130..130 {
+            for f in [0.0f32, 0.25, 0.5, 0.4999999, 0.5000001, 0.75] {
+                values.push(k as f32 + f);
+            }
+        }
+        values.push(f32::NAN);
+        let a: Vec<f32> = values
+            .chunks(15)
+            .flat_map(|c| {
+                let mut blk = vec![127.0f32];
+                blk.extend_from_slice(c);
+                blk.resize(16, 0.0);
+                blk
+            })
+            .collect();
+        let mut got = a.clone();
+        let k = got.len();
+        super::quantize_a_blocks(&mut got, k, 16);
+        for (blk, out) in a.chunks(16).zip(got.chunks(16)) {
+            let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let scale = amax / 127.0;
+            let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+            for (x, y) in blk.iter().zip(out) {
+                let want = (x * inv).round_ties_even().clamp(-127.0, 127.0) * scale;
+                assert!(
+                    want.to_bits() == y.to_bits() || (want.is_nan() && y.is_nan()),
+                    "{x}: {want} != {y}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn accuracy_level_4_rounds_a_per_block() {
         // K 32, N 1, block 16, every weight code 9 (value 1 · scale 1): y = Σ A'.
