@@ -109,6 +109,15 @@ def fit(xs, ys):
     return float(c), float(r)
 
 
+def fit3(ws, macs, ys):
+    """Least squares of ys on (1, weights, macs), each row weighted by 1 / y."""
+    y = np.asarray(ys, np.float64)
+    a = np.stack([np.ones(len(ws)), np.asarray(ws, np.float64), np.asarray(macs, np.float64)],
+                 axis=1)
+    c, *_ = np.linalg.lstsq(a / y[:, None], np.ones(len(ys)), rcond=None)
+    return [float(v) for v in c]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
@@ -133,25 +142,33 @@ def main():
     q_kernel, element = fit(elems, [r[5] for r in rows])
     # The unit's own time less its activation quantization is the integer product.
     int_kernel, int_mac = fit(macs, [r[4] - (q_kernel + e * element) for r, e in zip(rows, elems)])
-    # INT4 reads half a byte per weight where float reads four: a per-MAC rate for the
-    # products with many rows, a per-weight rate for the one-row ones (memory-bound).
-    nbits_kernel, nbits_mac = fit(macs, [r[6] for r in rows])
+    # INT4 reads half a byte per weight where float reads four: both forms priced per kernel,
+    # per weight (what one-row products are bound by) and per multiply-accumulate, fitted on
+    # relative error (Int4Rates).
+    weights = [k * n for _, k, n, *_ in rows]
+    f3 = fit3(weights, macs, [r[3] for r in rows])
+    n3 = fit3(weights, macs, [r[6] for r in rows])
     print()
     print("fitted (microseconds; rates per multiply-accumulate or element):")
     print(f"  float kernel {kernel:.2f}, {1 / float_mac:,.0f} MACs/us")
     print(f"  int kernel   {int_kernel:.2f}, {1 / int_mac:,.0f} MACs/us")
     print(f"  quantize     {q_kernel:.2f}, {1 / element:,.0f} elements/us")
-    print(f"  int4 kernel  {nbits_kernel:.2f}, {1 / nbits_mac:,.0f} MACs/us")
+
     print()
     print("PlaceRates {")
     print(f"    kernel: {max(kernel, 0.1):.2f},")
     print(f"    int_kernel: {max(int_kernel, 0.1):.2f},")
     print(f"    q_kernel: {max(q_kernel, 0.1):.2f},")
-    print(f"    nbits_kernel: {max(nbits_kernel, 0.1):.2f},")
-    for name, rate in [("float_mac", float_mac), ("int_mac", int_mac), ("element", element),
-                       ("nbits_mac", nbits_mac)]:
+    for name, rate in [("float_mac", float_mac), ("int_mac", int_mac), ("element", element)]:
         print(f"    {name}: 1.0 / {round(1 / rate):_}.0,")
     print("    absorbed: 0.05,")
+    print("}")
+    print()
+    print("Int4Rates {")
+    for prefix, (kern, per_w, per_mac) in [("float", f3), ("nbits", n3)]:
+        print(f"    {prefix}_kernel: {kern:.2f},")
+        print(f"    {prefix}_weight: 1.0 / {round(1 / per_w):_}.0,")
+        print(f"    {prefix}_mac: 1.0 / {round(1 / per_mac):_}.0,")
     print("}")
 
 

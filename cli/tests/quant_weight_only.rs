@@ -116,3 +116,56 @@ fn bad_block_and_asym_are_usage_errors() {
     assert!(err.contains("opset 17"), "{err}");
     assert!(!dir.join("out.onnx").exists());
 }
+
+/// The counter `name=N` of the `quant-int4:` line, 0 when absent.
+fn int4_counter(err: &str, name: &str) -> usize {
+    err.lines()
+        .filter(|l| l.starts_with("quant-int4:"))
+        .flat_map(|l| l.split_whitespace())
+        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+        .map_or(0, |n| n.parse().expect("count"))
+}
+
+#[test]
+fn int4_placement_keeps_small_slower_products_float_unless_all() {
+    // llava's vision tower runs its products over 17 patch rows, where MatMulNBits is estimated
+    // slower than float (docs/benchmarks.md); its smallest such weight is under 1 % of the
+    // eligible bytes.
+    let dir = scratch("int4-placement");
+    let fx = fixture("llava");
+    let mut ops = Vec::new();
+    for (placement, kept) in [("cost", 1), ("all", 0)] {
+        let out = format!("{placement}.onnx");
+        let (code, _, err) = run_in(
+            &dir,
+            &[
+                "compile",
+                &fx,
+                "--quant",
+                "int4",
+                "--placement",
+                placement,
+                "-o",
+                &out,
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            int4_counter(&err, "int4-kept-float"),
+            kept,
+            "{placement}: {err}"
+        );
+        if kept > 0 {
+            assert!(
+                err.contains("1 product(s) stay float: MatMulNBits is estimated slower")
+                    && err.contains("--placement all quantizes them"),
+                "{err}"
+            );
+        }
+        let (cos, op_types) = ort_check("llava", &dir.join(&out));
+        assert!(cos > 0.99, "{placement}: cosine {cos}");
+        assert!(op_types.contains("MatMulNBits"), "{op_types}");
+        ops.push(int4_counter(&err, "int4-matmul") + int4_counter(&err, "int4-gemm"));
+    }
+    assert_eq!(ops[0] + 1, ops[1], "{ops:?}");
+}

@@ -455,6 +455,7 @@ impl Pass for WeightOnlyStep {
             })
         } else {
             WeightOnlyPass::new(int4_config(self.ctx.int4, &*opts.target))
+                .with_placement(self.ctx.placement)
         };
         if self.fp8 && self.ctx.calibration.is_given() {
             let graph = one_graph(m, self.name, "--quant fp8 calibrates")?;

@@ -57,6 +57,7 @@ use rayon::prelude::*;
 
 use crate::dce::Dce;
 use crate::pass::{Pass, PassError, PassOptions, PassReport};
+use crate::quant::place::Placement;
 
 /// The weight-only schemes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,7 +105,12 @@ pub struct WeightOnlyPass {
     config: WeightOnlyConfig,
     filter: Option<NodeFilter>,
     activation_ranges: HashMap<Value, (f32, f32)>,
+    placement: Placement,
 }
+
+/// The share of the INT4-eligible weight bytes that [`Placement::Cost`] may leave float where
+/// the target's INT4 product is estimated slower.
+pub const INT4_FLOAT_BUDGET: f64 = 0.01;
 
 impl std::fmt::Debug for WeightOnlyPass {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -123,12 +129,23 @@ impl WeightOnlyPass {
             config,
             filter: None,
             activation_ranges: HashMap::new(),
+            placement: Placement::All,
         }
     }
 
     /// Quantizes only the nodes `filter` accepts.
     pub fn with_filter(mut self, filter: NodeFilter) -> Self {
         self.filter = Some(filter);
+        self
+    }
+
+    /// INT4 with [`Placement::Cost`] on a target with [`crate::target::Int4Rates`]: the
+    /// products estimated slower as INT4 than as float stay float, smallest weight first, as
+    /// long as together they hold at most [`INT4_FLOAT_BUDGET`] of the eligible weight bytes
+    /// (the saving they give up is negligible). Rows of a symbolic size count as
+    /// [`super::place::SYMBOLIC_DIM`]. The default is [`Placement::All`].
+    pub fn with_placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
         self
     }
 
@@ -163,6 +180,61 @@ impl WeightOnlyPass {
             message: message.into(),
         }
     }
+}
+
+/// The jobs [`WeightOnlyPass::with_placement`]'s cost placement leaves float, and a note saying
+/// why.
+fn int4_placement(
+    m: &Module,
+    jobs: &[Job],
+    rates: &crate::target::Int4Rates,
+) -> (Vec<Node>, String) {
+    let total: f64 = jobs.iter().map(|j| (j.k * j.n * 4) as f64).sum();
+    let mut slower: Vec<(f64, f64, &Job)> = jobs
+        .iter()
+        .filter_map(|j| {
+            let a = (*m.nodes[j.node].inputs.first()?)?;
+            let elements: f64 = m
+                .value_type(a)
+                .as_tensor()?
+                .shape
+                .as_ref()?
+                .iter()
+                .map(|d| {
+                    d.as_known()
+                        .map_or(super::place::SYMBOLIC_DIM, |x| x as f64)
+                })
+                .product();
+            let (k, n) = (j.k as f64, j.n as f64);
+            let rows = (elements / k).max(1.0);
+            let (float, nbits) = (rates.float(rows, k, n), rates.nbits(rows, k, n));
+            (nbits > float).then_some((k * n * 4.0, nbits / float, j))
+        })
+        .collect();
+    slower.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let budget = total * INT4_FLOAT_BUDGET;
+    let (mut spent, mut kept, mut ratios) = (0.0, Vec::new(), Vec::new());
+    for (bytes, ratio, j) in slower {
+        if spent + bytes > budget {
+            break;
+        }
+        spent += bytes;
+        kept.push(j.node);
+        ratios.push(ratio);
+    }
+    let worst = ratios.iter().copied().fold(1.0, f64::max);
+    let note = format!(
+        "{} product(s) stay float: MatMulNBits is estimated slower at their shapes (up to \
+         {worst:.2}x) and their weights are {:.2}% of the eligible bytes (--placement all \
+         quantizes them)",
+        kept.len(),
+        if total > 0.0 {
+            100.0 * spent / total
+        } else {
+            0.0
+        }
+    );
+    (kept, note)
 }
 
 /// One node to rewrite.
@@ -393,6 +465,17 @@ impl Pass for WeightOnlyPass {
                         None => {}
                     }
                 }
+            }
+        }
+        if self.config.scheme == WeightScheme::Int4
+            && self.placement == Placement::Cost
+            && let Some(rates) = opts.target.int4_rates()
+        {
+            let (kept, note) = int4_placement(m, &jobs, rates);
+            if !kept.is_empty() {
+                jobs.retain(|j| !kept.contains(&j.node));
+                report.count("int4-kept-float", kept.len());
+                report.notes.push(note);
             }
         }
         // One quantization per distinct (weight, layout, alpha).

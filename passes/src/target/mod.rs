@@ -59,6 +59,12 @@ pub trait Target: Send + Sync + std::panic::RefUnwindSafe {
         None
     }
 
+    /// Rates of INT4 placement (`--quant int4 --placement cost`): what a float product and its
+    /// INT4 weight-only form cost; `None` where every eligible product is quantized.
+    fn int4_rates(&self) -> Option<&'static Int4Rates> {
+        None
+    }
+
     /// The pass that runs first, writing ops the target lacks (opset-23 `Attention`,
     /// `RMSNormalization`, `RotaryEmbedding`) in ops it runs; `None` when it runs them all.
     fn legalize(&self) -> Option<Box<dyn crate::pass::Pass>> {
@@ -69,6 +75,38 @@ pub trait Target: Send + Sync + std::panic::RefUnwindSafe {
     /// `None` when the target has none.
     fn lowering(&self) -> Option<Box<dyn crate::pass::Pass>> {
         None
+    }
+}
+
+/// What a product `[rows, k] x [k, n]` costs as a float `MatMul` and as the target's INT4
+/// weight-only form, in microseconds: a dispatch cost, a cost per weight (streaming it from
+/// memory: what dominates one-row products) and one per multiply-accumulate (what dominates
+/// many rows). Fitted by `tools/place_rates.py` on relative error.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Int4Rates {
+    /// Dispatch cost of the float product.
+    pub float_kernel: f64,
+    /// One float32 weight read.
+    pub float_weight: f64,
+    /// One float multiply-accumulate.
+    pub float_mac: f64,
+    /// Dispatch cost of the INT4 product.
+    pub nbits_kernel: f64,
+    /// One INT4 weight read (with its share of the block's scale).
+    pub nbits_weight: f64,
+    /// One INT4 multiply-accumulate (activation quantization included).
+    pub nbits_mac: f64,
+}
+
+impl Int4Rates {
+    /// The float product's estimated time.
+    pub fn float(&self, rows: f64, k: f64, n: f64) -> f64 {
+        self.float_kernel + k * n * (self.float_weight + rows * self.float_mac)
+    }
+
+    /// The INT4 product's estimated time.
+    pub fn nbits(&self, rows: f64, k: f64, n: f64) -> f64 {
+        self.nbits_kernel + k * n * (self.nbits_weight + rows * self.nbits_mac)
     }
 }
 

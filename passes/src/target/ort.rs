@@ -3,7 +3,7 @@
 
 use mmq_ir::{Attr, Op};
 
-use super::{PlaceRates, QdqRules, Target, standard_cost};
+use super::{Int4Rates, PlaceRates, QdqRules, Target, standard_cost};
 use crate::quant::fp16::Fp16Form;
 
 /// The ONNX Runtime target.
@@ -22,6 +22,20 @@ pub const CPU_RATES: PlaceRates = PlaceRates {
     int_mac: 1.0 / 150_000.0,
     element: 1.0 / 2_000.0,
     absorbed: 0.05,
+};
+
+/// `MatMul` against `MatMulNBits` (4 bits, symmetric blocks of 32, `accuracy_level` 4) on the CPU
+/// provider, one thread (`tools/place_rates.py`, onnxruntime 1.32, 2-core x86-64 with AVX-512):
+/// INT4 reads a weight nine times faster and multiplies 1.7 times slower, so it wins up to
+/// about 17 rows (a decode step: 0.26x to 0.29x of float) and loses from there (an encoder's 257
+/// tokens: 1.6x).
+pub const CPU_INT4_RATES: Int4Rates = Int4Rates {
+    float_kernel: 5.36,
+    float_weight: 1.0 / 7_171.0,
+    float_mac: 1.0 / 98_089.0,
+    nbits_kernel: 9.49,
+    nbits_weight: 1.0 / 67_062.0,
+    nbits_mac: 1.0 / 58_266.0,
 };
 
 /// A `com.microsoft` op.
@@ -104,6 +118,10 @@ impl Target for Ort {
 
     fn place_rates(&self) -> &'static PlaceRates {
         &CPU_RATES
+    }
+
+    fn int4_rates(&self) -> Option<&'static Int4Rates> {
+        Some(&CPU_INT4_RATES)
     }
 
     /// The CPU provider has few float16 kernels: float16 weights widened by a `Cast` it folds
