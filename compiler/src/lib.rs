@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use mmq_ir::Module;
 use mmq_passes::quant::cache::{ImageCachePass, KvCachePass};
 use mmq_passes::quant::calibrate::Sample;
-use mmq_passes::{Pass, PassError, PassOptions};
+use mmq_passes::{OptLevel, Pass, PassError, PassOptions};
 
 pub use calibration::{CalibrationSource, DEFAULT_RANDOM_SAMPLES};
 pub use mmq_deploy::GenerationConfig;
@@ -93,12 +93,27 @@ fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Bo
         .chain(optimize.into_passes())
         .map(|p| (Stage::Optimize, p))
         .collect();
+    // In the optimization stage of a float compile; after quantization, with the passes that
+    // finish it.
+    let load_forms = options
+        .target
+        .load_forms()
+        .filter(|_| options.level >= OptLevel::O2)
+        .map(|p| {
+            let stage = if quantizing {
+                Stage::Finish
+            } else {
+                Stage::Optimize
+            };
+            (stage, p)
+        });
     let lowering = options
         .target
         .lowering()
         .map(|p| (Stage::Finish, p))
         .into_iter();
     if !quantizing {
+        out.extend(load_forms);
         out.extend(lowering);
         return out;
     }
@@ -145,6 +160,7 @@ fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Bo
             .into_iter()
             .map(|p| (Stage::Finish, p)),
     );
+    out.extend(load_forms);
     out.extend(lowering);
     out
 }

@@ -12,6 +12,7 @@
 pub mod decompose;
 pub mod generic;
 pub mod ort;
+pub mod ort_forms;
 pub mod plugins;
 pub mod trt;
 
@@ -62,6 +63,12 @@ pub trait Target: Send + Sync + std::panic::RefUnwindSafe {
     /// Rates of INT4 placement (`--quant int4 --placement cost`): what a float product and its
     /// INT4 weight-only form cost; `None` where every eligible product is quantized.
     fn int4_rates(&self) -> Option<&'static Int4Rates> {
+        None
+    }
+
+    /// The pass that runs last at `-O2` (before [`Target::lowering`]): op forms chosen for what
+    /// the runtime itself does when it loads the model; `None` when nothing needs it.
+    fn load_forms(&self) -> Option<Box<dyn crate::pass::Pass>> {
         None
     }
 

@@ -124,6 +124,13 @@ impl Target for Ort {
         Some(&CPU_INT4_RATES)
     }
 
+    /// A residual `Add` read by a `LayerNormalization` alone becomes a `Sum`, so that ONNX
+    /// Runtime does not fuse the pair into its slower `SkipLayerNormalization`
+    /// ([`super::ort_forms`]).
+    fn load_forms(&self) -> Option<Box<dyn crate::pass::Pass>> {
+        Some(Box::new(super::ort_forms::ResidualSum))
+    }
+
     /// The CPU provider has few float16 kernels: float16 weights widened by a `Cast` it folds
     /// at load.
     fn qdq_rules(&self) -> &'static QdqRules {
