@@ -208,9 +208,10 @@ enum Command {
             long,
             value_name = "SET[,SET...]",
             value_delimiter = ',',
-            required = true
+            required = true,
+            value_parser = |s: &str| s.parse::<mmq_passes::RuleSet>().map_err(|e| e.to_string())
         )]
-        rules: Vec<String>,
+        rules: Vec<mmq_passes::RuleSet>,
         /// Print each rule firing and a table of counters to stderr.
         #[arg(long)]
         explain: bool,

@@ -12,8 +12,8 @@ use mmq_compiler::load;
 pub struct OptArgs {
     /// The input (ONNX or `.mmir`).
     pub input: PathBuf,
-    /// Rule set names.
-    pub rules: Vec<String>,
+    /// The rule sets, run together.
+    pub rules: Vec<mmq_passes::RuleSet>,
     /// Print rule firings and counters to stderr.
     pub explain: bool,
     /// The target.
@@ -24,10 +24,7 @@ pub struct OptArgs {
 
 /// Runs `opt`; returns what to print on stdout and what to print on stderr.
 pub fn run(args: &OptArgs) -> Result<(String, String), Failure> {
-    let rewrite = RewritePass::new(&args.rules).map_err(|e| Failure {
-        rendered: format!("error: {}\n", pass_message(&e)),
-        code: 2,
-    })?;
+    let rewrite = RewritePass::new(&args.rules);
     if let Some(out) = &args.output {
         crate::check_files([args.input.as_path()], out)?;
     }
@@ -71,14 +68,6 @@ pub fn run(args: &OptArgs) -> Result<(String, String), Failure> {
             Ok((String::new(), stderr))
         }
         _ => Ok((text, stderr)),
-    }
-}
-
-/// The message of a pass error without the pass name prefix for construction errors.
-fn pass_message(e: &mmq_passes::PassError) -> String {
-    match e {
-        mmq_passes::PassError::Failed { message, .. } => message.clone(),
-        other => other.to_string(),
     }
 }
 

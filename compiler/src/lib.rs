@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use mmq_ir::Module;
 use mmq_passes::quant::cache::{ImageCachePass, KvCachePass};
 use mmq_passes::quant::calibrate::Sample;
-use mmq_passes::{OptLevel, Pass, PassError, PassOptions};
+use mmq_passes::{Pass, PassError, PassOptions};
 
 pub use calibration::{CalibrationSource, DEFAULT_RANDOM_SAMPLES};
 pub use mmq_deploy::GenerationConfig;
@@ -80,43 +80,21 @@ const ACCURACY_SAMPLES: usize = 8;
 
 /// The passes of a compilation, in order, with the stage of each.
 fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Box<dyn Pass>)> {
+    use mmq_passes::{Phase, pipeline};
     let quantizing = options.precision.quantizes();
-    let optimize = if quantizing {
-        mmq_passes::pipeline_before_quant(options.target, options.level)
-    } else {
-        mmq_passes::pipeline(options.target, options.level)
+    let phase = |stage: Stage, phase: Phase| {
+        pipeline(options.target, options.level, phase)
+            .into_passes()
+            .into_iter()
+            .map(move |p| (stage, p))
     };
-    let mut out: Vec<(Stage, Box<dyn Pass>)> = options
-        .target
-        .legalize()
-        .into_iter()
-        .chain(optimize.into_passes())
-        .map(|p| (Stage::Optimize, p))
-        .collect();
-    // In the optimization stage of a float compile; after quantization, with the passes that
-    // finish it.
-    let load_forms = options
-        .target
-        .load_forms()
-        .filter(|_| options.level >= OptLevel::O2)
-        .map(|p| {
-            let stage = if quantizing {
-                Stage::Finish
-            } else {
-                Stage::Optimize
-            };
-            (stage, p)
-        });
-    let lowering = options
-        .target
-        .lowering()
-        .map(|p| (Stage::Finish, p))
-        .into_iter();
+    let mut out: Vec<(Stage, Box<dyn Pass>)> = Vec::new();
     if !quantizing {
-        out.extend(load_forms);
-        out.extend(lowering);
+        out.extend(phase(Stage::Optimize, Phase::Float));
+        out.extend(phase(Stage::Finish, Phase::Lower));
         return out;
     }
+    out.extend(phase(Stage::Optimize, Phase::BeforeQuant));
     let ctx = Arc::clone(ctx);
     let mut quant: Vec<Box<dyn Pass>> = Vec::new();
     match &options.precision {
@@ -155,13 +133,8 @@ fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Bo
         })),
     }
     out.extend(quant.into_iter().map(|p| (Stage::Quantize, p)));
-    out.extend(
-        mmq_passes::after_quant(options.level)
-            .into_iter()
-            .map(|p| (Stage::Finish, p)),
-    );
-    out.extend(load_forms);
-    out.extend(lowering);
+    out.extend(phase(Stage::Finish, Phase::AfterQuant));
+    out.extend(phase(Stage::Finish, Phase::Lower));
     out
 }
 

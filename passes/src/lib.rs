@@ -20,10 +20,9 @@ pub mod target;
 pub use canonicalize::Canonicalize;
 pub use const_fold::ConstFold;
 pub use dce::Dce;
-pub use egraph::{RewritePass, rule_sets};
+pub use egraph::{RewritePass, RuleSet, UnknownRuleSet};
 pub use manager::{
-    DumpAfter, OptLevel, ParseOptLevelError, PassManager, PassRun, PipelineReport, after_quant,
-    pipeline, pipeline_before_quant,
+    DumpAfter, OptLevel, ParseOptLevelError, PassManager, PassRun, Phase, PipelineReport, pipeline,
 };
 pub use pass::{EGraphStats, Firing, Interrupt, Pass, PassError, PassOptions, PassReport};
 pub use target::{Target, TargetRef};

@@ -9,7 +9,7 @@ use mmq_ir::{Module, Severity};
 use crate::canonicalize::Canonicalize;
 use crate::const_fold::ConstFold;
 use crate::dce::Dce;
-use crate::egraph::RewritePass;
+use crate::egraph::{RewritePass, RuleSet};
 use crate::pass::{Interrupt, Pass, PassError, PassOptions, PassReport};
 use crate::target::TargetRef;
 
@@ -145,7 +145,6 @@ pub struct PassManager {
     pub dump_after: Option<DumpAfter>,
     /// Stop before the next pass once this is set.
     pub interrupt: Option<Interrupt>,
-    target: TargetRef,
 }
 
 impl fmt::Debug for PassManager {
@@ -155,7 +154,6 @@ impl fmt::Debug for PassManager {
             .field("verify", &self.verify)
             .field("time", &self.time)
             .field("dump_after", &self.dump_after)
-            .field("target", &self.target)
             .finish()
     }
 }
@@ -166,94 +164,74 @@ impl Default for PassManager {
     }
 }
 
-/// A rule-set pass, or a pass that reports why it could not be built.
-fn rewrite(sets: &[&str]) -> Box<dyn Pass> {
-    match RewritePass::new(sets) {
-        Ok(p) => Box::new(p),
-        Err(e) => Box::new(Unavailable {
-            name: format!("rewrite({})", sets.join(",")),
-            error: e.to_string(),
-        }),
-    }
+/// The part of a compilation a [`pipeline`] covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// A model that stays float: the target's legalization, the level's passes and, at `-O2`,
+    /// the target's load forms.
+    Float,
+    /// A model about to be quantized: the same, except that activation fusion (`fuse-act`:
+    /// Conv/Gemm + Relu/... into FusedConv/FusedGemm) and the load forms wait for
+    /// [`Phase::AfterQuant`], so the quantization passes still see the plain `Conv` and `Gemm`
+    /// nodes they quantize.
+    BeforeQuant,
+    /// After quantization: at `-O2`, `rewrite(fuse-act)` (the nodes left float fuse now), dce
+    /// and the target's load forms.
+    AfterQuant,
+    /// The target's lowering into the ops it runs (its plugins), at every level; last.
+    Lower,
 }
 
-/// Stands for a pass whose construction failed; fails when run.
-struct Unavailable {
-    name: String,
-    error: String,
-}
-
-impl Pass for Unavailable {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn run(&self, _m: &mut Module, _opts: &PassOptions) -> Result<PassReport, PassError> {
-        Err(PassError::Failed {
-            pass: self.name.clone(),
-            message: self.error.clone(),
-        })
-    }
-}
-
-/// The pipeline for `target` at `level`:
+/// The passes of `phase` for `target` at `level`. The level's passes:
 ///
-/// - `O0`: nothing;
+/// - `O0`: none;
 /// - `O1`: canonicalize, const-fold, dce;
 /// - `O2`: `O1`, then `rewrite(simplify)`, `rewrite(fold-bn,transformer)`,
 ///   `rewrite(fuse-act,fuse-quant)`, const-fold, canonicalize, dce.
 ///
-/// The list is the same for every target today; target-specific choices happen inside the
-/// rewrite passes (cost model, available fused ops), which read [`PassOptions::target`].
-pub fn pipeline(target: TargetRef, level: OptLevel) -> PassManager {
+/// The target adds its legalization first ([`crate::Target::legalize`], at every level), its
+/// load forms at the end of `-O2` ([`crate::Target::load_forms`]) and its lowering
+/// ([`Phase::Lower`]); its other choices happen inside the rewrite passes (cost model,
+/// available fused ops), which read [`PassOptions::target`].
+pub fn pipeline(target: TargetRef, level: OptLevel, phase: Phase) -> PassManager {
+    use RuleSet::{FoldBn, FuseAct, FuseQuant, Simplify, Transformer};
+    let rewrite = |sets: &[RuleSet]| -> Box<dyn Pass> { Box::new(RewritePass::new(sets)) };
+    let o2 = level >= OptLevel::O2;
     let mut passes: Vec<Box<dyn Pass>> = Vec::new();
-    if level >= OptLevel::O1 {
-        passes.push(Box::new(Canonicalize));
-        passes.push(Box::new(ConstFold::new()));
-        passes.push(Box::new(Dce));
-    }
-    if level >= OptLevel::O2 {
-        passes.push(rewrite(&["simplify"]));
-        passes.push(rewrite(&["fold-bn", "transformer"]));
-        passes.push(rewrite(&["fuse-act", "fuse-quant"]));
-        passes.push(Box::new(ConstFold::new()));
-        passes.push(Box::new(Canonicalize));
-        passes.push(Box::new(Dce));
-    }
-    let mut pm = PassManager::new(passes);
-    pm.target = target;
-    pm
-}
-
-/// [`pipeline`] for a module that will be quantized: the same passes, except that activation
-/// fusion (`fuse-act`: Conv/Gemm + Relu/... into FusedConv/FusedGemm) waits for
-/// [`after_quant`], so the quantization passes still see the plain `Conv` and `Gemm` nodes they
-/// quantize; the nodes they leave in float are fused afterwards.
-pub fn pipeline_before_quant(target: TargetRef, level: OptLevel) -> PassManager {
-    let mut pm = pipeline(target, level);
-    if level >= OptLevel::O2 {
-        pm.passes = std::mem::take(&mut pm.passes)
-            .into_iter()
-            .map(|p| {
-                if p.name() == "rewrite(fuse-act,fuse-quant)" {
-                    rewrite(&["fuse-quant"])
+    match phase {
+        Phase::Float | Phase::BeforeQuant => {
+            passes.extend(target.legalize());
+            if level >= OptLevel::O1 {
+                passes.push(Box::new(Canonicalize));
+                passes.push(Box::new(ConstFold::new()));
+                passes.push(Box::new(Dce));
+            }
+            if o2 {
+                passes.push(rewrite(&[Simplify]));
+                passes.push(rewrite(&[FoldBn, Transformer]));
+                passes.push(if phase == Phase::Float {
+                    rewrite(&[FuseAct, FuseQuant])
                 } else {
-                    p
+                    rewrite(&[FuseQuant])
+                });
+                passes.push(Box::new(ConstFold::new()));
+                passes.push(Box::new(Canonicalize));
+                passes.push(Box::new(Dce));
+                if phase == Phase::Float {
+                    passes.extend(target.load_forms());
                 }
-            })
-            .collect();
+            }
+        }
+        Phase::AfterQuant => {
+            if o2 {
+                passes.push(rewrite(&[FuseAct]));
+                passes.push(Box::new(Dce));
+                passes.extend(target.load_forms());
+            }
+        }
+        Phase::Lower => passes.extend(target.lowering()),
     }
-    pm
-}
-
-/// The passes that finish a [`pipeline_before_quant`] after quantization: at `-O2`,
-/// `rewrite(fuse-act)` and dce; nothing below.
-pub fn after_quant(level: OptLevel) -> Vec<Box<dyn Pass>> {
-    if level >= OptLevel::O2 {
-        vec![rewrite(&["fuse-act"]), Box::new(Dce)]
-    } else {
-        Vec::new()
-    }
+    PassManager::new(passes)
 }
 
 impl PassManager {
@@ -265,7 +243,6 @@ impl PassManager {
             time: false,
             dump_after: None,
             interrupt: None,
-            target: TargetRef::default(),
         }
     }
 
@@ -282,11 +259,6 @@ impl PassManager {
     /// The pass names in order.
     pub fn names(&self) -> Vec<&str> {
         self.passes.iter().map(|p| p.name()).collect()
-    }
-
-    /// The target the pipeline was built for.
-    pub fn target(&self) -> TargetRef {
-        self.target
     }
 
     /// Runs every pass on `m`. Stops at the first pass that fails, or whose result does not
@@ -478,13 +450,17 @@ mod tests {
 
     #[test]
     fn pipelines_are_explicit_lists() {
-        assert!(pipeline(TargetRef::ORT, OptLevel::O0).names().is_empty());
+        assert!(
+            pipeline(TargetRef::ORT, OptLevel::O0, Phase::Float)
+                .names()
+                .is_empty()
+        );
         assert_eq!(
-            pipeline(TargetRef::ORT, OptLevel::O1).names(),
+            pipeline(TargetRef::ORT, OptLevel::O1, Phase::Float).names(),
             ["canonicalize", "const-fold", "dce"]
         );
         assert_eq!(
-            pipeline(TargetRef::GENERIC, OptLevel::O2).names(),
+            pipeline(TargetRef::GENERIC, OptLevel::O2, Phase::Float).names(),
             [
                 "canonicalize",
                 "const-fold",
@@ -500,11 +476,50 @@ mod tests {
     }
 
     #[test]
+    fn phases_split_the_pipeline_where_quantization_runs() {
+        let names = |t: TargetRef, l: OptLevel, p: Phase| -> Vec<String> {
+            pipeline(t, l, p)
+                .names()
+                .into_iter()
+                .map(str::to_owned)
+                .collect()
+        };
+        let float = names(TargetRef::ORT, OptLevel::O2, Phase::Float);
+        assert_eq!(float.last().map(String::as_str), Some("residual-sum"));
+        let before = names(TargetRef::ORT, OptLevel::O2, Phase::BeforeQuant);
+        assert!(
+            before.contains(&"rewrite(fuse-quant)".to_owned()),
+            "{before:?}"
+        );
+        assert!(
+            !before
+                .iter()
+                .any(|n| n.contains("fuse-act") || n == "residual-sum"),
+            "{before:?}"
+        );
+        assert_eq!(
+            names(TargetRef::ORT, OptLevel::O2, Phase::AfterQuant),
+            ["rewrite(fuse-act)", "dce", "residual-sum"]
+        );
+        assert!(names(TargetRef::ORT, OptLevel::O1, Phase::AfterQuant).is_empty());
+        assert!(names(TargetRef::ORT, OptLevel::O2, Phase::Lower).is_empty());
+        // TensorRT legalizes and lowers at every level.
+        assert_eq!(
+            names(TargetRef::TRT, OptLevel::O0, Phase::Float),
+            ["decompose"]
+        );
+        assert_eq!(
+            names(TargetRef::TRT, OptLevel::O0, Phase::Lower),
+            ["trt-plugins"]
+        );
+    }
+
+    #[test]
     fn o0_leaves_the_module_unchanged() {
         let mut m = sample();
         let before = m.clone();
         let text = mmq_ir::text::print(&m);
-        let report = pipeline(TargetRef::ORT, OptLevel::O0)
+        let report = pipeline(TargetRef::ORT, OptLevel::O0, Phase::Float)
             .run(&mut m, &PassOptions::default())
             .expect("runs");
         assert!(report.passes.is_empty());
@@ -515,7 +530,7 @@ mod tests {
     #[test]
     fn o1_dumps_and_times_each_pass() {
         let mut m = sample();
-        let mut pm = pipeline(TargetRef::ORT, OptLevel::O1);
+        let mut pm = pipeline(TargetRef::ORT, OptLevel::O1, Phase::Float);
         pm.verify = true;
         pm.time = true;
         pm.dump_after = Some(DumpAfter::Pass("const-fold".into()));
@@ -551,10 +566,14 @@ mod tests {
     #[test]
     fn o2_runs_clean() {
         let mut m = sample();
-        let mut pm = pipeline(TargetRef::ORT, OptLevel::O2);
+        let mut pm = pipeline(TargetRef::ORT, OptLevel::O2, Phase::Float);
         pm.verify = true;
         let report = pm.run(&mut m, &PassOptions::default()).expect("runs");
-        assert_eq!(report.passes.len(), 9);
+        assert_eq!(
+            report.passes.len(),
+            10,
+            "the nine passes of -O2 and the target's load forms"
+        );
         assert!(mmq_ir::verify::verify(&m).is_ok());
     }
 }

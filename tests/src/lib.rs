@@ -223,7 +223,7 @@ pub fn cosine(a: &[f64], b: &[f64]) -> f64 {
 /// A fixture (`tests/fixtures/NAME/model.onnx`) after the `-O2` pipeline for ONNX Runtime, the
 /// form the quantization passes see in `mmq compile`.
 pub fn load_fixture_o2(name: &str) -> mmq_ir::Module {
-    use mmq_passes::{OptLevel, PassOptions, TargetRef, pipeline};
+    use mmq_passes::{OptLevel, PassOptions, Phase, TargetRef, pipeline};
     let path = repo_root().join(format!("tests/fixtures/{name}/model.onnx"));
     let mut m = mmq_onnx::load_files(&[path.as_path()], &mmq_onnx::LoadOptions::default())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -231,7 +231,7 @@ pub fn load_fixture_o2(name: &str) -> mmq_ir::Module {
         target: TargetRef::ORT,
         explain: false,
     };
-    pipeline(TargetRef::ORT, OptLevel::O2)
+    pipeline(TargetRef::ORT, OptLevel::O2, Phase::Float)
         .run(&mut m, &opts)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     m

@@ -18,7 +18,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use mmq_onnx::proto::onnx::{GraphProto, NodeProto};
-use mmq_passes::{OptLevel, PassOptions, TargetRef, pipeline};
+use mmq_passes::{OptLevel, PassOptions, Phase, TargetRef, pipeline};
 use mmq_tests::{
     Fixture, fixtures, matrix_fixtures, oracle, read_expectations, repo_root, scratch_dir,
 };
@@ -224,7 +224,7 @@ fn compile_fixture(f: &Fixture, scratch: &Path) -> Outcome {
         target: TargetRef::ORT,
         ..PassOptions::default()
     };
-    if let Err(e) = pipeline(TargetRef::ORT, OptLevel::O2).run(&mut m, &opts) {
+    if let Err(e) = pipeline(TargetRef::ORT, OptLevel::O2, Phase::Float).run(&mut m, &opts) {
         out.failures
             .push(format!("{}: pipeline(ort, O2): {e}", f.name));
         return out;

@@ -1,5 +1,5 @@
 //! The ONNX node test suite through the whole `-O2` pipeline for ONNX Runtime: import →
-//! `pipeline(TargetRef::ORT, OptLevel::O2)` (canonicalize, const-fold, DCE, every rule set) →
+//! `pipeline(TargetRef::ORT, OptLevel::O2, Phase::Float)` (canonicalize, const-fold, DCE, every rule set) →
 //! export → ONNX Runtime against the suite's expected outputs. A case that round-trips without
 //! optimization (`tests/node-suite-expectations.txt` does not list it) must also pass after
 //! `-O2`, unless `tests/node-suite-o2-expectations.txt` lists it with its reason; the list is
@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use mmq_passes::{OptLevel, PassOptions, TargetRef, pipeline};
+use mmq_passes::{OptLevel, PassOptions, Phase, TargetRef, pipeline};
 use mmq_tests::{
     check_expectations, node_suite_cases, node_suite_eval, read_expectations, scratch_dir,
 };
@@ -22,7 +22,7 @@ const EXPECTATIONS: &str = "tests/node-suite-o2-expectations.txt";
 fn compile(src: &Path, dst: &Path) -> Result<(), String> {
     let mut m = mmq_onnx::load_files(&[src], &mmq_onnx::LoadOptions::default())
         .map_err(|e| format!("import: {e}"))?;
-    let mut pm = pipeline(TargetRef::ORT, OptLevel::O2);
+    let mut pm = pipeline(TargetRef::ORT, OptLevel::O2, Phase::Float);
     pm.verify = true;
     let opts = PassOptions {
         target: TargetRef::ORT,

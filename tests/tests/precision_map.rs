@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use mmq_ir::modality::{self, Modality};
 use mmq_ir::{Module, Node};
 use mmq_passes::quant::precision::{Granularity, PrecisionMap, Scheme};
-use mmq_passes::{OptLevel, PassOptions, TargetRef, pipeline};
+use mmq_passes::{OptLevel, PassOptions, Phase, TargetRef, pipeline};
 use mmq_tests::repo_root;
 
 fn load(name: &str, optimize: bool) -> Module {
@@ -19,7 +19,7 @@ fn load(name: &str, optimize: bool) -> Module {
             target: TargetRef::ORT,
             explain: false,
         };
-        pipeline(TargetRef::ORT, OptLevel::O2)
+        pipeline(TargetRef::ORT, OptLevel::O2, Phase::Float)
             .run(&mut m, &opts)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use mmq_ir::{DType, Dim, Module, Type, text};
 use mmq_kernels::{Interpreter, RtValue, Tensor};
-use mmq_passes::{ConstFold, Dce, Pass, PassOptions, RewritePass, TargetRef, rule_sets};
+use mmq_passes::{ConstFold, Dce, Pass, PassOptions, RewritePass, RuleSet, TargetRef};
 use mmq_tests::repo_root;
 
 struct Fixture {
@@ -28,7 +28,7 @@ struct Fixture {
     /// `<set>__<file stem>`.
     name: String,
     src: String,
-    sets: Vec<String>,
+    sets: Vec<RuleSet>,
     target: TargetRef,
     expect: Vec<String>,
     bound: f64,
@@ -82,7 +82,15 @@ fn parse_fixture(root: &Path, path: PathBuf) -> Fixture {
                 .collect()
         };
         match k.trim() {
-            "rules" => f.sets = list(),
+            "rules" => {
+                f.sets = list()
+                    .iter()
+                    .map(|s| {
+                        s.parse()
+                            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+                    })
+                    .collect()
+            }
             "target" => {
                 f.target = match v.trim() {
                     "ort" => TargetRef::ORT,
@@ -128,7 +136,7 @@ fn rewrite(f: &Fixture) -> (Module, BTreeMap<String, usize>) {
         target: f.target,
         explain: false,
     };
-    let rw = RewritePass::new(&f.sets).unwrap_or_else(|e| panic!("{}: {e}", f.path.display()));
+    let rw = RewritePass::new(&f.sets);
     let report = rw.run(&mut m, &opts).expect("rewrite");
     for pass in [&ConstFold::new() as &dyn Pass, &Dce] {
         pass.run(&mut m, &opts)
@@ -307,8 +315,8 @@ fn rule_fixtures() {
         failures.join("\n")
     );
     let mut never = Vec::new();
-    for set in rule_sets() {
-        for r in mmq_passes::egraph::rule_names(set).expect("known set") {
+    for set in RuleSet::ALL {
+        for r in set.rule_names() {
             if !fired_anywhere.contains(&r) {
                 never.push(format!("{set}/{r}"));
             }
@@ -320,8 +328,8 @@ fn rule_fixtures() {
 #[test]
 fn rule_names_are_unique_kebab_case() {
     let mut seen = BTreeSet::new();
-    for set in rule_sets() {
-        for r in mmq_passes::egraph::rule_names(set).expect("known set") {
+    for set in RuleSet::ALL {
+        for r in set.rule_names() {
             assert!(
                 !r.is_empty()
                     && r.chars()

@@ -28,15 +28,71 @@ use crate::rules::{Rw, rule_set};
 /// a graph below it is raised to it when the extracted graph holds one.
 pub(crate) const OPSET_FORMS: i64 = 23;
 
-/// Names of every rule set, in the order `-O2` runs them.
-pub fn rule_sets() -> &'static [&'static str] {
-    &[
-        "simplify",
-        "fold-bn",
-        "fuse-act",
-        "fuse-quant",
-        "transformer",
-    ]
+/// A rule set: the rules of one topic, run together by a [`RewritePass`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RuleSet {
+    /// Algebraic and shape clean-ups.
+    Simplify,
+    /// BatchNormalization folded into the Conv or Gemm before it.
+    FoldBn,
+    /// Activations fused into the Conv or Gemm before them.
+    FuseAct,
+    /// Quantized units fused (Conv + ReLU + Q/DQ).
+    FuseQuant,
+    /// Norms, GELU, attention and rotary embeddings of transformers.
+    Transformer,
+}
+
+impl RuleSet {
+    /// Every rule set, in the order `-O2` runs them.
+    pub const ALL: [RuleSet; 5] = [
+        RuleSet::Simplify,
+        RuleSet::FoldBn,
+        RuleSet::FuseAct,
+        RuleSet::FuseQuant,
+        RuleSet::Transformer,
+    ];
+
+    /// The set's name (`fold-bn`), as `mmq opt --rules` and rule fixtures spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RuleSet::Simplify => "simplify",
+            RuleSet::FoldBn => "fold-bn",
+            RuleSet::FuseAct => "fuse-act",
+            RuleSet::FuseQuant => "fuse-quant",
+            RuleSet::Transformer => "transformer",
+        }
+    }
+
+    /// The names of the set's rules.
+    pub fn rule_names(self) -> Vec<String> {
+        rule_set(self)
+            .iter()
+            .map(|r| r.name.as_str().to_owned())
+            .collect()
+    }
+}
+
+impl std::fmt::Display for RuleSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A rule set name that names none.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown rule set '{0}' (known: simplify, fold-bn, fuse-act, fuse-quant, transformer)")]
+pub struct UnknownRuleSet(pub String);
+
+impl std::str::FromStr for RuleSet {
+    type Err = UnknownRuleSet;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RuleSet::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| UnknownRuleSet(s.to_owned()))
+    }
 }
 
 /// Fixed limits for one saturation run. There is no time limit, so a run's result does not
@@ -63,31 +119,20 @@ impl Default for Limits {
 /// extracted.
 #[derive(Clone, Debug)]
 pub struct RewritePass {
-    sets: Vec<String>,
+    sets: Vec<RuleSet>,
     name: String,
     limits: Limits,
 }
 
 impl RewritePass {
-    /// A pass running `sets` (names from [`rule_sets`]) together.
-    pub fn new<S: AsRef<str>>(sets: &[S]) -> Result<Self, PassError> {
-        let mut out = Vec::new();
-        for s in sets {
-            let s = s.as_ref();
-            if !rule_sets().contains(&s) {
-                return Err(PassError::Failed {
-                    pass: "rewrite".into(),
-                    message: format!("unknown rule set '{s}' (known: {})", rule_sets().join(", ")),
-                });
-            }
-            out.push(s.to_owned());
-        }
-        let name = format!("rewrite({})", out.join(","));
-        Ok(RewritePass {
-            sets: out,
-            name,
+    /// A pass running `sets` together; named `rewrite(set,set)`.
+    pub fn new(sets: &[RuleSet]) -> Self {
+        let names: Vec<&str> = sets.iter().map(|s| s.name()).collect();
+        RewritePass {
+            sets: sets.to_vec(),
+            name: format!("rewrite({})", names.join(",")),
             limits: Limits::default(),
-        })
+        }
     }
 
     /// The same pass with other limits.
@@ -97,21 +142,8 @@ impl RewritePass {
     }
 
     fn rules(&self) -> Vec<Rw> {
-        self.sets
-            .iter()
-            .flat_map(|s| rule_set(s).unwrap_or_default())
-            .collect()
+        self.sets.iter().flat_map(|&s| rule_set(s)).collect()
     }
-}
-
-/// The names of every rule in `set`, or `None` for an unknown set.
-pub fn rule_names(set: &str) -> Option<Vec<String>> {
-    Some(
-        rule_set(set)?
-            .iter()
-            .map(|r| r.name.as_str().to_owned())
-            .collect(),
-    )
 }
 
 impl Pass for RewritePass {

@@ -26,7 +26,8 @@ pub(crate) fn rewrite(
         target,
         explain: false,
     };
-    let rep = RewritePass::new(sets).unwrap().run(&mut m, &opts).unwrap();
+    let sets: Vec<super::RuleSet> = sets.iter().map(|s| s.parse().expect("rule set")).collect();
+    let rep = RewritePass::new(&sets).run(&mut m, &opts).unwrap();
     let errs = mmq_ir::verify::verify_all(&m);
     assert!(
         errs.is_empty(),

@@ -10,6 +10,7 @@
 use egg::{Applier, Id, Language, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
 use mmq_ir::{DType, Dim, Op, Type};
 
+use crate::egraph::RuleSet;
 use crate::egraph::convert::EG;
 use crate::egraph::facts::{Facts, Konst, literal};
 use crate::egraph::lang::{TNode, kind_of};
@@ -26,22 +27,21 @@ mod simplify;
 /// A rewrite rule.
 pub(crate) type Rw = Rewrite<TNode, Facts>;
 
-/// Every rule set by name, in pipeline order.
-pub(crate) fn rule_set(name: &str) -> Option<Vec<Rw>> {
-    Some(match name {
-        "simplify" => simplify::rules(),
-        "fold-bn" => fold_bn::rules(),
-        "fuse-act" => fuse_act::rules(),
-        "fuse-quant" => fuse_quant::rules(),
-        "transformer" => {
+/// The rules of `set`.
+pub(crate) fn rule_set(set: RuleSet) -> Vec<Rw> {
+    match set {
+        RuleSet::Simplify => simplify::rules(),
+        RuleSet::FoldBn => fold_bn::rules(),
+        RuleSet::FuseAct => fuse_act::rules(),
+        RuleSet::FuseQuant => fuse_quant::rules(),
+        RuleSet::Transformer => {
             let mut r = norm::rules();
             r.extend(activation::rules());
             r.extend(attention::rules());
             r.extend(rotary::rules());
             r
         }
-        _ => return None,
-    })
+    }
 }
 
 /// A pattern variable.
