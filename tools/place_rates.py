@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates the INT8 placement rates of a target (`PlaceRates` in `passes/src/target/`).
+"""Regenerates the INT8 placement rates of a target (`PlaceRates` in `passes/src/targets/ort/mod.rs`).
 
 The placement cost model (docs/quantization.md, "Where INT8 pays") prices a quantized product as
 `int_kernel + macs * int_mac` plus its activation quantization `q_kernel + elements * element`,

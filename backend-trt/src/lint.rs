@@ -6,8 +6,7 @@ use std::collections::HashMap;
 
 use mmq_ir::{Const, DType, GraphId, Module, Node, Op, Value};
 use mmq_kernels::{Tensor, plugin};
-use mmq_passes::quant::weight_only::const_source as const_of;
-use mmq_passes::target::trt::parser_supports;
+use mmq_passes::targets::trt::parser_supports;
 
 /// One violation: the node (its name and op) and what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -54,7 +53,7 @@ impl Linter<'_> {
     /// Operand `i`, when present, must be a constant (an initializer for the parser).
     fn constant_operand(&mut self, n: Node, i: usize, what: &str) {
         if let Some(v) = self.input(n, i)
-            && const_of(self.m, v).is_none()
+            && self.m.const_source(v).is_none()
         {
             self.finding(n, format!("`{what}` (input {i}) must be an initializer"));
         }
@@ -181,7 +180,7 @@ impl Linter<'_> {
         let Some(scale) = self.input(n, 1) else {
             return;
         };
-        let Some(sc) = const_of(self.m, scale) else {
+        let Some(sc) = self.m.const_source(scale) else {
             self.finding(n, "the scale must be a constant");
             return;
         };
@@ -190,7 +189,7 @@ impl Linter<'_> {
             _ => self.finding(n, "scales must be finite and positive"),
         }
         if let Some(z) = self.input(n, 2) {
-            match const_of(self.m, z).and_then(|c| values_f64(self.m, c)) {
+            match self.m.const_source(z).and_then(|c| values_f64(self.m, c)) {
                 Some(v) if v.iter().all(|x| *x == 0.0) => {}
                 _ => self.finding(
                     n,
@@ -226,7 +225,7 @@ impl Linter<'_> {
             } if b > 0
         );
         let x = self.input(n, 0);
-        if is_q || x.and_then(|x| const_of(self.m, x)).is_none() {
+        if is_q || x.and_then(|x| self.m.const_source(x)).is_none() {
             self.finding(
                 n,
                 "per-channel scales on an activation (TensorRT takes them on weights only)",

@@ -165,7 +165,7 @@ fn roles(op: &Op) -> &'static [(usize, usize)] {
     }
 }
 
-fn const_of(m: &Module, v: Value) -> Option<Const> {
+fn initializer(m: &Module, v: Value) -> Option<Const> {
     match m.values[v].def {
         ValueDef::Const(c) => Some(c),
         _ => None,
@@ -183,7 +183,7 @@ pub fn collect(m: &Module) -> Vec<Found> {
                     let Some(Some(sv)) = nd.inputs.get(si).copied() else {
                         continue;
                     };
-                    let Some(scale) = const_of(m, sv) else {
+                    let Some(scale) = initializer(m, sv) else {
                         continue;
                     };
                     if out.iter().any(|f| f.scale == scale) {
@@ -194,7 +194,7 @@ pub fn collect(m: &Module) -> Vec<Found> {
                         .get(zi)
                         .copied()
                         .flatten()
-                        .and_then(|z| const_of(m, z));
+                        .and_then(|z| initializer(m, z));
                     let numel: i64 = m.consts[scale].shape.iter().product();
                     let nbits = matches!(&nd.op, Op::MatMulNBits { .. });
                     let block = nd.op.get::<i64>("block_size").unwrap_or(0);

@@ -15,9 +15,7 @@ use mmq_passes::quant::int8::{ActGranularity, Int8Pass, Int8Scheme, NodeFilter};
 use mmq_passes::quant::place::Placement;
 use mmq_passes::quant::precision::{Granularity, NodePlan, Plan, PrecisionMap, Scheme, Settings};
 use mmq_passes::quant::smooth::Site;
-use mmq_passes::quant::weight_only::{
-    WeightOnlyConfig, WeightOnlyPass, WeightScheme, const_source,
-};
+use mmq_passes::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass, WeightScheme};
 use mmq_passes::{Pass, PassError, PassManager, PassOptions, PassReport};
 
 use crate::calibration::{CalibrationSource, Samples};
@@ -345,7 +343,7 @@ impl Context {
                         continue;
                     }
                     for &v in nd.inputs.iter().flatten() {
-                        let Some(c) = const_source(m, v) else {
+                        let Some(c) = m.const_source(v) else {
                             continue;
                         };
                         let data = &m.consts[c];
@@ -393,7 +391,7 @@ impl Pass for SmoothStep {
 }
 
 /// The INT4 settings for `target`: the options' `accuracy_level`, else the target's (0: none).
-fn int4_config(int4: Int4Options, target: &dyn mmq_passes::target::Target) -> WeightOnlyConfig {
+fn int4_config(int4: Int4Options, target: &dyn mmq_passes::targets::Target) -> WeightOnlyConfig {
     WeightOnlyConfig {
         scheme: WeightScheme::Int4,
         block_size: int4.block,
@@ -604,7 +602,7 @@ fn plan_passes(
     ranges: &Ranges,
     placement: Placement,
     int4: Int4Options,
-    target: &dyn mmq_passes::target::Target,
+    target: &dyn mmq_passes::targets::Target,
 ) -> Vec<Box<dyn Pass>> {
     let symmetric_only = target.qdq_rules().symmetric_activations;
     let mut passes: Vec<Box<dyn Pass>> = Vec::new();

@@ -542,6 +542,19 @@ impl Module {
         }
     }
 
+    /// The constant `v` holds: an initializer, or the tensor of a `Constant` node; `None` for
+    /// anything computed or fed at run time.
+    pub fn const_source(&self, v: Value) -> Option<Const> {
+        match self.values.get(v)?.def {
+            ValueDef::Const(c) => Some(c),
+            ValueDef::Output { node, .. } => match &self.nodes[node].op {
+                crate::Op::Constant { value: Some(c), .. } => Some(*c),
+                _ => None,
+            },
+            ValueDef::Input { .. } => None,
+        }
+    }
+
     /// Total bytes of constant data.
     pub fn weight_bytes(&self) -> u64 {
         self.consts.iter().map(|(_, c)| c.byte_len()).sum()

@@ -199,7 +199,7 @@ impl DequantizeForm {
         if *to != Some(i64::from(DType::F32.onnx_code())) {
             return None;
         }
-        let wc = &m.consts[const_of(m, *codes)?];
+        let wc = &m.consts[initializer(m, *codes)?];
         let dtype = wc.dtype;
         if !matches!(dtype, DType::I8 | DType::U8) {
             return None;
@@ -215,7 +215,7 @@ impl DequantizeForm {
                 // A zero point stored as codes and cast, or as whole f32 numbers.
                 let z = match m.producer(z).map(|n| (&n.op, &n.inputs[..])) {
                     Some((Op::Cast { .. }, [Some(zc)]))
-                        if const_of(m, *zc).is_some_and(|c| m.consts[c].dtype == dtype) =>
+                        if initializer(m, *zc).is_some_and(|c| m.consts[c].dtype == dtype) =>
                     {
                         *zc
                     }
@@ -266,7 +266,7 @@ impl DequantizeForm {
 /// `Some(axis)` when its dims, right-aligned against `shape`, are 1 except one equal to
 /// `shape[axis]`.
 fn per_slice(m: &Module, v: Value, shape: &[i64]) -> Option<(Vec<f32>, Option<i64>)> {
-    let c = &m.consts[const_of(m, v)?];
+    let c = &m.consts[initializer(m, v)?];
     if c.shape.len() > shape.len() {
         return None;
     }
@@ -287,7 +287,7 @@ fn per_slice(m: &Module, v: Value, shape: &[i64]) -> Option<(Vec<f32>, Option<i6
 
 /// Whether `v` is a constant operand (not a graph input with a default, which callers may
 /// override).
-fn const_of(m: &Module, v: Value) -> Option<mmq_ir::Const> {
+fn initializer(m: &Module, v: Value) -> Option<mmq_ir::Const> {
     match m.values.get(v)?.def {
         ValueDef::Const(c) => Some(c),
         _ => None,
@@ -442,7 +442,7 @@ impl ConstFold {
                 .inputs
                 .iter()
                 .flatten()
-                .all(|&v| const_of(m, v).is_some())
+                .all(|&v| initializer(m, v).is_some())
         {
             return None;
         }
@@ -454,7 +454,7 @@ impl ConstFold {
             .inputs
             .iter()
             .flatten()
-            .all(|v| known.contains_key(v) || const_of(m, *v).is_some())
+            .all(|v| known.contains_key(v) || initializer(m, *v).is_some())
         {
             return None;
         }
@@ -468,7 +468,7 @@ impl ConstFold {
             };
             let val = match known.get(&v) {
                 Some(val) => val.clone(),
-                None => RtValue::Tensor(interp.constant(const_of(m, v)?).ok()?),
+                None => RtValue::Tensor(interp.constant(initializer(m, v)?).ok()?),
             };
             largest = largest.max(elements(&val)?);
             operand_bytes += bytes_of(&val)?;
@@ -696,7 +696,7 @@ mod tests {
             .find(|&n| matches!(m.nodes[n].op, Op::Reshape { .. }))
             .expect("Reshape stays");
         let operand = m.nodes[reshape].inputs[1].expect("shape operand");
-        let c = const_of(&m, operand).expect("the reshape target is a constant");
+        let c = initializer(&m, operand).expect("the reshape target is a constant");
         let t = Tensor::from_const(&m.consts[c]).expect("decodes");
         assert_eq!(t.to_i64().expect("ints"), vec![2, -1]);
         assert_eq!(t.shape, vec![2]);
@@ -730,7 +730,7 @@ mod tests {
         assert_eq!(out, y);
         assert_eq!(m.values[out].name.as_deref(), Some("y"));
         let id = m.graphs[g].nodes[0];
-        let c = const_of(&m, m.nodes[id].inputs[0].expect("operand")).expect("constant");
+        let c = initializer(&m, m.nodes[id].inputs[0].expect("operand")).expect("constant");
         let t = Tensor::from_const(&m.consts[c]).expect("decodes");
         assert_eq!(t.to_f32().expect("floats"), vec![-11.0, -22.0, -33.0]);
         // The intermediate sum never became a constant.

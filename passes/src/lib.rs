@@ -15,7 +15,7 @@ pub mod pass;
 pub mod quant;
 mod rules;
 pub mod split;
-pub mod target;
+pub mod targets;
 
 pub use canonicalize::Canonicalize;
 pub use const_fold::ConstFold;
@@ -25,4 +25,4 @@ pub use manager::{
     DumpAfter, OptLevel, ParseOptLevelError, PassManager, PassRun, Phase, PipelineReport, pipeline,
 };
 pub use pass::{EGraphStats, Firing, Interrupt, Pass, PassError, PassOptions, PassReport};
-pub use target::{Target, TargetRef};
+pub use targets::{Target, TargetRef};

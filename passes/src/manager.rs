@@ -11,7 +11,7 @@ use crate::const_fold::ConstFold;
 use crate::dce::Dce;
 use crate::egraph::{RewritePass, RuleSet};
 use crate::pass::{Interrupt, Pass, PassError, PassOptions, PassReport};
-use crate::target::TargetRef;
+use crate::targets::TargetRef;
 
 /// An optimization level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]

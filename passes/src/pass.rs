@@ -4,12 +4,12 @@ use std::collections::BTreeMap;
 
 use mmq_ir::{IrError, Module};
 
-use crate::target::TargetRef;
+use crate::targets::TargetRef;
 
 /// Options every pass sees.
 #[derive(Clone, Debug, Default)]
 pub struct PassOptions {
-    /// The target (its cost model, fused ops and forms; see [`crate::target`]).
+    /// The target (its cost model, fused ops and forms; see [`crate::targets`]).
     pub target: TargetRef,
     /// Record each rule firing with the nodes it rewrote (`mmq opt --explain`).
     pub explain: bool,

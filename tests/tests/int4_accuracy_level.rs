@@ -4,7 +4,7 @@
 
 use mmq_compiler::{CompileOptions, Int4Options, Precision, QuantScheme, compile};
 use mmq_ir::{Module, Op};
-use mmq_passes::target::TargetRef;
+use mmq_passes::targets::TargetRef;
 use mmq_tests::repo_root;
 
 /// The `accuracy_level` of every INT4 product (`MatMulNBits` or trt's `MmqMatMulNBits`).

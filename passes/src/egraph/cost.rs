@@ -5,14 +5,14 @@ use egg::Id;
 
 use super::convert::EG;
 use super::lang::TNode;
-use crate::target::TargetRef;
+use crate::targets::TargetRef;
 
 /// The own cost of one e-node in class `class`.
 pub(crate) trait CostModel {
     fn cost(&self, eg: &EG, class: Id, node: &TNode) -> f64;
 }
 
-/// Relative op costs for a target ([`crate::target::Target::op_cost`]): fused ops cost less
+/// Relative op costs for a target ([`crate::targets::Target::op_cost`]): fused ops cost less
 /// than the ops they replace; ops the target cannot run cost infinity; computations over
 /// constants cost almost nothing (const-fold evaluates them after extraction).
 pub(crate) struct TargetCost(pub TargetRef);

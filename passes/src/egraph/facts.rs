@@ -9,7 +9,7 @@ use mmq_ir::{ConstData, DType, Module, Op, Storage, Type, Value};
 use mmq_kernels::Tensor;
 
 use super::lang::TNode;
-use crate::target::TargetRef;
+use crate::targets::TargetRef;
 
 /// Constants with at most this many elements have their contents in the analysis.
 pub(crate) const SMALL_CONST: usize = 64;

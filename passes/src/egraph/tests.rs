@@ -4,7 +4,7 @@ use mmq_ir::{Module, text};
 
 use crate::RewritePass;
 use crate::pass::{Pass, PassOptions};
-use crate::target::TargetRef;
+use crate::targets::TargetRef;
 
 pub(crate) fn parse(src: &str) -> Module {
     let (mut m, _) = text::parse(src).unwrap_or_else(|e| panic!("{e:?}"));

@@ -40,7 +40,7 @@ use rayon::prelude::*;
 use crate::quant::calibrate::Sample;
 use crate::quant::int8::{Int8Pass, NodeFilter};
 use crate::quant::precision::{PrecisionMap, Rule, Scheme, Settings, escape_glob};
-use crate::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass, const_source};
+use crate::quant::weight_only::{WeightOnlyConfig, WeightOnlyPass};
 
 /// Why the automatic choice failed.
 #[derive(Debug, thiserror::Error)]
@@ -363,7 +363,7 @@ pub fn isolate(m: &Module, graph: GraphId, node: Node) -> Option<Isolated> {
         }
         match m.values[*v].def {
             ValueDef::Const(_) => {}
-            ValueDef::Output { node: p, .. } if const_source(m, *v).is_some() => {
+            ValueDef::Output { node: p, .. } if m.const_source(*v).is_some() => {
                 if !nodes.contains(&p) {
                     nodes.push(p);
                 }

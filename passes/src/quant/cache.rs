@@ -15,7 +15,7 @@
 //! name reads the codes and scales and dequantizes them.
 //!
 //! The forms are standard ONNX ops (`ReduceMax`, `Round`, `Clip`, `Cast`), emitted where the
-//! target's [`QdqRules::cache_io`](crate::target::QdqRules::cache_io) allows them. Where the
+//! target's [`QdqRules::cache_io`](crate::targets::QdqRules::cache_io) allows them. Where the
 //! present is the past followed by the new tokens (`Concat(past, new)` along the tokens, as
 //! exporters write it), INT8 codes of the past's whole blocks pass to the present unchanged and only the last, partial block and the new tokens are quantized: the
 //! last block's scale grows with its content, as in the CUDA kernels' append. Elsewhere (and for
@@ -27,7 +27,7 @@ use mmq_ir::{DType, Dim, GraphId, Module, Node, Op, Type, Value, ValueDef};
 use mmq_kernels::cache::{CacheFormat, CacheScales};
 
 use crate::emit::{Emit, place};
-use crate::target::plugins::plugin_op;
+use crate::targets::trt::lower::plugin_op;
 use crate::{Pass, PassError, PassOptions, PassReport};
 
 /// `--kv-cache FORMAT`: quantized KV-cache inputs and outputs.

@@ -33,7 +33,6 @@ use rayon::prelude::*;
 
 use crate::pass::{Pass, PassError, PassOptions, PassReport};
 use crate::quant::int8::NodeFilter;
-use crate::quant::weight_only::const_source;
 
 /// How FP16 is realized on a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +96,7 @@ impl Fp16Pass {
                     continue;
                 }
                 for &v in m.nodes[n].inputs.iter().flatten() {
-                    if let Some(c) = const_source(m, v)
+                    if let Some(c) = m.const_source(v)
                         && m.consts[c].dtype == DType::F32
                         && m.consts[c].num_elements() >= self.min_elements
                         && seen.insert(v)
@@ -214,7 +213,7 @@ impl Pass for Fp16Pass {
         let mut attributes: HashMap<Const, Const> = HashMap::new();
         for root in roots {
             for v in self.weights(m, root) {
-                let Some(c) = const_source(m, v) else {
+                let Some(c) = m.const_source(v) else {
                     continue;
                 };
                 let ty = m.value_type(v).clone();
@@ -340,7 +339,7 @@ mod tests {
 
     #[test]
     fn every_target_stores_weights() {
-        for t in crate::target::TargetRef::ALL {
+        for t in crate::targets::TargetRef::ALL {
             assert_eq!(t.fp16_form(), Fp16Form::WeightStorage);
         }
     }

@@ -12,7 +12,6 @@ use serde::Serialize;
 
 use crate::quant::calibrate::Sample;
 use crate::quant::int8::quantize_weight_per_channel;
-use crate::quant::weight_only::const_source;
 
 /// Rows of one activation used per sample (the first ones), to bound the work on long inputs.
 const MAX_ROWS: usize = 256;
@@ -129,7 +128,7 @@ fn sites(
         if matches!(m.values[*act].def, ValueDef::Const(_)) {
             continue;
         }
-        let Some(c) = const_source(m, *wv) else {
+        let Some(c) = m.const_source(*wv) else {
             continue;
         };
         let data = &m.consts[c];

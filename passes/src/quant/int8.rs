@@ -19,7 +19,7 @@
 //!   `MatMulInteger(a_q, Wq, a_zp)`, `Cast`, `Mul(·, a_scale * w_scale)`, the pattern ONNX Runtime
 //!   fuses into `com.microsoft.DynamicQuantizeMatMul`.
 //!
-//! The target's [`crate::target::QdqRules`] shape the units: TensorRT takes symmetric
+//! The target's [`crate::targets::QdqRules`] shape the units: TensorRT takes symmetric
 //! activations only, weights in full 8 bits, the `Conv` bias in float, every eligible node
 //! (no placement cost model) and no run-time quantization (bodies stay float there).
 //!
@@ -49,7 +49,6 @@ use mmq_kernels::quant::quantize_value;
 use crate::pass::{Pass, PassError, PassOptions, PassReport};
 use crate::quant::calibrate::{Range, Ranges};
 use crate::quant::place::{self, Placement, Unit};
-use crate::quant::weight_only::const_source;
 
 /// Chooses the nodes a pass may quantize (a precision map's plan).
 pub type NodeFilter = Box<dyn Fn(&Module, Node) -> bool + Send + Sync>;
@@ -256,7 +255,7 @@ fn site(m: &Module, n: Node) -> Option<Site> {
     let weight = (*node.inputs.get(1)?)?;
     let prequantized = kind == Kind::MatMul && prequantized_weight(m, weight);
     if !prequantized {
-        let c = const_source(m, weight)?;
+        let c = m.const_source(weight)?;
         let wc = &m.consts[c];
         if wc.dtype != DType::F32 {
             return None;
@@ -304,7 +303,7 @@ fn prequantized_weight(m: &Module, w: Value) -> bool {
             .get(i)
             .copied()
             .flatten()
-            .and_then(|v| const_source(m, v))
+            .and_then(|v| m.const_source(v))
             .map(|c| &m.consts[c])
     };
     let (Some(codes), Some(scale)) = (operand(0), operand(1)) else {
@@ -322,7 +321,7 @@ fn prequantized_weight(m: &Module, w: Value) -> bool {
     }
     match nd.inputs.get(2).copied().flatten() {
         None => true,
-        Some(z) => const_source(m, z).is_some_and(|c| {
+        Some(z) => m.const_source(z).is_some_and(|c| {
             let zc = &m.consts[c];
             zc.dtype == DType::I8
                 && zc
@@ -817,7 +816,7 @@ fn remove_unread_constant_nodes(m: &mut Module, values: &[Value]) {
 /// Rewrites a `Gemm` site as `MatMul(a, B)` (B transposed ahead when `transB`), followed by
 /// `Add(·, C)` when it has a bias; returns the `MatMul` node.
 fn gemm_to_matmul(m: &mut Module, b: &mut Builder, n: Node, s: &Site) -> Result<Node, PassError> {
-    let Some(c) = const_source(m, s.weight) else {
+    let Some(c) = m.const_source(s.weight) else {
         return Err(fail("weight is not a constant".into()));
     };
     let trans_b = matches!(m.nodes[n].op, Op::Gemm { trans_b: Some(t), .. } if t != 0);
@@ -880,7 +879,7 @@ fn dq_weight(
     w: Value,
     axis: usize,
 ) -> Result<(Value, Vec<f32>), PassError> {
-    let Some(c) = const_source(m, w) else {
+    let Some(c) = m.const_source(w) else {
         return Err(fail("weight is not a constant".into()));
     };
     let data = &m.consts[c];
@@ -943,7 +942,7 @@ fn conv_static(
     m.nodes[n].inputs[1] = Some(w);
     if let Some(Some(bias)) = m.nodes[n].inputs.get(2).copied()
         && b.int32_conv_bias
-        && let Some(c) = const_source(m, bias)
+        && let Some(c) = m.const_source(bias)
         && m.consts[c].num_elements() == w_scales.len()
     {
         let t = Tensor::from_const(&m.consts[c]).map_err(|e| fail(format!("bias: {e}")))?;
@@ -1026,7 +1025,7 @@ fn matmul_dynamic(
     granularity: ActGranularity,
     plugin_rows: bool,
 ) -> Result<(), PassError> {
-    let Some(c) = const_source(m, s.weight) else {
+    let Some(c) = m.const_source(s.weight) else {
         return Err(fail("weight is not a constant".into()));
     };
     let data = &m.consts[c];
@@ -1233,7 +1232,7 @@ fn matmul_dynamic_plugin(
     let q_ty = retyped(m, act, DType::I8);
     let f_ty = retyped(m, act, DType::F32);
     let plugin =
-        |name: &str, fields: &[(&str, i64)]| crate::target::plugins::plugin_op(name, fields);
+        |name: &str, fields: &[(&str, i64)]| crate::targets::trt::lower::plugin_op(name, fields);
     let dyn_q = b.node(
         m,
         n,

@@ -31,7 +31,7 @@ use crate::egraph::cost::CostModel;
 use crate::egraph::extract;
 use crate::egraph::facts::Facts;
 use crate::egraph::lang::{TNode, kind_of};
-use crate::target::{PlaceRates, TargetRef};
+use crate::targets::{PlaceRates, TargetRef};
 
 /// The size assumed for a dimension that is not known at compile time.
 pub const SYMBOLIC_DIM: f64 = 1.0;

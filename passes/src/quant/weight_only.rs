@@ -20,7 +20,7 @@
 //! ([`mmq_kernels::quant::quantize_value`]: round half to even, saturate). A `Gemm`'s `alpha`
 //! is folded into the scales and `beta * C` (C of `N` elements) becomes the `bias` input.
 //!
-//! Targets without `MatMulNBits` (TensorRT; [`crate::target::QdqRules::int4_matmul_nbits`])
+//! Targets without `MatMulNBits` (TensorRT; [`crate::targets::QdqRules::int4_matmul_nbits`])
 //! get the standard form instead: symmetric blocks only, with the positive scale `absmax / 7` and
 //! signed codes in [-7, 7], stored as an INT4 constant in the weight's own orientation with f32
 //! scales `ceil(K / block)` along K, and an opset-21 `DequantizeLinear` (`axis` = K,
@@ -139,7 +139,7 @@ impl WeightOnlyPass {
         self
     }
 
-    /// INT4 with [`Placement::Cost`] on a target with [`crate::target::Int4Rates`]: the
+    /// INT4 with [`Placement::Cost`] on a target with [`crate::targets::Int4Rates`]: the
     /// products estimated slower as INT4 than as float stay float, smallest weight first, as
     /// long as together they hold at most [`INT4_FLOAT_BUDGET`] of the eligible weight bytes
     /// (the saving they give up is negligible). Rows of a symbolic size count as
@@ -187,7 +187,7 @@ impl WeightOnlyPass {
 fn int4_placement(
     m: &Module,
     jobs: &[Job],
-    rates: &crate::target::Int4Rates,
+    rates: &crate::targets::Int4Rates,
 ) -> (Vec<Node>, String) {
     let total: f64 = jobs.iter().map(|j| (j.k * j.n * 4) as f64).sum();
     let mut slower: Vec<(f64, f64, &Job)> = jobs
@@ -269,19 +269,6 @@ enum Quantized {
     },
 }
 
-/// The constant a value holds: an initializer, or the tensor of a `Constant` node (shared by
-/// the weight-only, INT8 and FP16 passes and the TensorRT linter).
-pub fn const_source(m: &Module, v: Value) -> Option<Const> {
-    match m.values.get(v)?.def {
-        ValueDef::Const(c) => Some(c),
-        ValueDef::Output { node, .. } => match &m.nodes[node].op {
-            Op::Constant { value: Some(c), .. } => Some(*c),
-            _ => None,
-        },
-        ValueDef::Input { .. } => None,
-    }
-}
-
 fn f32_values(c: &ConstData) -> Option<Vec<f32>> {
     if c.dtype != DType::F32 {
         return None;
@@ -349,7 +336,7 @@ impl WeightOnlyPass {
         };
         let a = nd.inputs.first().copied().flatten()?;
         let b = nd.inputs.get(b_index).copied().flatten()?;
-        let c = const_source(m, b)?;
+        let c = m.const_source(b)?;
         let cd = &m.consts[c];
         if cd.dtype != DType::F32 || m.value_type(a).dtype() != Some(DType::F32) {
             return Some(Err("dtype"));
@@ -368,7 +355,7 @@ impl WeightOnlyPass {
             && let Some(cv) = nd.inputs.get(2).copied().flatten()
         {
             let beta = beta.unwrap_or(1.0);
-            if let Some(cc) = const_source(m, cv) {
+            if let Some(cc) = m.const_source(cv) {
                 let cdata = &m.consts[cc];
                 if cdata.num_elements() != n || cdata.shape.iter().filter(|&&d| d != 1).count() > 1
                 {
@@ -1821,7 +1808,7 @@ mod tests {
                 .iter()
                 .skip(1)
                 .map(|v| {
-                    m.consts[const_source(&m, v.expect("operand")).expect("const")]
+                    m.consts[m.const_source(v.expect("operand")).expect("const")]
                         .shape
                         .clone()
                 })

@@ -25,7 +25,6 @@ use mmq_kernels::plugin::{DOMAIN, NAMESPACE, VERSION};
 
 use crate::dce::{Dce, live_graphs};
 use crate::pass::{Pass, PassError, PassOptions, PassReport};
-use crate::quant::weight_only::const_source;
 
 /// Lowers what TensorRT cannot run natively into plugins (see the module documentation).
 pub struct TrtPlugins;
@@ -96,7 +95,7 @@ fn readers(m: &Module, g: GraphId) -> HashMap<Value, Vec<Option<Node>>> {
 
 /// A constant's bytes.
 fn const_bytes(m: &Module, v: Value) -> Option<(DType, Vec<i64>, &[u8])> {
-    let c = &m.consts[const_source(m, v)?];
+    let c = &m.consts[m.const_source(v)?];
     Some((c.dtype, c.shape.clone(), c.raw_bytes()?))
 }
 
@@ -161,7 +160,7 @@ fn unit(m: &Module, n: Node) -> Option<Unit> {
     if m.value_type(scale).dtype() != Some(DType::F32) {
         return None;
     }
-    const_source(m, scale)?;
+    m.const_source(scale)?;
     let codes = if quantize {
         (*nd.outputs.first()?)?
     } else {
@@ -554,7 +553,7 @@ mod tests {
     use mmq_kernels::{Interpreter, RtValue, Tensor};
 
     use super::*;
-    use crate::target::TargetRef;
+    use crate::targets::TargetRef;
 
     fn lowered(src: &str) -> (Module, Module, PassReport) {
         let (m, _) = mmq_ir::text::parse(src).unwrap_or_else(|e| panic!("{e:?}"));

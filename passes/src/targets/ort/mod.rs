@@ -1,6 +1,8 @@
 //! ONNX Runtime's CPU provider: the standard ops plus the `com.microsoft` contrib ops it runs,
 //! with costs and rates measured on it.
 
+pub mod load_forms;
+
 use mmq_ir::{Attr, Op};
 
 use super::{Int4Rates, PlaceRates, QdqRules, Target, standard_cost};
@@ -126,9 +128,9 @@ impl Target for Ort {
 
     /// A residual `Add` read by a `LayerNormalization` alone becomes a `Sum`, so that ONNX
     /// Runtime does not fuse the pair into its slower `SkipLayerNormalization`
-    /// ([`super::ort_forms`]).
+    /// ([`load_forms`]).
     fn load_forms(&self) -> Option<Box<dyn crate::pass::Pass>> {
-        Some(Box::new(super::ort_forms::ResidualSum))
+        Some(Box::new(load_forms::ResidualSum))
     }
 
     /// The CPU provider has few float16 kernels: float16 weights widened by a `Cast` it folds

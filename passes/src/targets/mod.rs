@@ -9,11 +9,8 @@
 //! - [`ort`]: ONNX Runtime's CPU provider, with the `com.microsoft` contrib ops.
 //! - [`trt`]: TensorRT's ONNX parser with explicit (Q/DQ) quantization.
 
-pub mod decompose;
 pub mod generic;
 pub mod ort;
-pub mod ort_forms;
-pub mod plugins;
 pub mod trt;
 
 use std::fmt;

@@ -3,6 +3,9 @@
 //! weights), every weighted op quantized (TensorRT fuses Conv+BN+ReLU and the next layer's input
 //! quantization itself, so there is no placement trade-off to make).
 
+pub mod legalize;
+pub mod lower;
+
 use mmq_ir::Op;
 
 use super::{PlaceRates, QdqRules, Target, standard_cost};
@@ -253,10 +256,10 @@ impl Target for Trt {
             .into_iter()
             .filter(|op| !parser_supports(op))
             .collect();
-        Some(Box::new(super::decompose::Decompose { ops }))
+        Some(Box::new(legalize::Decompose { ops }))
     }
 
     fn lowering(&self) -> Option<Box<dyn crate::pass::Pass>> {
-        Some(Box::new(super::plugins::TrtPlugins))
+        Some(Box::new(lower::TrtPlugins))
     }
 }

@@ -1,6 +1,6 @@
 //! Opset-23 ops a target lacks, in standard ops: `RMSNormalization`, `RotaryEmbedding` and
 //! `Attention` (what PyTorch's dynamo exporter writes at opset 23). The `trt` target runs this
-//! first ([`crate::target::Target::legalize`]): TensorRT's ONNX parser has none of them, and it
+//! first ([`crate::targets::Target::legalize`]): TensorRT's ONNX parser has none of them, and it
 //! fuses the decomposed forms (normalization, attention) itself.
 //!
 //! - `RMSNormalization(x, scale)`: `x / sqrt(ReduceMean(x², axes ≥ axis) + epsilon) * scale`, in
@@ -438,7 +438,7 @@ mod tests {
     use mmq_kernels::{Interpreter, RtValue, Tensor};
 
     use super::*;
-    use crate::target::TargetRef;
+    use crate::targets::TargetRef;
 
     /// Runs `src`'s graph before and after decomposing, on deterministic inputs (`mask`: the
     /// boolean input `%mask`, if any, hides the last key of every query); the outputs must agree.
