@@ -308,3 +308,104 @@ pub fn lint(m: &Module) -> Vec<Finding> {
         .flat_map(|e| lint_graph(m, e.graph))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(src: &str) -> Module {
+        mmq_ir::text::parse(src).expect("test module parses").0
+    }
+
+    fn messages(m: &Module) -> Vec<String> {
+        lint(m).iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn symmetric_int8_units_of_supported_ops_pass() {
+        let m = parse(
+            r#"
+const $s : f32[] = dense<[0.05]>
+const $z : i8[] = dense<[0]>
+const $w : i8[4, 4] = dense<[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]>
+const $ws : f32[4] = dense<[0.01, 0.02, 0.03, 0.04]>
+const $wz : i8[4] = dense<[0, 0, 0, 0]>
+graph @g(%x: f32[2, 4]) -> (f32[2, 4]) {
+  %q = QuantizeLinear(%x, $s, $z) : i8[2, 4] loc("q")
+  %d = DequantizeLinear(%q, $s, $z) : f32[2, 4] loc("d")
+  %wd = DequantizeLinear($w, $ws, $wz) {axis = 1} : f32[4, 4] loc("wd")
+  %y = MatMul(%d, %wd) : f32[2, 4] loc("mm")
+  %r = Relu(%y) : f32[2, 4] loc("relu")
+  return %r
+}
+"#,
+        );
+        assert_eq!(messages(&m), Vec::<String>::new());
+    }
+
+    #[test]
+    fn asymmetric_unsigned_and_bad_scales_are_named_by_node() {
+        let m = parse(
+            r#"
+const $s : f32[] = dense<[0.05]>
+const $neg : f32[] = dense<[-0.05]>
+const $uz : u8[] = dense<[128]>
+const $z : i8[] = dense<[0]>
+graph @g(%x: f32[2, 4], %t: f32[]) -> (f32[2, 4], f32[2, 4], f32[2, 4]) {
+  %q = QuantizeLinear(%x, $s, $uz) : u8[2, 4] loc("asym")
+  %d = DequantizeLinear(%q, $s, $uz) : f32[2, 4] loc("asym_dq")
+  %q2 = QuantizeLinear(%x, $neg, $z) : i8[2, 4] loc("negative")
+  %d2 = DequantizeLinear(%q2, $neg, $z) : f32[2, 4] loc("negative_dq")
+  %q3 = QuantizeLinear(%x, %t, $z) : i8[2, 4] loc("runtime_scale")
+  %d3 = DequantizeLinear(%q3, $s, $z) : f32[2, 4] loc("fine_dq")
+  return %d, %d2, %d3
+}
+"#,
+        );
+        let got = messages(&m);
+        let has = |node: &str, text: &str| {
+            got.iter()
+                .any(|f| f.starts_with(&format!("{node} (")) && f.contains(text))
+        };
+        assert!(
+            has("asym", "zero points must be constant zeros"),
+            "{got:#?}"
+        );
+        assert!(has("asym", "quantized type u8"), "{got:#?}");
+        assert!(has("asym_dq", "quantized type u8"), "{got:#?}");
+        assert!(
+            has("negative", "scales must be finite and positive"),
+            "{got:#?}"
+        );
+        assert!(
+            has("negative_dq", "scales must be finite and positive"),
+            "{got:#?}"
+        );
+        assert!(
+            has("runtime_scale", "the scale must be a constant"),
+            "{got:#?}"
+        );
+        assert!(!got.iter().any(|f| f.starts_with("fine_dq (")), "{got:#?}");
+    }
+
+    #[test]
+    fn ops_outside_the_parser_matrix_are_reported() {
+        let m = parse(
+            r#"
+graph @g(%x: f32[2, 4], %a: f32[3, 3]) -> (f32[2, 4], f32[]) {
+  %y = "com.microsoft".FastGelu(%x) : f32[2, 4] loc("gelu")
+  %d = Det(%a) : f32[] loc("det")
+  return %y, %d
+}
+"#,
+        );
+        let got = messages(&m);
+        assert_eq!(
+            got,
+            [
+                "gelu (FastGelu): domain 'com.microsoft' is not TensorRT's (no plugin backs it)",
+                "det (Det): not in TensorRT's ONNX parser support matrix"
+            ],
+        );
+    }
+}

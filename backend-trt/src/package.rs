@@ -562,3 +562,115 @@ fn shell_var(name: &str) -> String {
         .collect();
     format!("SYM_{body}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_parse_one_value_or_three_in_order() {
+        let p = |s: &str| s.parse::<Profile>();
+        assert_eq!(
+            p("4"),
+            Ok(Profile {
+                min: 4,
+                opt: 4,
+                max: 4
+            })
+        );
+        assert_eq!(
+            p("1:8:16"),
+            Ok(Profile {
+                min: 1,
+                opt: 8,
+                max: 16
+            })
+        );
+        for bad in ["4:2:1", "0", "1:2", "a:b:c", "-1:1:1"] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn default_profiles_follow_the_symbol_and_its_bounds() {
+        let p = default_profile;
+        assert_eq!(
+            (p("batch", None, None).opt, p("batch", None, None).max),
+            (1, 16)
+        );
+        assert_eq!(p("past_seq", None, None).opt, 128);
+        assert_eq!(p("height", None, None).opt, 224);
+        assert_eq!(p("unk__3", None, None).max, 64);
+        // Declared bounds win, and opt stays inside them.
+        let b = p("seq", Some(4), Some(8));
+        assert_eq!((b.min, b.opt, b.max), (4, 8, 8));
+    }
+
+    #[test]
+    fn a_package_lists_its_files_with_their_hashes_and_the_profiles() {
+        let src = r#"
+const $w : f32[4, 4] = dense<[1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]>
+graph @g(%x: f32[batch, 4]) -> (f32[batch, 4]) {
+  %y = MatMul(%x, $w) : f32[batch, 4]
+  return %y
+}
+"#;
+        let m = match mmq_ir::text::parse(src) {
+            Ok((m, _)) => m,
+            Err(e) => panic!("{e:?}"),
+        };
+        let dir = std::env::temp_dir().join(format!("mmq-trt-package-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = PackageOptions {
+            profiles: BTreeMap::from([(
+                "batch".to_owned(),
+                Profile {
+                    min: 1,
+                    opt: 2,
+                    max: 8,
+                },
+            )]),
+            references: Vec::new(),
+        };
+        let package = write_package(&m, &[PathBuf::from("model.onnx")], &dir, &opts)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(package.findings.is_empty(), "{:?}", package.findings);
+        let names: Vec<String> = package
+            .files
+            .iter()
+            .map(|f| {
+                f.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        assert_eq!(names, ["model.onnx", "build_engine.sh", "manifest.json"]);
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest"))
+                .expect("json");
+        assert_eq!(manifest["format"], "mmq-tensorrt-package");
+        assert_eq!(manifest["profiles"]["batch"]["opt"], 2);
+        let model = &manifest["models"][0];
+        assert_eq!(model["file"], "model.onnx");
+        let want = format!(
+            "{:x}",
+            Sha256::digest(std::fs::read(dir.join("model.onnx")).expect("model"))
+        );
+        assert_eq!(model["sha256"]["model.onnx"], want.as_str());
+        let script = std::fs::read_to_string(dir.join("build_engine.sh")).expect("script");
+        assert!(script.contains("--stronglyTyped"), "{script}");
+        assert!(script.contains("batch"), "{script}");
+        // A profile for a symbol the model does not have is refused.
+        let other = dir.join("other");
+        let bad = PackageOptions {
+            profiles: BTreeMap::from([("seq".to_owned(), opts.profiles["batch"])]),
+            references: Vec::new(),
+        };
+        assert!(matches!(
+            write_package(&m, &[PathBuf::from("model.onnx")], &other, &bad),
+            Err(TrtError::UnknownSymbol(..))
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -81,10 +81,7 @@ mod tests {
     use super::*;
 
     fn parse(src: &str) -> Module {
-        match mmq_ir::text::parse(src) {
-            Ok((m, _)) => m,
-            Err(e) => panic!("test module does not parse: {e:?}"),
-        }
+        mmq_ir::text::parse(src).expect("test module parses").0
     }
 
     #[test]
