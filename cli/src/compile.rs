@@ -472,11 +472,15 @@ pub fn run(args: &CompileArgs) -> Result<String, Failure> {
             .map_err(|e| Failure::user(format!("error: --auto-map: {e}\n")))?;
         let _ = writeln!(stderr, "auto: wrote precision map {}", map.display());
     }
+    let minmax = args.observer
+        == mmq_compiler::ObserverChoice::Fixed(mmq_passes::quant::calibrate::Observer::MinMax);
+    let int8 = args.quant == Some(QuantArg::Int8) || args.auto.is_some();
     stderr.push_str(&accuracy_text(
         &report,
         args.report.is_some(),
         args.auto,
         args.calib.is_some(),
+        minmax && int8,
     ));
     if let Some(path) = &args.report {
         write_atomic(path, (report.to_json() + "\n").as_bytes())
@@ -734,6 +738,7 @@ fn accuracy_text(
     full: bool,
     auto: Option<f64>,
     calibrated_on: bool,
+    minmax_int8: bool,
 ) -> String {
     match &report.accuracy {
         None => String::new(),
@@ -770,7 +775,10 @@ fn accuracy_text(
                 e.output, e.cosine_mean, e.cosine_min, e.samples
             );
             if e.cosine_min < ACCURACY_GOAL {
-                line.push_str(&format!("; below {ACCURACY_GOAL}: {}", next_step(auto)));
+                line.push_str(&format!(
+                    "; below {ACCURACY_GOAL}: {}",
+                    next_step(auto, minmax_int8)
+                ));
             }
             line.push('\n');
             line
@@ -781,12 +789,19 @@ fn accuracy_text(
 /// What to try when the held-back cosine falls below [`ACCURACY_GOAL`], never the run that was
 /// just made: without `--auto`, `--auto` at the goal; with it, a higher target, real calibration
 /// samples (the search judged on its own) or a map keeping the weakest layers float.
-fn next_step(auto: Option<f64>) -> String {
+/// What to try when the accuracy line is below the goal: never the run that was made.
+/// `minmax_int8`: the run was INT8 with minmax ranges, so clipped ranges are worth a try.
+fn next_step(auto: Option<f64>, minmax_int8: bool) -> String {
     let report = "--report OUT.json shows each layer";
+    let observer = if minmax_int8 {
+        ", or --observer auto tries clipped activation ranges (percentile, entropy, mse)"
+    } else {
+        ""
+    };
     match auto {
         None => format!(
             "--auto {ACCURACY_GOAL} keeps the most sensitive layers in higher precision until it \
-             holds ({report})"
+             holds{observer} ({report})"
         ),
         Some(target) => {
             let higher = (target + (1.0 - target) / 2.0).max(ACCURACY_GOAL);
@@ -797,7 +812,7 @@ fn next_step(auto: Option<f64>) -> String {
             };
             format!(
                 "try {higher}, or --calib DIR with real samples so the search judges on data \
-                 like the held-back samples ({report})"
+                 like the held-back samples{observer} ({report})"
             )
         }
     }
@@ -869,18 +884,24 @@ mod tests {
 
     #[test]
     fn the_hint_below_the_goal_never_names_the_run_that_was_made() {
-        assert!(next_step(None).starts_with("--auto 0.99 keeps"));
+        assert!(next_step(None, false).starts_with("--auto 0.99 keeps"));
         for target in [0.9, 0.98, 0.99, 0.995] {
-            let hint = next_step(Some(target));
+            let hint = next_step(Some(target), false);
             assert!(
                 !hint.contains(&format!("--auto {target} ")),
                 "{target}: {hint}"
             );
             assert!(hint.contains("--calib DIR"), "{hint}");
         }
-        assert!(next_step(Some(0.99)).starts_with("try --auto 0.9950"));
-        assert!(next_step(Some(0.9)).starts_with("try --auto 0.9900"));
-        let top = next_step(Some(0.9999));
+        assert!(next_step(Some(0.99), false).starts_with("try --auto 0.9950"));
+        assert!(next_step(Some(0.9), false).starts_with("try --auto 0.9900"));
+        assert!(
+            next_step(None, true).contains("--observer auto tries clipped activation ranges"),
+            "{}",
+            next_step(None, true)
+        );
+        assert!(!next_step(None, false).contains("--observer"));
+        let top = next_step(Some(0.9999), false);
         assert!(
             top.starts_with("try a precision map") && !top.contains("--auto 0."),
             "{top}"
