@@ -222,3 +222,35 @@ fn auto_map_path_and_usage_errors() {
         assert!(!dir.join("bad.onnx").exists(), "{extra:?}");
     }
 }
+
+#[test]
+fn auto_says_which_chosen_int8_units_the_cost_placement_runs_in_float() {
+    // On the small vit fixture the ORT cost model runs the INT8 units --auto chooses in float;
+    // the notes say so, and with --placement all they stay integer without that note.
+    let dir = scratch("auto-placement");
+    let fx = fixture("vit");
+    for (placement, written) in [("cost", true), ("all", false)] {
+        let (code, _, err) = run_in(
+            &dir,
+            &[
+                "compile",
+                &fx,
+                "--auto",
+                "0.999",
+                "--placement",
+                placement,
+                "-o",
+                "out.onnx",
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(err.contains("(int8 2,"), "{placement}: {err}");
+        assert_eq!(
+            err.contains(
+                "written: of the units the INT8 choice makes, 0 stay integer and 2 run in float"
+            ),
+            written,
+            "{placement}: {err}"
+        );
+    }
+}

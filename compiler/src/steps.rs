@@ -1043,6 +1043,17 @@ impl Pass for AutoStep {
             auto: Mutex::new(None),
         };
         run_map(&replay, m, &map, name, opts, &mut report)?;
+        // What was written: the cost placement may run INT8 units the search chose in float.
+        let placed_float = report.counters.get("placed-float").copied().unwrap_or(0);
+        if placed_float > 0 {
+            let integer = report.counters.get("placed-integer").copied().unwrap_or(0);
+            report.notes.push(format!(
+                "written: of the units the INT8 choice makes, {integer} stay integer and \
+                 {placed_float} run in float, which the {} cost model estimates faster at \
+                 their sizes (--placement all keeps them integer)",
+                opts.target
+            ));
+        }
         // The compiled model measured the same way: equal to the search's figure unless the
         // calibration differs.
         let compiled = reference.cosine(m, samples).map_err(user)?;
