@@ -325,8 +325,9 @@ fn cosine(x: &[f64], y: &[f64]) -> f64 {
     }
 }
 
-/// One candidate alone in a copy of the module: its graph holds the candidate and the
-/// `Constant` nodes of its constant operands; every other operand is a graph input.
+/// One candidate alone in a copy of the module: its graph holds the candidate and the nodes that
+/// compute its constant operands from constants alone (`Constant`, a stored-quantized weight's
+/// `DequantizeLinear`); every other operand is a graph input.
 pub struct Isolated {
     /// The copy (constants shared with the original).
     pub module: Module,
@@ -356,6 +357,7 @@ pub fn isolate(m: &Module, graph: GraphId, node: Node) -> Option<Isolated> {
     let mut inputs: Vec<(Value, Value)> = Vec::new();
     module.graphs[graph].inputs.clear();
     let mut operands = data.inputs.clone();
+    let mut known: HashMap<Value, bool> = HashMap::new();
     for v in operands.iter_mut().flatten() {
         if let Some((_, new)) = inputs.iter().find(|(old, _)| old == v) {
             *v = *new;
@@ -363,11 +365,7 @@ pub fn isolate(m: &Module, graph: GraphId, node: Node) -> Option<Isolated> {
         }
         match m.values[*v].def {
             ValueDef::Const(_) => {}
-            ValueDef::Output { node: p, .. } if m.const_source(*v).is_some() => {
-                if !nodes.contains(&p) {
-                    nodes.push(p);
-                }
-            }
+            ValueDef::Output { .. } if constant_chain(m, *v, &mut known, &mut nodes) => {}
             _ => {
                 let ty = m.value_type(*v).clone();
                 let name = Isolated::input_name(inputs.len());
@@ -388,6 +386,41 @@ pub fn isolate(m: &Module, graph: GraphId, node: Node) -> Option<Isolated> {
         inputs,
         output,
     })
+}
+
+/// Whether `v` is computed from constants alone (a weight stored quantized:
+/// `DequantizeLinear(codes, scale)`, `Cast(codes) * scale`); if so, the nodes that compute it
+/// are appended to `nodes`, inputs before the nodes that read them.
+fn constant_chain(
+    m: &Module,
+    v: Value,
+    known: &mut HashMap<Value, bool>,
+    nodes: &mut Vec<Node>,
+) -> bool {
+    if let Some(&k) = known.get(&v) {
+        return k;
+    }
+    let answer = match m.values[v].def {
+        ValueDef::Const(_) => true,
+        ValueDef::Input { .. } => false,
+        ValueDef::Output { node, .. } => {
+            let data = &m.nodes[node];
+            // Marked false first: a cycle (there is none in a valid graph) cannot recurse.
+            known.insert(v, false);
+            let all = data.op.subgraphs().is_empty()
+                && data
+                    .inputs
+                    .iter()
+                    .flatten()
+                    .all(|&i| constant_chain(m, i, known, nodes));
+            if all && !nodes.contains(&node) {
+                nodes.push(node);
+            }
+            all
+        }
+    };
+    known.insert(v, answer);
+    answer
 }
 
 /// Per candidate, `1 − cosine` of its own first result quantized at the bottom of its ladder
@@ -1094,5 +1127,30 @@ graph @g(%x: f32[3, 4]) -> (f32[3, 4], f32[3, 4]) {
         })
         .expect("choice");
         assert_eq!(c.order[..2], [3, 2]);
+    }
+
+    #[test]
+    fn a_weight_stored_quantized_stays_constant_in_the_isolated_copy() {
+        let m = parse(
+            r#"
+const $q : i8[2, 2] = dense<[1, -2, 3, -4]>
+const $s : f32[] = dense<[0.5]>
+graph @g(%x: f32[3, 2]) -> (f32[3, 2]) {
+  %w = DequantizeLinear($q, $s) : f32[2, 2]
+  %y = MatMul(%x, %w) : f32[3, 2] loc("mm")
+  return %y
+}
+"#,
+        );
+        let g = m.entries[0].graph;
+        let node = m.graphs[g].nodes[1];
+        let iso = isolate(&m, g, node).expect("isolated");
+        // The DequantizeLinear comes along; only the activation becomes an input.
+        assert_eq!(iso.module.graphs[g].nodes, m.graphs[g].nodes);
+        assert_eq!(iso.inputs.len(), 1);
+        assert_eq!(
+            iso.module.values[iso.inputs[0].1].name.as_deref(),
+            Some("isolated.0")
+        );
     }
 }
