@@ -109,6 +109,25 @@ def test_the_library_writes_the_bytes_the_command_writes(tmp_path, mmq_bin):
     assert "QuantizeLinear" in ops or "DynamicQuantizeLinear" in ops, ops
 
 
+def test_observer_auto_chooses_as_the_command_does(tmp_path, mmq_bin):
+    fx = fixture("clip")
+    proc = subprocess.run(
+        [mmq_bin, "compile", fx / "model.onnx", "-o", tmp_path / "cli.onnx", "--quant", "int8",
+         "--observer", "auto", "--calib-random", "12", "--placement", "all"],
+        check=True, capture_output=True, text=True,
+    )
+    assert "observer auto: cosine of 'text_embeds'" in proc.stderr, proc.stderr
+    _, report = mmq.compile(fx / "model.onnx", quant="int8", observer="auto", calibration=12,
+                            placement="all", output=tmp_path / "py.onnx", report=True,
+                            progress=False)
+    notes = [n for p in report["passes"] for n in p.get("notes", []) if "observer auto" in n]
+    assert len(notes) == 1 and notes[0].endswith("; chose mse"), notes
+    assert (tmp_path / "py.onnx").read_bytes() == (tmp_path / "cli.onnx").read_bytes()
+    with pytest.raises(mmq.MmqError, match="--observer auto"):
+        mmq.compile(fx / "model.onnx", quant="int4", observer="auto",
+                    output=tmp_path / "x.onnx", progress=False)
+
+
 def test_int4_accuracy_level_is_the_targets_unless_given(tmp_path, mmq_bin):
     fx = fixture("llama_gqa_kv")
 
