@@ -90,6 +90,13 @@ class _Slot:
         self.tokens_of = tokens_of  # tokens -> that dim's size
         self.offsets = offsets  # the two regions' byte offsets in the pool
 
+    def shape_at(self, tokens: int) -> list[int]:
+        """The tensor's shape holding ``tokens`` tokens (batch 1)."""
+        shape = list(self.shape)
+        shape[0] = 1
+        shape[self.axis] = self.tokens_of(tokens)
+        return shape
+
 
 class Pipeline:
     """A deployment package on ONNX Runtime; see the module documentation."""
@@ -205,14 +212,6 @@ class Pipeline:
         start = (-raw.ctypes.data) % _ALIGN
         self.kv_pool = raw[start : start + offset]
         self._pool_owner = raw
-
-    def _slot_view(self, slot: _Slot, which: int, tokens: int) -> np.ndarray:
-        shape = list(slot.shape)
-        shape[0] = 1
-        shape[slot.axis] = slot.tokens_of(tokens)
-        n = int(np.prod(shape)) * np.dtype(slot.dtype).itemsize
-        off = slot.offsets[which]
-        return self.kv_pool[off : off + n].view(slot.dtype).reshape(shape)
 
     @property
     def kv_bytes(self) -> int:
@@ -357,36 +356,41 @@ class Pipeline:
         first_at = None
         which = 0
         io = sess.io_binding()
+        # What each input and output binds to, decided once: a cache slot of the pool (its
+        # address per half is fixed, only the token count changes), the other cache values,
+        # the token inputs, the features.
+        base = self.kv_pool.ctypes.data if self._slots else 0
+        slot_inputs = [(i.name, past_slots[i.name]) for i in inputs if i.name in past_slots]
+        other_inputs = [i.name for i in inputs if i.name in other_cache]
+        value_inputs = [
+            i.name for i in inputs if i.name not in past_slots and i.name not in other_cache
+        ]
+        # In the outputs' order: `get_outputs` returns them in the order they were bound.
+        outputs = [(n, present_slots.get(n)) for n in out_names]
         while new < max_new_tokens and len(tokens) < context:
             step = tokens[done:] if kv else tokens
             past = done if kv else 0
             io.clear_binding_inputs()
             io.clear_binding_outputs()
             fixed = _fixed(gen, step, past)
-            # Inputs: the cache (from the pool), the token inputs, the features.
-            for inp in inputs:
-                name = inp.name
-                slot = past_slots.get(name)
-                if slot is not None:
-                    view = self._slot_view(slot, which, past)
-                    io.bind_input(name, "cpu", 0, slot.dtype, view.shape, view.ctypes.data)
-                    continue
-                if name in other_cache:
-                    io.bind_ortvalue_input(name, other_cache[name])
-                    continue
+            for name, slot in slot_inputs:
+                io.bind_input(name, "cpu", 0, slot.dtype, slot.shape_at(past),
+                              base + slot.offsets[which])
+            for name in other_inputs:
+                io.bind_ortvalue_input(name, other_cache[name])
+            for name in value_inputs:
                 value = fixed[name] if name in fixed else features[name][1 if past else 0]
                 if isinstance(value, ort.OrtValue):
                     io.bind_ortvalue_input(name, value)
                 else:
                     io.bind_cpu_input(name, _contiguous(value))
             total = past + len(step)
-            for name in out_names:
-                slot = present_slots.get(name)
-                if slot is not None:
-                    view = self._slot_view(slot, 1 - which, total)
-                    io.bind_output(name, "cpu", 0, slot.dtype, view.shape, view.ctypes.data)
-                else:
+            for name, slot in outputs:
+                if slot is None:
                     io.bind_output(name, "cpu")
+                else:
+                    io.bind_output(name, "cpu", 0, slot.dtype, slot.shape_at(total),
+                                   base + slot.offsets[1 - which])
             sess.run_with_iobinding(io)
             outs = dict(zip(out_names, io.get_outputs()))
             logits = outs[gen["logits"]].numpy()
