@@ -194,11 +194,7 @@ pub fn pass_names(options: &CompileOptions) -> Vec<String> {
 fn context(options: &CompileOptions) -> steps::Context {
     steps::Context {
         calibration: options.calibration.clone(),
-        observer: match options.observer {
-            ObserverChoice::Fixed(o) => o,
-            ObserverChoice::Measured => mmq_passes::quant::calibrate::Observer::MinMax,
-        },
-        measure_observer: options.observer == ObserverChoice::Measured,
+        observer: options.observer,
         placement: options.placement,
         int4: options.int4,
         granularity: options.granularity,

@@ -128,6 +128,17 @@ impl ObserverChoice {
     ];
 }
 
+impl ObserverChoice {
+    /// The observer of a scheme that does not compare them: `Measured` is refused there by
+    /// [`CompileOptions::check`], and stands for minmax.
+    pub fn fixed(self) -> Observer {
+        match self {
+            ObserverChoice::Fixed(o) => o,
+            ObserverChoice::Measured => Observer::MinMax,
+        }
+    }
+}
+
 impl Default for ObserverChoice {
     fn default() -> Self {
         ObserverChoice::Fixed(Observer::MinMax)

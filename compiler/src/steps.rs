@@ -25,9 +25,8 @@ use crate::options::{Int4Options, ObserverChoice, Progress, ProgressFn};
 /// where `--auto` leaves its choice.
 pub(crate) struct Context {
     pub calibration: CalibrationSource,
-    pub observer: Observer,
-    /// `--observer auto`: [`Context::choose_observer`] replaces `observer` for INT8.
-    pub measure_observer: bool,
+    /// `Measured` (`--observer auto`) applies to INT8 ([`Context::measure_observers`]).
+    pub observer: ObserverChoice,
     pub placement: Placement,
     pub int4: Int4Options,
     pub granularity: ActGranularity,
@@ -203,24 +202,20 @@ fn run_with_notes(
 }
 
 impl Context {
-    /// The observer INT8 calibrates with: `observer`, or with `--observer auto` the one of
-    /// [`ObserverChoice::MEASURED`] whose INT8 model (every eligible node, placed as asked)
-    /// measures best: ranges from the first three quarters of the samples (all of them below
-    /// 4), the main output's cosine against FP32 on the last quarter (else on all). A note
-    /// gives each figure.
-    fn int8_observer(
+    /// `--observer auto`: the observer of [`ObserverChoice::MEASURED`] whose INT8 model (every
+    /// eligible node, placed as asked) measures best on `samples`: ranges from their first three
+    /// quarters (all of them below 4), the main output's cosine against FP32 on the last quarter
+    /// (else on all). A note gives each figure.
+    fn measure_observers(
         &self,
         m: &Module,
         graph: GraphId,
         pass: &str,
+        samples: &[Sample],
         opts: &PassOptions,
         notes: &mut Vec<String>,
     ) -> Result<Observer, PassError> {
-        if !self.measure_observer {
-            return Ok(self.observer);
-        }
         let calib = |e: CalibError| self.calib_failed(pass, m, graph, &e);
-        let samples = self.all_samples(m, graph).map_err(calib)?;
         let held = if samples.len() >= 4 {
             samples.len() / 4
         } else {
@@ -258,7 +253,7 @@ impl Context {
                 best = Some((observer, cosine));
             }
         }
-        let chosen = best.map_or(self.observer, |(o, _)| o);
+        let chosen = best.map_or(Observer::MinMax, |(o, _)| o);
         notes.push(format!(
             "observer auto: cosine of '{}' on {} sample(s){}: {}; chose {chosen}",
             reference.output(),
@@ -292,14 +287,32 @@ impl Pass for Int8Step {
         } else {
             let acts = Int8Pass::activations(m, None);
             let graph = one_graph(m, self.name(), "--quant int8 calibrates")?;
-            let observer = self
-                .ctx
-                .int8_observer(m, graph, self.name(), opts, &mut notes)?;
+            let calib = |e: CalibError| self.ctx.calib_failed(self.name(), m, graph, &e);
             let values: Vec<Value> = acts.into_iter().flat_map(|(_, v)| v).collect();
-            let ranges = self
-                .ctx
-                .ranges(m, graph, &values, observer)
-                .map_err(|e| self.ctx.calib_failed(self.name(), m, graph, &e))?;
+            let (observer, ranges) = match self.ctx.observer {
+                ObserverChoice::Fixed(observer) => (
+                    observer,
+                    self.ctx
+                        .ranges(m, graph, &values, observer)
+                        .map_err(calib)?,
+                ),
+                // The samples are read once: the comparison and the calibration share them.
+                ObserverChoice::Measured => {
+                    let samples = self.ctx.all_samples(m, graph).map_err(calib)?;
+                    let observer = self.ctx.measure_observers(
+                        m,
+                        graph,
+                        self.name(),
+                        &samples,
+                        opts,
+                        &mut notes,
+                    )?;
+                    let samples = samples.into_iter().map(Ok);
+                    let ranges = calibrate::calibrate(m, graph, &values, samples, observer)
+                        .map_err(calib)?;
+                    (observer, ranges)
+                }
+            };
             notes.push(format!(
                 "calibrated {} activations on {} samples ({observer})",
                 ranges.len(),
@@ -460,7 +473,7 @@ impl Pass for WeightOnlyStep {
             let values = pass.activation_inputs(m, graph);
             let r = self
                 .ctx
-                .ranges(m, graph, &values, self.ctx.observer)
+                .ranges(m, graph, &values, self.ctx.observer.fixed())
                 .map_err(|e| self.ctx.calib_failed(self.name, m, graph, &e))?;
             let ranges: HashMap<Value, (f32, f32)> = values
                 .iter()
@@ -846,8 +859,21 @@ impl Pass for AutoStep {
         let ctx = &self.ctx;
         let graph = one_graph(m, name, "--auto chooses precisions for")?;
         let (block, asym) = (ctx.int4.block as u32, !ctx.int4.symmetric);
+        let user = |e: AutoError| failed(name, e);
+        let calib = |e: CalibError| ctx.calib_failed(name, m, graph, &e);
+        let all = ctx.all_samples(m, graph).map_err(calib)?;
+        // A quarter of the samples (from 4 on) is kept from the search, to judge its choice on
+        // data it did not fit.
+        let held = if all.len() >= 4 { all.len() / 4 } else { 0 };
+        let (samples, judge) = all.split_at(all.len() - held);
+        // The observer is chosen on the search's samples only, the kept ones staying unseen.
         let mut observer_notes = Vec::new();
-        let observer = ctx.int8_observer(m, graph, name, opts, &mut observer_notes)?;
+        let observer = match ctx.observer {
+            ObserverChoice::Fixed(observer) => observer,
+            ObserverChoice::Measured => {
+                ctx.measure_observers(m, graph, name, samples, opts, &mut observer_notes)?
+            }
+        };
         let settings = move |s: Scheme| match s {
             Scheme::Int4 => Settings {
                 scheme: s,
@@ -868,16 +894,8 @@ impl Pass for AutoStep {
                 ..Settings::float()
             },
         };
-        let user = |e: AutoError| failed(name, e);
-        let calib = |e: CalibError| ctx.calib_failed(name, m, graph, &e);
-
         let orig: &Module = m;
         let cands = auto::candidates(orig, graph);
-        let all = ctx.all_samples(orig, graph).map_err(calib)?;
-        // A quarter of the samples (from 4 on) is kept from the search, to judge its choice on
-        // data it did not fit.
-        let held = if all.len() >= 4 { all.len() / 4 } else { 0 };
-        let (samples, judge) = all.split_at(all.len() - held);
         let main = self.ctx.main_output.as_deref();
         let reference = Reference::new(orig, graph, samples, main).map_err(user)?;
         let judge_reference = if judge.is_empty() {
@@ -943,11 +961,7 @@ impl Pass for AutoStep {
         // Each candidate's sensitivity from the FP32 activations it reads, quantized alone.
         let quantize_alone = |i: usize, iso: &mut auto::Isolated| -> Result<(), EvalError> {
             let mut schemes = vec![Scheme::Float; cands.list.len()];
-            schemes[i] = cands.list[i]
-                .ladder
-                .first()
-                .copied()
-                .unwrap_or(Scheme::Float);
+            schemes[i] = cands.list[i].bottom();
             let mut ranges = ranges.clone();
             for &(old, new) in &iso.inputs {
                 ranges.alias(new, old);
@@ -1030,8 +1044,7 @@ impl Pass for AutoStep {
         )));
         let replay = Context {
             calibration: stream,
-            observer,
-            measure_observer: false,
+            observer: ObserverChoice::Fixed(observer),
             placement: ctx.placement,
             int4: ctx.int4,
             granularity: ctx.granularity,

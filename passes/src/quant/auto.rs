@@ -103,6 +103,13 @@ pub struct Candidate {
     pub ladder: Vec<Scheme>,
 }
 
+impl Candidate {
+    /// The most compressed scheme of its ladder.
+    pub fn bottom(&self) -> Scheme {
+        self.ladder.first().copied().unwrap_or(Scheme::Float)
+    }
+}
+
 /// The candidates of a graph.
 #[derive(Clone, Debug, Default)]
 pub struct Candidates {
@@ -441,9 +448,8 @@ pub fn local_sensitivity<E: From<AutoError>>(
     }
     let mut alone: Vec<Option<Isolated>> = Vec::with_capacity(candidates.len());
     for (i, c) in candidates.iter().enumerate() {
-        let bottom = c.ladder.first().copied().unwrap_or(Scheme::Float);
         let iso = match isolate(m, graph, c.node) {
-            Some(mut iso) if bottom != Scheme::Float => {
+            Some(mut iso) if c.bottom() != Scheme::Float => {
                 quantize(i, &mut iso)?;
                 Some(iso)
             }
@@ -560,9 +566,8 @@ pub fn depth_scaled<E: From<AutoError>>(
     mut evaluate: impl FnMut(&[Scheme]) -> Result<f64, E>,
 ) -> Result<Vec<f64>, E> {
     let n = candidates.len();
-    let bottom = |c: &Candidate| c.ladder.first().copied().unwrap_or(Scheme::Float);
     let members: Vec<usize> = (0..n)
-        .filter(|&i| bottom(&candidates[i]) != Scheme::Float)
+        .filter(|&i| candidates[i].bottom() != Scheme::Float)
         .collect();
     let mut scaled: Vec<f64> = local.to_vec();
     if members.is_empty() || groups == 0 {
@@ -576,7 +581,7 @@ pub fn depth_scaled<E: From<AutoError>>(
         }
         let mut schemes = vec![Scheme::Float; n];
         for &i in run {
-            schemes[i] = bottom(&candidates[i]);
+            schemes[i] = candidates[i].bottom();
         }
         let loss = 1.0 - evaluate(&schemes)?;
         let gain = if loss.is_nan() {
@@ -623,7 +628,6 @@ pub fn search<E: From<AutoError>>(
         return Err(AutoError::Target(target).into());
     }
     let n = candidates.len();
-    let bottom = |c: &Candidate| c.ladder.first().copied().unwrap_or(Scheme::Float);
     let mut evaluations = 0usize;
     let mut eval = |schemes: &[Scheme]| {
         evaluations += 1;
@@ -636,7 +640,7 @@ pub fn search<E: From<AutoError>>(
             let mut measured = vec![0.0; n];
             for (i, c) in candidates.iter().enumerate() {
                 let mut s = vec![Scheme::Float; n];
-                s[i] = bottom(c);
+                s[i] = c.bottom();
                 if s[i] != Scheme::Float {
                     measured[i] = 1.0 - eval(&s)?;
                 }

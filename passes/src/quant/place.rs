@@ -199,9 +199,14 @@ fn holds_over(eg: &EG, id: Id, kind: &str, inner: &str) -> bool {
 /// Elements of class `id`'s value ([`SYMBOLIC_DIM`] per unknown dimension), if its shape is
 /// known.
 fn static_elements(eg: &EG, id: Id) -> Option<f64> {
-    let shape = eg[id].data.ty.as_ref()?.shape()?;
+    type_elements(eg[id].data.ty.as_ref()?)
+}
+
+/// Elements of a value of type `ty` ([`SYMBOLIC_DIM`] per unknown dimension), if its shape is
+/// known.
+pub(crate) fn type_elements(ty: &mmq_ir::Type) -> Option<f64> {
     Some(
-        shape
+        ty.shape()?
             .iter()
             .map(|d| d.as_known().map_or(SYMBOLIC_DIM, |k| k.max(0) as f64))
             .product(),

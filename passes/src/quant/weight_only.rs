@@ -194,17 +194,7 @@ fn int4_placement(
         .iter()
         .filter_map(|j| {
             let a = (*m.nodes[j.node].inputs.first()?)?;
-            let elements: f64 = m
-                .value_type(a)
-                .as_tensor()?
-                .shape
-                .as_ref()?
-                .iter()
-                .map(|d| {
-                    d.as_known()
-                        .map_or(super::place::SYMBOLIC_DIM, |x| x as f64)
-                })
-                .product();
+            let elements = super::place::type_elements(m.value_type(a))?;
             let (k, n) = (j.k as f64, j.n as f64);
             let rows = (elements / k).max(1.0);
             let (float, nbits) = (rates.float(rows, k, n), rates.nbits(rows, k, n));
@@ -213,16 +203,15 @@ fn int4_placement(
         .collect();
     slower.sort_by(|a, b| a.0.total_cmp(&b.0));
     let budget = total * INT4_FLOAT_BUDGET;
-    let (mut spent, mut kept, mut ratios) = (0.0, Vec::new(), Vec::new());
+    let (mut spent, mut kept, mut worst) = (0.0, Vec::new(), 1.0f64);
     for (bytes, ratio, j) in slower {
         if spent + bytes > budget {
             break;
         }
         spent += bytes;
         kept.push(j.node);
-        ratios.push(ratio);
+        worst = worst.max(ratio);
     }
-    let worst = ratios.iter().copied().fold(1.0, f64::max);
     let note = format!(
         "{} product(s) stay float: MatMulNBits is estimated slower at their shapes (up to \
          {worst:.2}x) and their weights are {:.2}% of the eligible bytes (--placement all \
