@@ -1,20 +1,18 @@
-//! `mmq compile`: arguments into [`CompileOptions`], [`mmq_compiler::compile`], and what to
-//! print.
+//! `mmq compile`: arguments into a [`Job`], [`mmq_compiler::build::build`], and what to print.
 
-use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use clap::builder::TypedValueParser as _;
 use indicatif::{ProgressBar, ProgressStyle};
+use mmq_compiler::build::{BuildError, Job, PackageRequest};
 use mmq_compiler::{
-    Accuracy, CalibrationSource, CompileOptions, CompileReport, Int4Options, Precision, Progress,
-    QuantScheme, Stage, load,
+    Accuracy, CalibrationSource, CompileError, CompileOptions, Opt, OptionError, Progress, Quant,
+    QuantFlags,
 };
 use mmq_passes::quant::place::Placement;
 use mmq_passes::{DumpAfter, TargetRef};
-
-use mmq_compiler::run_files::RunFiles;
 
 use crate::failure::Failure;
 
@@ -25,37 +23,6 @@ pub enum CompileTarget {
     Ort,
     /// TensorRT.
     Trt,
-}
-
-/// `--quant`: one scheme, or `mixed` with a precision map.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum QuantArg {
-    /// Static W8A8 (calibrated).
-    Int8,
-    /// INT8 weights, activations quantized at run time.
-    Int8Dynamic,
-    /// Weight-only INT4 blocks (MatMulNBits).
-    Int4,
-    /// FP8 E4M3 weights (activations too with --calib).
-    Fp8,
-    /// Float16 weights widened by a Cast that ONNX Runtime folds at load.
-    Fp16,
-    /// Per-node schemes from --precision-map.
-    Mixed,
-}
-
-impl QuantArg {
-    /// The library's scheme (`None` for `mixed`).
-    fn scheme(self) -> Option<QuantScheme> {
-        match self {
-            QuantArg::Int8 => Some(QuantScheme::Int8),
-            QuantArg::Int8Dynamic => Some(QuantScheme::Int8Dynamic),
-            QuantArg::Int4 => Some(QuantScheme::Int4),
-            QuantArg::Fp8 => Some(QuantScheme::Fp8),
-            QuantArg::Fp16 => Some(QuantScheme::Fp16),
-            QuantArg::Mixed => None,
-        }
-    }
 }
 
 /// `--placement`.
@@ -71,6 +38,12 @@ pub enum PlacementArg {
 pub fn parse_observer(s: &str) -> Result<mmq_compiler::ObserverChoice, String> {
     s.parse()
         .map_err(|e: mmq_passes::quant::calibrate::CalibError| e.to_string())
+}
+
+/// `--quant`'s parser: its values listed in the help.
+fn quant_parser() -> impl clap::builder::TypedValueParser<Value = Quant> {
+    clap::builder::PossibleValuesParser::new(Quant::ALL.map(Quant::name))
+        .try_map(|s| s.parse::<Quant>())
 }
 
 /// What `mmq compile` was asked to do: its command-line arguments.
@@ -110,18 +83,22 @@ pub struct CompileArgs {
     /// end-to-end cosine of the main output on held-back samples).
     #[arg(long)]
     pub no_accuracy: bool,
-    /// Quantize after the optimization passes.
-    #[arg(long, value_enum, value_name = "SCHEME")]
-    pub quant: Option<QuantArg>,
+    /// Quantize after the optimization passes: int8 (static W8A8, calibrated), int8-dynamic
+    /// (INT8 weights, activations quantized at run time), int4 (weight-only blocks,
+    /// MatMulNBits), fp8 (E4M3 weights; activations too with --calib), fp16 (weights widened
+    /// by a Cast that ONNX Runtime folds at load), mixed (per-node schemes from
+    /// --precision-map).
+    #[arg(long, value_name = "SCHEME", value_parser = quant_parser())]
+    pub quant: Option<Quant>,
     /// Calibration samples: a folder of .npz files, one sample each, keyed by input name.
     #[arg(long, value_name = "DIR")]
     pub calib: Option<PathBuf>,
     /// Calibrate on N random samples (the default, with 16, when --calib is not given).
     #[arg(long, value_name = "N")]
     pub calib_random: Option<usize>,
-    /// INT4 block size along K (--quant int4): 32, 64 or 128.
-    #[arg(long, value_name = "32|64|128", default_value_t = 32)]
-    pub block: usize,
+    /// INT4 block size along K (--quant int4, mixed or --auto): 32 (the default), 64 or 128.
+    #[arg(long, value_name = "32|64|128")]
+    pub block: Option<usize>,
     /// Asymmetric INT4 blocks (with zero points) instead of symmetric ones.
     #[arg(long)]
     pub asym: bool,
@@ -132,9 +109,10 @@ pub struct CompileArgs {
     pub int4_accuracy_level: Option<i64>,
     /// Run-time activation scales of --quant int8-dynamic: per-tensor (one per tensor,
     /// DynamicQuantizeLinear), per-token or per-patch (one per row, symmetric i8).
-    #[arg(long, value_name = "per-tensor|per-token|per-patch", default_value = "per-tensor",
+    /// Default: per-tensor.
+    #[arg(long, value_name = "per-tensor|per-token|per-patch",
           value_parser = crate::parse_granularity)]
-    pub granularity: mmq_passes::quant::int8::ActGranularity,
+    pub granularity: Option<mmq_passes::quant::int8::ActGranularity>,
     /// Keep a node in float, with a warning, when its weight holds NaN or an infinity
     /// (--quant int8|int8-dynamic|int4|fp8), instead of failing.
     #[arg(long)]
@@ -149,10 +127,9 @@ pub struct CompileArgs {
     pub awq: bool,
     /// How activation ranges are chosen: minmax, ema[:MOMENTUM], percentile[:P], entropy, mse,
     /// or auto (each of minmax, percentile, entropy and mse tried on the INT8 model, the best
-    /// cosine on samples kept from the ranges chosen; --quant int8 or --auto).
-    #[arg(long, value_name = "OBSERVER", default_value = "minmax",
-          value_parser = parse_observer)]
-    pub observer: mmq_compiler::ObserverChoice,
+    /// cosine on samples kept from the ranges chosen; --quant int8 or --auto). Default: minmax.
+    #[arg(long, value_name = "OBSERVER", value_parser = parse_observer)]
+    pub observer: Option<mmq_compiler::ObserverChoice>,
     /// Which INT8 units stay integer: `cost` (the target's cost model keeps a unit only
     /// where it is estimated faster than float) or `all` (every eligible node).
     #[arg(long, value_enum, default_value_t = PlacementArg::Cost)]
@@ -218,69 +195,53 @@ pub struct CompileArgs {
     pub quiet: bool,
 }
 
-/// The end-to-end cosine a quantized model should keep; below it the accuracy line says how to
-/// get further.
-const ACCURACY_GOAL: f64 = 0.99;
-
-/// The precision plan the flags name, and the precision map's rendered warnings.
-fn precision(args: &CompileArgs) -> Result<(Precision, String), Failure> {
-    if let Some(cosine) = args.auto {
-        return Ok((Precision::Auto { cosine }, String::new()));
-    }
-    match (args.quant, &args.precision_map) {
-        (None, None) => Ok((Precision::Float, String::new())),
-        (Some(QuantArg::Mixed), None) => Err(Failure::usage(
-            "--quant mixed needs --precision-map MAP.toml".to_owned(),
-        )),
-        (Some(q), Some(_)) if q != QuantArg::Mixed => Err(Failure::usage(format!(
-            "--precision-map needs --quant mixed, not --quant {}",
-            q.scheme().map_or("mixed", QuantScheme::name)
-        ))),
-        (_, Some(path)) => {
+/// The job the flags name, and the precision map's rendered warnings.
+fn job(args: &CompileArgs) -> Result<(Job, String), Failure> {
+    let usage = |e: OptionError| Failure::usage(e.to_string());
+    let (map, warnings) = match &args.precision_map {
+        Some(path) => {
             let (map, warnings) = mmq_compiler::precision_map::load(path)?;
-            Ok((Precision::Map(Box::new(map)), warnings))
+            (Some(map), warnings)
         }
-        (Some(q), None) => Ok((
-            q.scheme().map_or(Precision::Float, Precision::Scheme),
-            String::new(),
-        )),
-    }
-}
-
-/// The options the flags name.
-fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, Failure> {
-    let target = match args.target {
-        CompileTarget::Ort => TargetRef::ORT,
-        CompileTarget::Trt => TargetRef::TRT,
+        None => (None, String::new()),
     };
+    let precision = QuantFlags {
+        quant: args.quant,
+        map,
+        auto: args.auto,
+        observer: args.observer,
+        smoothquant: args.smoothquant,
+        awq: args.awq,
+        block: args.block,
+        asym: args.asym,
+        int4_accuracy_level: args.int4_accuracy_level,
+        granularity: args.granularity,
+    }
+    .precision()
+    .map_err(usage)?;
     let calibration = match (&args.calib, args.calib_random) {
         (Some(_), Some(_)) => {
-            return Err(Failure::usage(
-                "--calib and --calib-random cannot be used together".into(),
-            ));
+            return Err(usage(OptionError::Conflict {
+                option: Opt::Calib,
+                with: Opt::CalibRandom,
+            }));
         }
         (Some(dir), None) => CalibrationSource::Dir(dir.clone()),
         (None, Some(count)) => CalibrationSource::Random { count, seed: 0 },
         (None, None) => CalibrationSource::Default,
     };
-    Ok(CompileOptions {
-        target,
+    let options = CompileOptions {
+        target: match args.target {
+            CompileTarget::Ort => TargetRef::ORT,
+            CompileTarget::Trt => TargetRef::TRT,
+        },
         level: args.level,
         precision,
         calibration,
-        observer: args.observer,
         placement: match args.placement {
             PlacementArg::Cost => Placement::Cost,
             PlacementArg::All => Placement::All,
         },
-        smoothquant: args.smoothquant,
-        awq: args.awq,
-        int4: Int4Options {
-            block: args.block,
-            symmetric: !args.asym,
-            accuracy_level: args.int4_accuracy_level,
-        },
-        granularity: args.granularity,
         skip_non_finite: args.skip_non_finite,
         modality: args.modality.clone(),
         kv_cache: args.kv_cache,
@@ -298,7 +259,44 @@ fn options(args: &CompileArgs, precision: Precision) -> Result<CompileOptions, F
         progress: if args.quiet { None } else { progress_bar() },
         main_output: args.main_output.clone(),
         interrupt: None,
-    })
+    };
+    if !args.package {
+        for (option, given) in [
+            (Opt::GenerationConfig, args.generation_config.is_some()),
+            (Opt::Tokenizer, args.tokenizer.is_some()),
+        ] {
+            if given {
+                return Err(usage(OptionError::Needs {
+                    option,
+                    does: "goes into a deployment package",
+                    needs: Opt::Package,
+                    value: None,
+                }));
+            }
+        }
+    }
+    let job = Job {
+        inputs: args.inputs.clone(),
+        output: args.output.clone(),
+        auto_map: args.auto.map(|_| {
+            args.auto_map
+                .clone()
+                .unwrap_or_else(|| args.output.with_extension("precision.toml"))
+        }),
+        options,
+        precision_map: args.precision_map.clone(),
+        report: args.report.clone(),
+        qparams: args.qparams.clone(),
+        package: args.package.then(|| PackageRequest {
+            generation_config: args.generation_config.clone(),
+            tokenizer: args.tokenizer.clone(),
+        }),
+        trt: mmq_backend_trt::PackageOptions {
+            profiles: args.symbols.iter().cloned().collect(),
+            ..Default::default()
+        },
+    };
+    Ok((job, warnings))
 }
 
 /// A progress bar on a terminal (calibration), nothing otherwise.
@@ -338,332 +336,19 @@ fn progress_bar() -> Option<mmq_compiler::ProgressFn> {
     }))
 }
 
-/// `--package`'s settings (read before any work), or `None` without `--package`.
-fn package_settings(
-    args: &CompileArgs,
-) -> Result<Option<mmq_compiler::export::PackageSettings>, Failure> {
-    if !args.package {
-        for (flag, given) in [
-            ("--generation-config", args.generation_config.is_some()),
-            ("--tokenizer", args.tokenizer.is_some()),
-        ] {
-            if given {
-                return Err(Failure::usage(format!(
-                    "{flag} goes into a deployment package; it needs --package"
-                )));
-            }
-        }
-        return Ok(None);
-    }
-    if args.target == CompileTarget::Trt {
-        return Err(Failure::usage(
-            "--package writes an ONNX Runtime package; --target trt writes its own package \
-             directory (docs/trt.md)"
-                .to_owned(),
-        ));
-    }
-    if args.qparams.is_some() {
-        return Err(Failure::usage(
-            "--qparams cannot be combined with --package yet: a package's models keep their \
-             own scales"
-                .to_owned(),
-        ));
-    }
-    let generation = match &args.generation_config {
-        None => mmq_compiler::GenerationConfig::default(),
-        Some(path) => {
-            let read = mmq_ir::check_regular_file(path)
-                .and_then(|()| std::fs::read_to_string(path))
-                .map_err(|e| Failure::user(format!("error: {}: {e}\n", path.display())))?;
-            mmq_compiler::GenerationConfig::from_json(&read).map_err(|e| {
-                Failure::user(format!(
-                    "error: --generation-config {}: {e}\n",
-                    path.display()
-                ))
-            })?
-        }
-    };
-    Ok(Some(mmq_compiler::export::PackageSettings {
-        generation,
-        tokenizer: args.tokenizer.clone(),
-    }))
-}
-
 /// Runs `compile`; returns what to print on stderr.
 pub fn run(args: &CompileArgs) -> Result<String, Failure> {
-    let (precision, warnings) = precision(args)?;
-    let options = options(args, precision)?;
-    options.check().map_err(Failure::usage)?;
-    if args.qparams.is_some() && !options.precision.quantizes() {
-        return Err(Failure::usage(
-            "--qparams: nothing is quantized (no --quant, --precision-map or --auto), so the \
-             table would be empty; add --quant int8 (or another scheme), or leave it out"
-                .to_owned(),
-        ));
-    }
-    if args.target != CompileTarget::Trt && !args.symbols.is_empty() {
-        return Err(Failure::usage(
-            "--symbol sets TensorRT profiles; it needs --target trt".to_owned(),
-        ));
-    }
-    let package = package_settings(args)?;
-    // Loading only reads (weights are mapped lazily); every output is checked before the work.
-    let (mut module, load_warnings) = load::load(&args.inputs)?.verified()?;
-    crate::warn(&load_warnings);
-    if module.entries.is_empty() {
-        return Err(Failure::user("error: the module has no graph\n".to_owned()));
-    }
-    let several = mmq_compiler::writes_several_models(&module, &options);
-    let output_dir = several || args.target == CompileTarget::Trt || args.package;
-    check_side_outputs(args, output_dir)?;
-    if !output_dir || args.target == CompileTarget::Trt {
-        mmq_compiler::export::check_output(&args.output)?;
-    }
-    if args.inputs.len() > 1 {
-        mmq_compiler::export::check_distinct_outputs(&args.inputs, &args.output)?;
-    }
-    let mut stderr = warnings;
-    let report = mmq_compiler::compile(&mut module, &options).map_err(|e| match e {
-        mmq_compiler::CompileError::Accuracy(msg) if args.report.is_some() => {
+    let (job, warnings) = job(args)?;
+    let built = mmq_compiler::build::build(&job, &crate::warn).map_err(|e| match e {
+        BuildError::Compile(CompileError::Accuracy(msg)) if args.report.is_some() => {
             Failure::user(format!("error: --report: {msg}\n"))
         }
-        mmq_compiler::CompileError::Accuracy(msg) => Failure::user(format!(
+        BuildError::Compile(CompileError::Accuracy(msg)) => Failure::user(format!(
             "error: measuring accuracy: {msg} (--no-accuracy skips it)\n"
         )),
         e => Failure::from(e),
     })?;
-
-    for pass in &report.passes {
-        if let Some(dump) = &pass.dump {
-            let _ = writeln!(stderr, "// ----- after {} -----", pass.name);
-            stderr.push_str(dump);
-        }
-    }
-    if args.time_passes {
-        stderr.push_str(&counter_table(
-            report
-                .passes
-                .iter()
-                .map(|p| (p.name.as_str(), p.ms, &p.counters, &p.notes)),
-            Some(report.total_ms),
-        ));
-    } else {
-        // The quantization passes always say what they did.
-        for p in report
-            .stage(Stage::Split)
-            .chain(report.stage(Stage::Quantize))
-            .chain(report.stage(Stage::Finish))
-        {
-            let counters = counter_list(&p.counters);
-            if !counters.is_empty() {
-                let _ = writeln!(stderr, "{}: {}", p.name, counters.join(" "));
-            }
-            for note in &p.notes {
-                let _ = writeln!(stderr, "{}: {note}", p.name);
-            }
-        }
-    }
-    if let Some(auto) = &report.auto {
-        let map = args
-            .auto_map
-            .clone()
-            .unwrap_or_else(|| args.output.with_extension("precision.toml"));
-        write_atomic(&map, auto.map.as_bytes())
-            .map_err(|e| Failure::user(format!("error: --auto-map: {e}\n")))?;
-        let _ = writeln!(stderr, "auto: wrote precision map {}", map.display());
-    }
-    let minmax = args.observer
-        == mmq_compiler::ObserverChoice::Fixed(mmq_passes::quant::calibrate::Observer::MinMax);
-    let int8 = args.quant == Some(QuantArg::Int8) || args.auto.is_some();
-    stderr.push_str(&accuracy_text(
-        &report,
-        args.report.is_some(),
-        args.auto,
-        args.calib.is_some(),
-        minmax && int8,
-    ));
-    if let Some(path) = &args.report {
-        write_atomic(path, (report.to_json() + "\n").as_bytes())
-            .map_err(|e| Failure::user(format!("error: --report: {e}\n")))?;
-    }
-    let references = match &args.qparams {
-        Some(table) => write_qparams(&mut module, args, table, &mut stderr)?,
-        None => Vec::new(),
-    };
-    if args.target == CompileTarget::Trt {
-        let options = mmq_backend_trt::PackageOptions {
-            profiles: args.symbols.iter().cloned().collect(),
-            ..Default::default()
-        };
-        let package =
-            mmq_compiler::export::write_trt(&module, &args.inputs, &args.output, &options)?;
-        let names: Vec<String> = package
-            .files
-            .iter()
-            .map(|f| {
-                f.strip_prefix(&args.output)
-                    .unwrap_or(f)
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .collect();
-        let _ = writeln!(
-            stderr,
-            "trt: wrote {}: {}",
-            args.output.display(),
-            names.join(", ")
-        );
-        for (name, p) in &package.profiles {
-            let _ = writeln!(
-                stderr,
-                "trt: profile {name} = {}:{}:{}",
-                p.min, p.opt, p.max
-            );
-        }
-        for note in &package.notes {
-            let _ = writeln!(stderr, "warning: trt: {note}");
-        }
-        if !package.findings.is_empty() {
-            let _ = writeln!(
-                stderr,
-                "warning: {} node(s) TensorRT's parser or quantization rules will refuse (also in \
-                 manifest.json):",
-                package.findings.len()
-            );
-            for f in &package.findings {
-                let _ = writeln!(stderr, "  {f}");
-            }
-        }
-    } else if let Some(settings) = &package {
-        let written = mmq_compiler::export::write_package(
-            &module,
-            &args.inputs,
-            &args.output,
-            &options,
-            settings,
-        )?;
-        stderr.push_str(&package_text(&args.output, &written));
-    } else {
-        mmq_compiler::export::write_referencing(&module, &args.inputs, &args.output, &references)?;
-    }
-    Ok(stderr)
-}
-
-/// What a written package holds, for stderr.
-fn package_text(dir: &Path, written: &mmq_deploy::Written) -> String {
-    let mut s = String::new();
-    let names: Vec<String> = written
-        .files
-        .iter()
-        .map(|f| {
-            f.strip_prefix(dir)
-                .unwrap_or(f)
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    let _ = writeln!(s, "package: wrote {}: {}", dir.display(), names.join(", "));
-    let spec = &written.spec;
-    for stage in &spec.stages {
-        let ports = |p: &[mmq_deploy::spec::Port]| {
-            p.iter()
-                .map(|p| p.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let _ = writeln!(
-            s,
-            "package: stage {} ({}): {} -> {}",
-            stage.name,
-            match stage.role {
-                mmq_deploy::spec::Role::VisionEncoder => "vision encoder",
-                mmq_deploy::spec::Role::Decoder => "decoder",
-                mmq_deploy::spec::Role::Model => "model",
-            },
-            ports(&stage.inputs),
-            ports(&stage.outputs)
-        );
-    }
-    if let Some(kv) = &spec.kv_cache {
-        let _ = writeln!(
-            s,
-            "package: KV cache: {} pairs, {}",
-            kv.pairs.len(),
-            kv.format
-        );
-    }
-    if let Some(g) = &spec.generation {
-        let _ = writeln!(
-            s,
-            "package: generation: vocab {}, context {}, bos {:?}, eos {:?}",
-            g.vocab_size, g.context_length, g.bos_token_id, g.eos_token_id
-        );
-    }
-    match (
-        &spec.onnxruntime_genai.config,
-        &spec.onnxruntime_genai.reason,
-    ) {
-        (Some(c), _) => {
-            let _ = writeln!(
-                s,
-                "package: onnxruntime-genai: {c} written (onnxruntime_genai.Model(DIR) runs it)"
-            );
-        }
-        (None, Some(why)) => {
-            let _ = writeln!(s, "package: onnxruntime-genai: no config: {why}");
-        }
-        (None, None) => {}
-    }
-    s
-}
-
-/// `--qparams TABLE`: writes the table; returns the references that make the exported ONNX
-/// Runtime model read its scales from it (when it lies in the model's directory).
-fn write_qparams(
-    module: &mut mmq_ir::Module,
-    args: &CompileArgs,
-    table: &Path,
-    stderr: &mut String,
-) -> Result<Vec<(String, mmq_backend_ort::ExternalLocation)>, Failure> {
-    let model_dir = if module.entries.len() > 1 {
-        std::fs::create_dir_all(&args.output).map_err(|e| {
-            Failure::user(format!(
-                "error: cannot create {}: {e}
-",
-                args.output.display()
-            ))
-        })?;
-        args.output.clone()
-    } else {
-        match args.output.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        }
-    };
-    let ort = args.target == CompileTarget::Ort;
-    let (written, references) =
-        mmq_compiler::qparams::write_table(module, table, ort.then_some(model_dir.as_path()))
-            .map_err(|e| Failure::user(format!("error: --qparams: {e}\n")))?;
-    let pairs: u64 = written.entries.iter().map(|e| u64::from(e.count)).sum();
-    let _ = writeln!(
-        stderr,
-        "qparams: wrote {}: {pairs} scale/zero-point pairs of {} tensors, {} bytes",
-        table.display(),
-        written.entries.len(),
-        written.bytes
-    );
-    let _ = writeln!(
-        stderr,
-        "qparams: {}",
-        if !references.is_empty() {
-            "the model reads its scales from the table (external data)"
-        } else if ort {
-            "the table is not in the model's directory: the model keeps its own scales"
-        } else {
-            "the TensorRT model keeps its own scales"
-        }
-    );
-    Ok(references)
+    Ok(warnings + &built.summary(&job, args.time_passes))
 }
 
 /// Parses `--symbol NAME=MIN:OPT:MAX`.
@@ -677,234 +362,8 @@ pub fn parse_symbol(s: &str) -> Result<(String, mmq_backend_trt::Profile), Strin
     Ok((name.to_owned(), range.parse()?))
 }
 
-/// Checks every output of the run (the model, or the output directory when `output_dir`,
-/// `--report`, `--auto-map`, `--qparams`) before any work: a regular file or a new path, never an input model, the
-/// precision map, a calibration sample, a file inside the output directory (several models, a
-/// TensorRT package) or another output.
-fn check_side_outputs(args: &CompileArgs, output_dir: bool) -> Result<(), Failure> {
-    let mut files = RunFiles::new();
-    for p in &args.inputs {
-        files = files.input("the input model", p);
-    }
-    if let Some(map) = &args.precision_map {
-        files = files.input("the precision map", map);
-    }
-    if let Some(p) = &args.generation_config {
-        files = files.input("the --generation-config file", p);
-    }
-    if let Some(p) = &args.tokenizer {
-        files = files.input("the --tokenizer file", p);
-    }
-    if let Some(calib) = &args.calib {
-        files = files.input_dir("the calibration folder", calib, "npz");
-    }
-    if output_dir {
-        files = files.output_dir("-o", &args.output);
-    } else {
-        let mut data = args.output.clone().into_os_string();
-        data.push(".data");
-        files = files.output("-o", "the output", &args.output).output(
-            "-o",
-            "the output's external data",
-            Path::new(&data),
-        );
-    }
-    let auto_map = args.auto.map(|_| {
-        args.auto_map
-            .clone()
-            .unwrap_or_else(|| args.output.with_extension("precision.toml"))
-    });
-    for (flag, what, path) in [
-        ("--report", "the --report file", args.report.as_ref()),
-        ("--auto-map", "the --auto-map file", auto_map.as_ref()),
-    ] {
-        if let Some(path) = path {
-            files = files.output(flag, what, path);
-        }
-    }
-    if let Some(table) = &args.qparams {
-        // The table may lie beside the models it serves (they then read their scales from it).
-        files = files.output_beside("--qparams", "the --qparams file", table);
-    }
-    files.check().map_err(|e| Failure::usage(e.to_string()))
-}
-
-/// The accuracy table (`--report`) or line (a quantizing run) of `report`; `auto` is the
-/// `--auto` target the run was given, so the hint below the goal never names the same run;
-/// `calibrated_on` says the samples were a `--calib` folder, which also calibrated the model
-/// (random samples are drawn afresh for the figures).
-fn accuracy_text(
-    report: &CompileReport,
-    full: bool,
-    auto: Option<f64>,
-    calibrated_on: bool,
-    minmax_int8: bool,
-) -> String {
-    match &report.accuracy {
-        None => String::new(),
-        Some(mmq_compiler::AccuracyReport::Full(r)) if full => {
-            let mut text = r.table();
-            for a in &report.activations {
-                text.push_str(&a.table());
-            }
-            for a in &report.alignment {
-                text.push_str(&format!(
-                    "alignment: {} Δs = s_quant - s_fp: mean {:+.5}, mean |Δs| {:.5}, max |Δs| \
-                     {:.5} (mean |s_fp| {:.5}) over {} held-back sample(s)\n",
-                    a.what,
-                    a.mean_delta,
-                    a.mean_abs_delta,
-                    a.max_abs_delta,
-                    a.mean_abs_fp,
-                    a.samples
-                ));
-            }
-            text
-        }
-        Some(a) => {
-            let Some(e) = a.end_to_end() else {
-                return "accuracy: no float output to compare\n".to_owned();
-            };
-            let on = if calibrated_on {
-                "sample(s) of the --calib folder (they calibrated it too)"
-            } else {
-                "held-back sample(s)"
-            };
-            let mut line = format!(
-                "accuracy: '{}' cosine {:.4} (min {:.4}) against the unquantized model on {} {on}",
-                e.output, e.cosine_mean, e.cosine_min, e.samples
-            );
-            if e.cosine_min < ACCURACY_GOAL {
-                line.push_str(&format!(
-                    "; below {ACCURACY_GOAL}: {}",
-                    next_step(auto, minmax_int8)
-                ));
-            }
-            line.push('\n');
-            line
-        }
-    }
-}
-
-/// What to try when the held-back cosine falls below [`ACCURACY_GOAL`], never the run that was
-/// just made: without `--auto`, `--auto` at the goal; with it, a higher target, real calibration
-/// samples (the search judged on its own) or a map keeping the weakest layers float.
-/// What to try when the accuracy line is below the goal: never the run that was made.
-/// `minmax_int8`: the run was INT8 with minmax ranges, so clipped ranges are worth a try.
-fn next_step(auto: Option<f64>, minmax_int8: bool) -> String {
-    let report = "--report OUT.json shows each layer";
-    let observer = if minmax_int8 {
-        ", or --observer auto tries clipped activation ranges (percentile, entropy, mse)"
-    } else {
-        ""
-    };
-    match auto {
-        None => format!(
-            "--auto {ACCURACY_GOAL} keeps the most sensitive layers in higher precision until it \
-             holds{observer} ({report})"
-        ),
-        Some(target) => {
-            let higher = (target + (1.0 - target) / 2.0).max(ACCURACY_GOAL);
-            let higher = if higher >= 0.9999 {
-                "a precision map keeping the weakest layers float".to_owned()
-            } else {
-                format!("--auto {higher:.4} (the search met {target} on its own samples)")
-            };
-            format!(
-                "try {higher}, or --calib DIR with real samples so the search judges on data \
-                 like the held-back samples{observer} ({report})"
-            )
-        }
-    }
-}
-
 /// Writes `bytes` to `path` atomically ([`mmq_ir::fsio::write_atomic`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
     mmq_ir::fsio::write_atomic(path, bytes)
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
-
-/// One row per pass: name, milliseconds (when `total` is given), and its counters; then each
-/// pass's notes.
-pub fn counter_table<'a>(
-    passes: impl Iterator<
-        Item = (
-            &'a str,
-            f64,
-            &'a std::collections::BTreeMap<String, usize>,
-            &'a Vec<String>,
-        ),
-    > + Clone,
-    total: Option<f64>,
-) -> String {
-    let width = passes
-        .clone()
-        .map(|p| p.0.len())
-        .max()
-        .unwrap_or(0)
-        .max("pass".len());
-    let mut s = String::new();
-    if total.is_some() {
-        let _ = writeln!(s, "{:<width$} {:>10}  counters", "pass", "ms");
-    } else {
-        let _ = writeln!(s, "{:<width$}  counters", "pass");
-    }
-    for (name, ms, counters, _) in passes.clone() {
-        let counters = counter_list(counters);
-        let counters = if counters.is_empty() {
-            "-".to_owned()
-        } else {
-            counters.join(" ")
-        };
-        if total.is_some() {
-            let _ = writeln!(s, "{name:<width$} {ms:>10.3}  {counters}");
-        } else {
-            let _ = writeln!(s, "{name:<width$}  {counters}");
-        }
-    }
-    if let Some(total) = total {
-        let _ = writeln!(s, "{:<width$} {total:>10.3}", "total");
-    }
-    for (name, _, _, notes) in passes {
-        for note in notes {
-            let _ = writeln!(s, "{name}: {note}");
-        }
-    }
-    s
-}
-
-/// Counters as `name=count` items.
-fn counter_list(counters: &std::collections::BTreeMap<String, usize>) -> Vec<String> {
-    counters.iter().map(|(k, v)| format!("{k}={v}")).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::next_step;
-
-    #[test]
-    fn the_hint_below_the_goal_never_names_the_run_that_was_made() {
-        assert!(next_step(None, false).starts_with("--auto 0.99 keeps"));
-        for target in [0.9, 0.98, 0.99, 0.995] {
-            let hint = next_step(Some(target), false);
-            assert!(
-                !hint.contains(&format!("--auto {target} ")),
-                "{target}: {hint}"
-            );
-            assert!(hint.contains("--calib DIR"), "{hint}");
-        }
-        assert!(next_step(Some(0.99), false).starts_with("try --auto 0.9950"));
-        assert!(next_step(Some(0.9), false).starts_with("try --auto 0.9900"));
-        assert!(
-            next_step(None, true).contains("--observer auto tries clipped activation ranges"),
-            "{}",
-            next_step(None, true)
-        );
-        assert!(!next_step(None, false).contains("--observer"));
-        let top = next_step(Some(0.9999), false);
-        assert!(
-            top.starts_with("try a precision map") && !top.contains("--auto 0."),
-            "{top}"
-        );
-    }
 }

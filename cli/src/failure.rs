@@ -49,3 +49,13 @@ impl From<CompileError> for Failure {
         }
     }
 }
+
+impl From<mmq_compiler::build::BuildError> for Failure {
+    fn from(e: mmq_compiler::build::BuildError) -> Failure {
+        match e {
+            mmq_compiler::build::BuildError::Load(e) => e.into(),
+            e if e.is_usage() => Failure::usage(e.to_string()),
+            e => Failure::user(format!("error: {e}\n")),
+        }
+    }
+}

@@ -103,7 +103,7 @@ fn explain(report: &PipelineReport) -> String {
             let _ = writeln!(s, "{}: {} at {nodes}", pass.name, f.rule);
         }
     }
-    s.push_str(&crate::compile::counter_table(
+    s.push_str(&mmq_compiler::summary::counter_table(
         report.passes.iter().map(|p| {
             (
                 p.name.as_str(),

@@ -96,7 +96,7 @@ fn calibration_option_errors() {
         (
             &["--calib", "nowhere", "--calib-random", "3"],
             2,
-            "cannot be used together",
+            "--calib cannot be used with --calib-random",
         ),
         (&["--calib-random", "0"], 2, "at least one sample"),
         (&["--calib", "nowhere"], 1, "cannot read the folder"),
@@ -422,7 +422,7 @@ fn time_passes_and_dump_after_see_the_quantization_passes() {
 /// bytes through `mmq compile` and through `mmq_compiler::compile` + `export::write`.
 #[test]
 fn the_command_and_the_library_write_the_same_bytes() {
-    use mmq_compiler::{CalibrationSource, CompileOptions, Precision, QuantScheme};
+    use mmq_compiler::{CalibrationSource, CompileOptions, Precision};
     let dir = scratch("quant-int8-library");
     let fx = fixture("clip");
     let (code, _, err) = run_in(
@@ -448,9 +448,11 @@ fn the_command_and_the_library_write_the_same_bytes() {
         .expect("loads");
     assert!(warnings.is_empty(), "{warnings}");
     let options = CompileOptions {
-        precision: Precision::Scheme(QuantScheme::Int8),
+        precision: Precision::Int8 {
+            observer: Default::default(),
+            smoothquant: Some(0.5),
+        },
         calibration: CalibrationSource::Random { count: 3, seed: 0 },
-        smoothquant: Some(0.5),
         ..CompileOptions::default()
     };
     let report = mmq_compiler::compile(&mut m, &options).expect("compiles");

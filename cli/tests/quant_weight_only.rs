@@ -84,7 +84,11 @@ fn bad_block_and_asym_are_usage_errors() {
         (&["--quant", "int4", "--block", "48"][..], "--block 48"),
         (
             &["--quant", "fp8", "--asym"][..],
-            "--asym applies to --quant int4 only",
+            "--asym needs --quant int4, mixed or --auto, not --quant fp8",
+        ),
+        (
+            &["--quant", "int8", "--block", "64"][..],
+            "--block 64 needs --quant int4, mixed or --auto, not --quant int8",
         ),
         (
             &["--quant", "int5"][..],

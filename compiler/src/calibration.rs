@@ -123,14 +123,11 @@ impl CalibrationSource {
         !matches!(self, CalibrationSource::Default)
     }
 
-    /// The option that gave the samples, as the command line spells it (Python's keyword is
-    /// `calibration=` for every source).
-    pub fn flag(&self) -> &'static str {
+    /// The option that gave the samples.
+    pub fn option(&self) -> crate::Opt {
         match self {
-            CalibrationSource::Default => "the default calibration",
-            CalibrationSource::Random { .. } => "--calib-random",
-            CalibrationSource::Dir(_) => "--calib",
-            CalibrationSource::Stream(_) => "calibration",
+            CalibrationSource::Random { .. } => crate::Opt::CalibRandom,
+            _ => crate::Opt::Calib,
         }
     }
 
@@ -180,17 +177,23 @@ impl CalibrationSource {
     /// Checks what can be checked before the work: a count of zero, or more random samples
     /// than [`MAX_RANDOM_SAMPLES`] (calibration keeps them, so 2^64 of them would run until
     /// memory ran out).
-    pub fn check(&self) -> Result<(), String> {
-        match self {
-            CalibrationSource::Random { count: 0, .. } => {
-                Err("--calib-random: need at least one sample".to_owned())
-            }
-            CalibrationSource::Random { count, .. } if *count > MAX_RANDOM_SAMPLES => Err(format!(
-                "--calib-random {count}: at most {MAX_RANDOM_SAMPLES} random samples (ranges \
-                 settle within a few hundred; calibrate on more real data with --calib DIR)"
-            )),
-            _ => Ok(()),
-        }
+    pub fn check(&self) -> Result<(), crate::OptionError> {
+        let expected = match self {
+            CalibrationSource::Random { count: 0, .. } => "need at least one sample".to_owned(),
+            CalibrationSource::Random { count, .. } if *count > MAX_RANDOM_SAMPLES => format!(
+                "at most {MAX_RANDOM_SAMPLES} random samples (ranges settle within a few \
+                 hundred; calibrate on more real data from files)"
+            ),
+            _ => return Ok(()),
+        };
+        let CalibrationSource::Random { count, .. } = self else {
+            return Ok(());
+        };
+        Err(crate::OptionError::Value {
+            option: crate::Opt::CalibRandom,
+            value: count.to_string(),
+            expected,
+        })
     }
 
     /// How many samples the source gives, when known before reading them.
@@ -343,6 +346,6 @@ mod tests {
         let most = |count| CalibrationSource::Random { count, seed: 0 }.check();
         assert!(most(MAX_RANDOM_SAMPLES).is_ok());
         let err = most(usize::MAX).expect_err("2^64 - 1 samples");
-        assert!(err.contains("at most 65536"), "{err}");
+        assert!(err.to_string().contains("at most 65536"), "{err}");
     }
 }

@@ -2,12 +2,12 @@
 //! through [`compile`].
 //!
 //! ```no_run
-//! use mmq_compiler::{CompileOptions, Precision, QuantScheme, compile, load};
+//! use mmq_compiler::{CompileOptions, Precision, Scheme, compile, load};
 //!
 //! let (mut module, warnings) = load::load(&["model.onnx".into()])?.verified()?;
 //! eprint!("{warnings}");
 //! let options = CompileOptions {
-//!     precision: Precision::Scheme(QuantScheme::Int8),
+//!     precision: Precision::of(Scheme::Int8),
 //!     ..CompileOptions::default()
 //! };
 //! let report = compile(&mut module, &options)?;
@@ -17,6 +17,7 @@
 //! ```
 
 pub mod analysis;
+pub mod build;
 pub mod cache_plan;
 pub mod calibration;
 pub mod diagnostics;
@@ -27,9 +28,12 @@ pub mod load;
 mod options;
 pub mod precision_map;
 pub mod qparams;
+pub mod render;
 mod report;
 pub mod run_files;
 mod steps;
+pub mod summary;
+pub mod values;
 
 use std::sync::{Arc, Mutex};
 
@@ -41,8 +45,8 @@ use mmq_passes::{Pass, PassError, PassOptions};
 pub use calibration::{CalibrationSource, DEFAULT_RANDOM_SAMPLES};
 pub use mmq_deploy::GenerationConfig;
 pub use options::{
-    Accuracy, CompileOptions, Int4Options, ObserverChoice, Precision, Progress, ProgressFn,
-    QuantScheme,
+    Accuracy, CompileOptions, Flags, Int4Options, ObserverChoice, Opt, OptionError, Precision,
+    Progress, ProgressFn, Quant, QuantFlags, Scheme, Spelling, Takes, TargetLacks,
 };
 pub use report::{AccuracyReport, CompileReport, PassSummary, Stage};
 pub use steps::AutoOutcome;
@@ -52,7 +56,7 @@ pub use steps::AutoOutcome;
 pub enum CompileError {
     /// The options do not fit together (a usage error).
     #[error("{0}")]
-    Options(String),
+    Options(#[from] OptionError),
     /// The module has no entry graph.
     #[error("the module has no graph")]
     NoGraph,
@@ -99,8 +103,8 @@ fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Bo
     let mut quant: Vec<Box<dyn Pass>> = Vec::new();
     match &options.precision {
         Precision::Float => {}
-        Precision::Scheme(s @ (QuantScheme::Int8 | QuantScheme::Int8Dynamic)) => {
-            if let Some(alpha) = options.smoothquant {
+        p @ (Precision::Int8 { smoothquant, .. } | Precision::Int8Dynamic { smoothquant, .. }) => {
+            if let Some(alpha) = *smoothquant {
                 quant.push(Box::new(steps::SmoothStep {
                     ctx: Arc::clone(&ctx),
                     alpha,
@@ -108,26 +112,24 @@ fn passes(options: &CompileOptions, ctx: &Arc<steps::Context>) -> Vec<(Stage, Bo
             }
             quant.push(Box::new(steps::Int8Step {
                 ctx,
-                dynamic: *s == QuantScheme::Int8Dynamic,
+                dynamic: matches!(p, Precision::Int8Dynamic { .. }),
             }));
         }
-        Precision::Scheme(s @ (QuantScheme::Int4 | QuantScheme::Fp8)) => {
-            if options.awq {
+        Precision::Int4 { awq, .. } => {
+            if *awq {
                 quant.push(Box::new(steps::AwqStep {
                     ctx: Arc::clone(&ctx),
                 }));
             }
-            quant.push(Box::new(steps::WeightOnlyStep::new(
-                ctx,
-                *s == QuantScheme::Fp8,
-            )));
+            quant.push(Box::new(steps::WeightOnlyStep::new(ctx, false)));
         }
-        Precision::Scheme(QuantScheme::Fp16) => quant.push(steps::fp16()),
-        Precision::Map(map) => quant.push(Box::new(steps::MixedStep {
+        Precision::Fp8 { .. } => quant.push(Box::new(steps::WeightOnlyStep::new(ctx, true))),
+        Precision::Fp16 => quant.push(steps::fp16()),
+        Precision::Map { map, .. } => quant.push(Box::new(steps::MixedStep {
             ctx,
             map: (**map).clone(),
         })),
-        Precision::Auto { cosine } => quant.push(Box::new(steps::AutoStep {
+        Precision::Auto { cosine, .. } => quant.push(Box::new(steps::AutoStep {
             ctx,
             target: *cosine,
         })),
@@ -194,10 +196,10 @@ pub fn pass_names(options: &CompileOptions) -> Vec<String> {
 fn context(options: &CompileOptions) -> steps::Context {
     steps::Context {
         calibration: options.calibration.clone(),
-        observer: options.observer,
+        observer: options.precision.observer(),
         placement: options.placement,
-        int4: options.int4,
-        granularity: options.granularity,
+        int4: options.precision.int4(),
+        granularity: options.precision.granularity(),
         skip_non_finite: options.skip_non_finite,
         modality: options.modality.clone(),
         progress: options.progress.clone(),
@@ -214,7 +216,7 @@ pub fn compile(
     module: &mut Module,
     options: &CompileOptions,
 ) -> Result<CompileReport, CompileError> {
-    options.check().map_err(CompileError::Options)?;
+    options.check()?;
     if module.entries.is_empty() {
         return Err(CompileError::NoGraph);
     }
@@ -226,28 +228,23 @@ pub fn compile(
             .filter_map(|&v| module.values[v].name.as_deref())
             .collect();
         if !outputs.contains(&name.as_str()) {
-            return Err(CompileError::Options(format!(
-                "--main-output {name}: the model has no output of that name (outputs: {})",
-                outputs.join(", ")
-            )));
+            return Err(OptionError::NoSuchOutput {
+                name: name.clone(),
+                outputs: outputs.into_iter().map(str::to_owned).collect(),
+            }
+            .into());
         }
     }
     if let Some(mmq_passes::DumpAfter::Pass(name)) = &options.dump_after {
         let names = pass_names(options);
         let d = mmq_passes::DumpAfter::Pass(name.clone());
         if !names.iter().any(|p| d.matches(p)) {
-            let known = if names.is_empty() {
-                format!("-O{} runs no passes", options.level.digit())
-            } else {
-                format!(
-                    "passes at -O{}: {}",
-                    options.level.digit(),
-                    names.join(", ")
-                )
-            };
-            return Err(CompileError::Options(format!(
-                "--dump-after {name}: no such pass ({known}, or all)"
-            )));
+            return Err(OptionError::NoSuchPass {
+                name: name.clone(),
+                level: options.level.digit(),
+                passes: names,
+            }
+            .into());
         }
     }
     // The split first: the accuracy figures compare the split float pipeline with the compiled

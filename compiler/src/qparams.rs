@@ -35,7 +35,7 @@ const CHECKSUM_AT: usize = 56;
 /// How a tensor's scales map onto its elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Scheme {
+pub enum Layout {
     /// One scale.
     PerTensor,
     /// One scale per index of `axis`.
@@ -44,28 +44,28 @@ pub enum Scheme {
     PerGroup,
 }
 
-impl Scheme {
+impl Layout {
     fn code(self) -> u8 {
         match self {
-            Scheme::PerTensor => 0,
-            Scheme::PerChannel => 1,
-            Scheme::PerGroup => 2,
+            Layout::PerTensor => 0,
+            Layout::PerChannel => 1,
+            Layout::PerGroup => 2,
         }
     }
 
-    fn from_code(c: u8) -> Option<Scheme> {
-        [Scheme::PerTensor, Scheme::PerChannel, Scheme::PerGroup]
+    fn from_code(c: u8) -> Option<Layout> {
+        [Layout::PerTensor, Layout::PerChannel, Layout::PerGroup]
             .into_iter()
             .find(|s| s.code() == c)
     }
 }
 
-impl fmt::Display for Scheme {
+impl fmt::Display for Layout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Scheme::PerTensor => "per-tensor",
-            Scheme::PerChannel => "per-channel",
-            Scheme::PerGroup => "per-group",
+            Layout::PerTensor => "per-tensor",
+            Layout::PerChannel => "per-channel",
+            Layout::PerGroup => "per-group",
         })
     }
 }
@@ -75,8 +75,8 @@ impl fmt::Display for Scheme {
 pub struct Entry {
     /// The scale tensor's name in the model.
     pub name: String,
-    /// Its scheme.
-    pub scheme: Scheme,
+    /// How its scales map onto its elements.
+    pub scheme: Layout,
     /// The ONNX element type of the codes (INT8 3, UINT8 2, INT4 22, UINT4 21, FP8 17).
     pub code_type: i32,
     /// The ONNX element type of the exact scales (FLOAT 1, FLOAT16 10).
@@ -140,8 +140,8 @@ pub struct Found {
     pub packed_zero: bool,
     /// The default zero point when `zero` is absent (`MatMulNBits`: 8).
     pub default_zero: i32,
-    /// The scheme, axis and group size.
-    pub scheme: Scheme,
+    /// The layout, axis and group size.
+    pub scheme: Layout,
     /// Axis.
     pub axis: i32,
     /// Group size.
@@ -199,17 +199,17 @@ pub fn collect(m: &Module) -> Vec<Found> {
                     let nbits = matches!(&nd.op, Op::MatMulNBits { .. });
                     let block = nd.op.get::<i64>("block_size").unwrap_or(0);
                     let (scheme, axis, group) = if nbits {
-                        (Scheme::PerGroup, 1, block)
+                        (Layout::PerGroup, 1, block)
                     } else if block > 0 {
                         (
-                            Scheme::PerGroup,
+                            Layout::PerGroup,
                             nd.op.get::<i64>("axis").unwrap_or(1),
                             block,
                         )
                     } else if numel > 1 {
-                        (Scheme::PerChannel, nd.op.get::<i64>("axis").unwrap_or(1), 0)
+                        (Layout::PerChannel, nd.op.get::<i64>("axis").unwrap_or(1), 0)
                     } else {
-                        (Scheme::PerTensor, 0, 0)
+                        (Layout::PerTensor, 0, 0)
                     };
                     let code_type = if nbits {
                         DType::U4.onnx_code()
@@ -647,13 +647,13 @@ impl QParamTable {
         }
         for e in &self.entries {
             match e.scheme {
-                Scheme::PerTensor if e.count != 1 => {
+                Layout::PerTensor if e.count != 1 => {
                     return Err(format!(
                         "entry '{}': per-tensor with {} pairs (one expected)",
                         e.name, e.count
                     ));
                 }
-                Scheme::PerGroup if e.group_size == 0 => {
+                Layout::PerGroup if e.group_size == 0 => {
                     return Err(format!("entry '{}': per-group with group size 0", e.name));
                 }
                 _ => {}
@@ -778,7 +778,7 @@ fn parse(b: &[u8]) -> Result<(usize, usize, Vec<Entry>), String> {
         let name = std::str::from_utf8(&b[(name_end - name_len) as usize..name_end as usize])
             .map_err(|_| format!("offset {}: entry {i}'s name is not UTF-8", field(0)))?
             .to_owned();
-        let scheme = Scheme::from_code(r[8]).ok_or_else(|| {
+        let scheme = Layout::from_code(r[8]).ok_or_else(|| {
             format!(
                 "offset {}: entry '{name}': unknown scheme {}",
                 field(8),
@@ -846,7 +846,7 @@ pub fn summary(t: &QParamTable) -> String {
     for e in t.entries() {
         let code = DType::from_onnx_code(e.code_type).map_or("?", DType::name);
         let mut line = format!("  {} {} {code} x{}", e.name, e.scheme, e.count);
-        if e.scheme != Scheme::PerTensor {
+        if e.scheme != Layout::PerTensor {
             line += &format!(" axis {}", e.axis);
         }
         if e.group_size > 0 {

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use mmq_compiler::{
-    Accuracy, CalibrationSource, CompileError, CompileOptions, Precision, Progress, QuantScheme,
-    Stage, compile, load,
+    Accuracy, CalibrationSource, CompileError, CompileOptions, Precision, Progress, Scheme, Stage,
+    compile, load,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -26,7 +26,7 @@ fn calibration_reports_progress_once_per_sample_and_finishes_once() {
     let events: Arc<Mutex<Vec<String>>> = Arc::default();
     let log = Arc::clone(&events);
     let options = CompileOptions {
-        precision: Precision::Scheme(QuantScheme::Int8),
+        precision: Precision::of(Scheme::Int8),
         calibration: CalibrationSource::Random { count: 3, seed: 0 },
         accuracy: Accuracy::Off,
         progress: Some(Arc::new(move |p: Progress<'_>| {
@@ -84,14 +84,20 @@ fn options_that_do_not_fit_fail_before_any_work() {
     for (options, want) in [
         (
             CompileOptions {
-                awq: true,
+                precision: Precision::Int4 {
+                    int4: mmq_compiler::Int4Options {
+                        block: 48,
+                        ..Default::default()
+                    },
+                    awq: false,
+                },
                 ..CompileOptions::default()
             },
-            "--awq needs --quant int4, not no --quant",
+            "--block 48: expected 32, 64 or 128",
         ),
         (
             CompileOptions {
-                precision: Precision::Scheme(QuantScheme::Int8),
+                precision: Precision::of(Scheme::Int8),
                 calibration: CalibrationSource::Random { count: 0, seed: 0 },
                 ..CompileOptions::default()
             },
@@ -117,4 +123,142 @@ fn options_that_do_not_fit_fail_before_any_work() {
         assert!(err.to_string().contains(want), "{err}");
         assert_eq!(mmq_ir::text::print(&m), before, "the module is untouched");
     }
+}
+
+/// The settings a front end takes one by one become a typed plan, or an error naming the setting
+/// and the plans that take it, in the front end's own words.
+#[test]
+fn settings_that_do_not_fit_their_scheme_are_refused_by_name() {
+    use mmq_compiler::{ObserverChoice, Opt, Quant, QuantFlags, Spelling};
+    let int = |s: Scheme| Some(Quant::One(s));
+    let cases: Vec<(QuantFlags, &str)> = vec![
+        (
+            QuantFlags {
+                awq: true,
+                ..Default::default()
+            },
+            "--awq needs --quant int4, not no --quant",
+        ),
+        (
+            QuantFlags {
+                quant: int(Scheme::Int4),
+                smoothquant: Some(0.5),
+                ..Default::default()
+            },
+            "--smoothquant needs --quant int8 or int8-dynamic, not --quant int4",
+        ),
+        (
+            QuantFlags {
+                quant: int(Scheme::Int8),
+                block: Some(64),
+                ..Default::default()
+            },
+            "--block 64 needs --quant int4, mixed or --auto, not --quant int8",
+        ),
+        (
+            QuantFlags {
+                quant: int(Scheme::Fp8),
+                asym: true,
+                ..Default::default()
+            },
+            "--asym needs --quant int4, mixed or --auto, not --quant fp8",
+        ),
+        (
+            QuantFlags {
+                quant: int(Scheme::Int4),
+                observer: Some(ObserverChoice::Measured),
+                ..Default::default()
+            },
+            "--observer auto needs --quant int8 or --auto, not --quant int4",
+        ),
+        (
+            QuantFlags {
+                quant: int(Scheme::Fp16),
+                observer: Some("entropy".parse().expect("observer")),
+                ..Default::default()
+            },
+            "--observer entropy needs --quant int8, fp8, mixed or --auto, not --quant fp16",
+        ),
+        (
+            QuantFlags {
+                quant: int(Scheme::Int8),
+                granularity: Some(mmq_passes::quant::int8::ActGranularity::PerToken),
+                ..Default::default()
+            },
+            "--granularity per-token needs --quant int8-dynamic, not --quant int8",
+        ),
+        (
+            QuantFlags {
+                quant: Some(Quant::Mixed),
+                ..Default::default()
+            },
+            "--quant mixed needs --precision-map",
+        ),
+        (
+            QuantFlags {
+                quant: int(Scheme::Int8),
+                auto: Some(0.99),
+                ..Default::default()
+            },
+            "--auto cannot be used with --quant",
+        ),
+    ];
+    for (flags, want) in cases {
+        let e = flags.clone().precision().expect_err(want);
+        assert_eq!(e.to_string(), want);
+    }
+
+    // Another front end's words for the same error.
+    struct Keywords;
+    impl Spelling for Keywords {
+        fn option(&self, o: Opt) -> String {
+            o.flag().trim_start_matches('-').replace('-', "_")
+        }
+        fn setting(&self, o: Opt, v: &str) -> String {
+            format!("{}={}", self.option(o), self.value(v))
+        }
+        fn value(&self, v: &str) -> String {
+            format!("{v:?}")
+        }
+    }
+    let e = QuantFlags {
+        quant: int(Scheme::Int4),
+        smoothquant: Some(0.5),
+        ..Default::default()
+    }
+    .precision()
+    .expect_err("refused");
+    assert_eq!(
+        e.message(&Keywords),
+        "smoothquant needs quant=\"int8\" or \"int8-dynamic\", not quant=\"int4\""
+    );
+
+    // What fits becomes the plan with its settings.
+    let p = QuantFlags {
+        quant: int(Scheme::Int4),
+        block: Some(64),
+        asym: true,
+        awq: true,
+        ..Default::default()
+    }
+    .precision()
+    .expect("fits");
+    assert!(
+        matches!(
+            p,
+            Precision::Int4 {
+                int4: mmq_compiler::Int4Options {
+                    block: 64,
+                    symmetric: false,
+                    accuracy_level: None
+                },
+                awq: true
+            }
+        ),
+        "{p:?}"
+    );
+    assert!(matches!(
+        QuantFlags::default().precision(),
+        Ok(Precision::Float)
+    ));
 }

@@ -148,14 +148,14 @@ def compile(
     quant: str | None = None,
     precision_map: str | os.PathLike | None = None,
     calibration: Iterable[Sample] | str | os.PathLike | int | None = None,
-    observer: str = "minmax",
+    observer: str | None = None,
     report: bool = False,
     *,
     output: str | os.PathLike | None = None,
     placement: Literal["cost", "all"] = "cost",
     smoothquant: float | None = None,
     awq: bool = False,
-    block: int = 32,
+    block: int | None = None,
     asym: bool = False,
     int4_accuracy_level: int | None = None,
     modality: Mapping[str, str] | None = None,
@@ -164,7 +164,7 @@ def compile(
     symbols: Mapping[str, str | tuple[int, int, int]] | None = None,
     kv_cache: Literal["int8", "fp8", "int4"] | None = None,
     image_cache: Literal["int4"] | None = None,
-    granularity: Literal["per-tensor", "per-token", "per-patch"] = "per-tensor",
+    granularity: Literal["per-tensor", "per-token", "per-patch"] | None = None,
     skip_non_finite: bool = False,
     main_output: str | None = None,
 ) -> Any:
@@ -182,15 +182,16 @@ def compile(
         calibration: the samples: any iterable of ``{input name: array}`` (like ONNX Runtime's
             ``CalibrationDataReader``), a directory of ``.npz`` files, or a number of random
             samples. ``None``: 16 random samples.
-        observer: ``minmax``, ``ema[:MOMENTUM]``, ``percentile[:P]``, ``entropy``, ``mse`` or
-            ``auto`` (each of the four compared on the INT8 model, the best kept).
+        observer: ``minmax`` (``None``: the default), ``ema[:MOMENTUM]``, ``percentile[:P]``,
+            ``entropy``, ``mse`` or ``auto`` (each of the four compared on the INT8 model, the
+            best kept); schemes that calibrate only (``int8``, ``fp8``, ``mixed``, ``auto``).
         report: also return the compile report (passes, times, accuracy) as a dict.
         output: write the model here (large weights beside it) and return it without loading
             its external weights.
         placement: which INT8 units stay integer.
         smoothquant: SmoothQuant strength before INT8.
         awq: AWQ scales before INT4.
-        block: INT4 block size.
+        block: INT4 block size (``None``: 32); INT4 plans only (``int4``, ``mixed``, ``auto``).
         asym: asymmetric INT4 blocks.
         int4_accuracy_level: ``MatMulNBits``' ``accuracy_level`` (4: int8 compute, 0: left
             out); ``None``: the target's choice (4 on ``"ort"``).
@@ -225,12 +226,12 @@ def compile(
         ("target", target, str, False),
         ("level", level, int, False),
         ("quant", quant, str, True),
-        ("observer", observer, str, False),
+        ("observer", observer, str, True),
         ("report", report, bool, False),
         ("placement", placement, str, False),
         ("smoothquant", smoothquant, (int, float), True),
         ("awq", awq, bool, False),
-        ("block", block, int, False),
+        ("block", block, int, True),
         ("asym", asym, bool, False),
         ("int4_accuracy_level", int4_accuracy_level, int, True),
         ("modality", modality, Mapping, True),
@@ -239,7 +240,7 @@ def compile(
         ("symbols", symbols, Mapping, True),
         ("kv_cache", kv_cache, str, True),
         ("image_cache", image_cache, str, True),
-        ("granularity", granularity, str, False),
+        ("granularity", granularity, str, True),
         ("skip_non_finite", skip_non_finite, bool, False),
         ("main_output", main_output, str, True),
         ("precision_map", precision_map, (str, os.PathLike), True),
@@ -266,7 +267,7 @@ def compile(
         "placement": placement,
         "smoothquant": None if smoothquant is None else float(smoothquant),
         "awq": bool(awq),
-        "block": int(block),
+        "block": None if block is None else int(block),
         "asym": bool(asym),
         "int4_accuracy_level": None if int4_accuracy_level is None else int(int4_accuracy_level),
         "modality": dict(modality or {}),

@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use mmq_compiler::build::{BuildError, Job};
 use mmq_compiler::{
-    Accuracy, CalibrationSource, CompileOptions, Int4Options, Precision, Progress, QuantScheme,
+    Accuracy, CalibrationSource, CompileOptions, Opt, OptionError, Progress, QuantFlags, Spelling,
 };
 use mmq_ir::Module;
 use mmq_ir::modality::Modality;
@@ -49,11 +50,11 @@ struct Options {
     precision_map_text: Option<String>,
     calibration_dir: Option<PathBuf>,
     calibration_random: Option<usize>,
-    observer: String,
+    observer: Option<String>,
     placement: String,
     smoothquant: Option<f32>,
     awq: bool,
-    block: usize,
+    block: Option<usize>,
     asym: bool,
     #[serde(default)]
     int4_accuracy_level: Option<i64>,
@@ -83,9 +84,46 @@ struct Options {
     main_output: Option<String>,
 }
 
-/// `CompileOptions` from the Python keywords; `samples` streams the calibration samples given
-/// as arrays (each a list of name and `.npy` bytes).
-fn options(o: Options, samples: Option<SampleIter>) -> PyResult<(CompileOptions, String)> {
+/// How the Python keywords are written in messages: `quant="int8"`.
+struct Keywords;
+
+impl Spelling for Keywords {
+    fn option(&self, o: Opt) -> String {
+        match o {
+            Opt::Calib | Opt::CalibRandom => "calibration",
+            Opt::Symbol => "symbols",
+            o => return o.flag().trim_start_matches('-').replace('-', "_"),
+        }
+        .to_owned()
+    }
+
+    fn setting(&self, o: Opt, value: &str) -> String {
+        format!("{}={}", self.option(o), self.value(value))
+    }
+
+    fn value(&self, value: &str) -> String {
+        if value.parse::<f64>().is_ok() {
+            value.to_owned()
+        } else {
+            format!("{value:?}")
+        }
+    }
+}
+
+/// An option error in the keywords' words.
+fn option_err(e: OptionError) -> PyErr {
+    err(e.message(&Keywords))
+}
+
+/// The job the Python keywords name, writing to `output`, and the precision map's warnings;
+/// `samples` streams the calibration samples given as arrays (each a list of name and `.npy`
+/// bytes).
+fn job(
+    o: Options,
+    inputs: Vec<PathBuf>,
+    output: PathBuf,
+    samples: Option<SampleIter>,
+) -> PyResult<(Job, String)> {
     let target = match o.target.as_str() {
         "ort" | "trt" => TargetRef::by_name(&o.target).ok_or_else(|| err("no such target"))?,
         t => {
@@ -95,33 +133,44 @@ fn options(o: Options, samples: Option<SampleIter>) -> PyResult<(CompileOptions,
         }
     };
     let level: OptLevel = o.level.to_string().parse().map_err(err)?;
-    let mut warnings = String::new();
-    let map = match (&o.precision_map, &o.precision_map_text) {
+    let loaded = match (&o.precision_map, &o.precision_map_text) {
         (Some(path), _) => Some(mmq_compiler::precision_map::load(path.as_ref())),
         (None, Some(text)) => Some(mmq_compiler::precision_map::parse(text, "precision_map")),
         (None, None) => None,
     };
-    let precision = match (o.auto, o.quant.as_deref(), map) {
-        (Some(cosine), None, None) => Precision::Auto { cosine },
-        (Some(_), _, _) => {
-            return Err(err(
-                "auto chooses the schemes itself: give no quant or precision_map with it",
-            ));
-        }
-        (None, q, Some(map)) => {
-            if let Some(q) = q.filter(|q| *q != "mixed") {
-                return Err(err(format!(
-                    "precision_map needs quant=\"mixed\" (or no quant), not quant=\"{q}\""
-                )));
-            }
-            let (map, w) = map.map_err(|e| err(e.rendered))?;
-            warnings = w;
-            Precision::Map(Box::new(map))
-        }
-        (None, Some("mixed"), None) => return Err(err("quant=\"mixed\" needs a precision_map")),
-        (None, Some(q), None) => Precision::Scheme(q.parse::<QuantScheme>().map_err(err)?),
-        (None, None, None) => Precision::Float,
+    let (map, warnings) = match loaded.transpose().map_err(|e| err(e.rendered))? {
+        Some((map, warnings)) => (Some(map), warnings),
+        None => (None, String::new()),
     };
+    let precision = QuantFlags {
+        quant: o
+            .quant
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(err)?,
+        map,
+        auto: o.auto,
+        observer: o
+            .observer
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(err)?,
+        smoothquant: o.smoothquant,
+        awq: o.awq,
+        block: o.block,
+        asym: o.asym,
+        int4_accuracy_level: o.int4_accuracy_level,
+        granularity: o
+            .granularity
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(err)?,
+    }
+    .precision()
+    .map_err(option_err)?;
     let calibration = match (o.calibration_dir, o.calibration_random, samples) {
         (Some(dir), None, None) => CalibrationSource::Dir(dir),
         (None, Some(count), None) => CalibrationSource::Random { count, seed: 0 },
@@ -141,62 +190,69 @@ fn options(o: Options, samples: Option<SampleIter>) -> PyResult<(CompileOptions,
             Err(e) => Err(err(format!("modality of input '{name}': {e}"))),
         })
         .collect::<PyResult<Vec<_>>>()?;
-    Ok((
-        CompileOptions {
-            target,
-            level,
-            precision,
-            calibration,
-            observer: o.observer.parse().map_err(err)?,
-            placement: match o.placement.as_str() {
-                "cost" => Placement::Cost,
-                "all" => Placement::All,
-                p => {
-                    return Err(err(format!(
-                        "unknown placement '{p}' (expected cost or all)"
-                    )));
-                }
-            },
-            smoothquant: o.smoothquant,
-            awq: o.awq,
-            int4: Int4Options {
-                block: o.block,
-                symmetric: !o.asym,
-                accuracy_level: o.int4_accuracy_level,
-            },
-            granularity: match o.granularity.as_deref() {
-                Some(g) => g.parse().map_err(err)?,
-                None => Default::default(),
-            },
-            skip_non_finite: o.skip_non_finite,
-            modality,
-            kv_cache: o
-                .kv_cache
-                .as_deref()
-                .map(str::parse)
-                .transpose()
-                .map_err(err)?,
-            image_cache: o
-                .image_cache
-                .as_deref()
-                .map(str::parse)
-                .transpose()
-                .map_err(err)?,
-            split: o.split,
-            accuracy: match o.accuracy.as_str() {
-                "off" => Accuracy::Off,
-                "end_to_end" => Accuracy::EndToEnd,
-                "full" => Accuracy::Full,
-                a => return Err(err(format!("unknown accuracy '{a}'"))),
-            },
-            dump_after: None,
-            verify: cfg!(debug_assertions),
-            progress: None,
-            main_output: o.main_output,
-            interrupt: None,
+    let profiles = o
+        .symbols
+        .iter()
+        .map(|(name, range)| {
+            range
+                .parse::<mmq_backend_trt::Profile>()
+                .map(|p| (name.clone(), p))
+                .map_err(|e| err(format!("symbols[{name:?}]: {e}")))
+        })
+        .collect::<PyResult<_>>()?;
+    let options = CompileOptions {
+        target,
+        level,
+        precision,
+        calibration,
+        placement: match o.placement.as_str() {
+            "cost" => Placement::Cost,
+            "all" => Placement::All,
+            p => {
+                return Err(err(format!(
+                    "unknown placement '{p}' (expected cost or all)"
+                )));
+            }
         },
-        warnings,
-    ))
+        skip_non_finite: o.skip_non_finite,
+        modality,
+        kv_cache: o
+            .kv_cache
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(err)?,
+        image_cache: o
+            .image_cache
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(err)?,
+        split: o.split,
+        accuracy: match o.accuracy.as_str() {
+            "off" => Accuracy::Off,
+            "end_to_end" => Accuracy::EndToEnd,
+            "full" => Accuracy::Full,
+            a => return Err(err(format!("unknown accuracy '{a}'"))),
+        },
+        dump_after: None,
+        verify: cfg!(debug_assertions),
+        progress: None,
+        main_output: o.main_output,
+        interrupt: None,
+    };
+    let job = Job {
+        inputs,
+        output,
+        options,
+        precision_map: o.precision_map.map(PathBuf::from),
+        trt: mmq_backend_trt::PackageOptions {
+            profiles,
+            ..Default::default()
+        },
+        ..Job::default()
+    };
+    Ok((job, warnings))
 }
 
 fn decode_sample(arrays: Arrays) -> Result<Sample, String> {
@@ -289,15 +345,6 @@ fn progress_fn(callback: Py<PyAny>) -> mmq_compiler::ProgressFn {
     })
 }
 
-/// Loads and verifies; the verifier's warnings go to Python's `warnings`.
-fn load(paths: &[PathBuf]) -> PyResult<Module> {
-    let (module, warnings) = mmq_compiler::load::load(paths)
-        .and_then(|l| l.verified())
-        .map_err(|e| err(e.rendered))?;
-    warn(&warnings);
-    Ok(module)
-}
-
 /// Issues `text` (rendered diagnostics) as one Python `UserWarning`.
 fn warn(text: &str) {
     if text.is_empty() {
@@ -326,71 +373,33 @@ fn compile(
     progress: Option<Py<PyAny>>,
 ) -> PyResult<(String, String)> {
     let o: Options = serde_json::from_str(options_json).map_err(err)?;
-    let trt = o.target == "trt";
-    let profiles = o
-        .symbols
-        .iter()
-        .map(|(name, range)| {
-            range
-                .parse::<mmq_backend_trt::Profile>()
-                .map(|p| (name.clone(), p))
-                .map_err(|e| err(format!("symbols[{name:?}]: {e}")))
-        })
-        .collect::<PyResult<_>>()?;
-    if !trt && !o.symbols.is_empty() {
-        return Err(err(
-            "symbols sets TensorRT profiles; it needs target=\"trt\"",
-        ));
-    }
     let raised = Arc::new(std::sync::Mutex::new(None));
     let samples = samples.map(|iter| SampleIter {
         iter,
         raised: Arc::clone(&raised),
     });
-    let (mut options, warnings) = options(o, samples)?;
-    options.progress = progress.map(progress_fn);
-    options.check().map_err(err)?;
+    let (mut job, warnings) = job(o, inputs, output, samples)?;
+    job.options.progress = progress.map(progress_fn);
+    job.check().map_err(option_err)?;
     let stop = mmq_passes::Interrupt::new();
-    options.interrupt = Some(stop.clone());
-    let stopped = || {
-        if stop.is_set() {
-            Err(err("interrupted"))
-        } else {
-            Ok(())
-        }
-    };
+    job.options.interrupt = Some(stop.clone());
     let result = interruptible(py, &stop, || {
-        let mut module = load(&inputs)?;
-        if !mmq_compiler::writes_several_models(&module, &options) || trt {
-            mmq_compiler::export::check_output(&output).map_err(err)?;
-        }
-        if inputs.len() > 1 {
-            mmq_compiler::export::check_distinct_outputs(&inputs, &output).map_err(err)?;
-        }
-        let report = mmq_compiler::compile(&mut module, &options).map_err(err)?;
-        stopped()?;
-        if trt {
-            let package = mmq_compiler::export::write_trt(
-                &module,
-                &inputs,
-                &output,
-                &mmq_backend_trt::PackageOptions {
-                    profiles,
-                    ..Default::default()
-                },
-            )
-            .map_err(err)?;
-            let mut warnings = warnings;
+        let built = mmq_compiler::build::build(&job, &warn).map_err(|e| match e {
+            BuildError::Options(e)
+            | BuildError::Compile(mmq_compiler::CompileError::Options(e)) => option_err(e),
+            BuildError::Load(e) => err(e.rendered),
+            e => err(e),
+        })?;
+        let mut warnings = warnings;
+        if let mmq_compiler::build::Written::Trt(package) = &built.written {
             for note in &package.notes {
                 warnings.push_str(&format!("warning: trt: {note}\n"));
             }
             for f in &package.findings {
                 warnings.push_str(&format!("warning: TensorRT will refuse {f}\n"));
             }
-            return Ok((report.to_json(), warnings));
         }
-        mmq_compiler::export::write(&module, &inputs, &output).map_err(err)?;
-        Ok((report.to_json(), warnings))
+        Ok((built.report.to_json(), warnings))
     });
     // An exception of the samples' iterator is raised as it was (a TypeError of a sample stays
     // a TypeError).

@@ -47,7 +47,7 @@ def test_per_token_int8_runs_in_onnx_runtime_close_to_float(cell):
 
 def test_granularity_needs_the_dynamic_scheme_and_maps_say_where():
     vit = str(fixture("vit") / "model.onnx")
-    with pytest.raises(mmq.MmqError, match="need --quant int8-dynamic"):
+    with pytest.raises(mmq.MmqError, match=r'^granularity="per-token" needs quant="int8-dynamic", not quant="int8"$'):
         mmq.compile(vit, quant="int8", granularity="per-token", progress=False)
     with pytest.raises(mmq.MmqError, match="unknown activation granularity 'per-row'"):
         mmq.compile(vit, quant="int8-dynamic", granularity="per-row", progress=False)

@@ -123,7 +123,8 @@ def test_observer_auto_chooses_as_the_command_does(tmp_path, mmq_bin):
     notes = [n for p in report["passes"] for n in p.get("notes", []) if "observer auto" in n]
     assert len(notes) == 1 and notes[0].endswith("; chose mse"), notes
     assert (tmp_path / "py.onnx").read_bytes() == (tmp_path / "cli.onnx").read_bytes()
-    with pytest.raises(mmq.MmqError, match="--observer auto"):
+    with pytest.raises(mmq.MmqError,
+                       match=r'observer="auto" needs quant="int8" or auto, not quant="int4"'):
         mmq.compile(fx / "model.onnx", quant="int4", observer="auto",
                     output=tmp_path / "x.onnx", progress=False)
 
@@ -259,8 +260,13 @@ def test_errors_are_mmq_errors_with_the_diagnostic(tmp_path):
     fx = fixture("vit") / "model.onnx"
     with pytest.raises(mmq.MmqError, match="unknown scheme 'int5'"):
         mmq.compile(fx, quant="int5")
-    with pytest.raises(mmq.MmqError, match="--awq needs --quant int4"):
+    # Option errors name the keywords, as the command's name its flags.
+    with pytest.raises(mmq.MmqError, match='^awq needs quant="int4", not quant="int8"$'):
         mmq.compile(fx, quant="int8", awq=True)
+    with pytest.raises(mmq.MmqError, match=r'^block=64 needs quant="int4", "mixed" or auto'):
+        mmq.compile(fx, quant="int8", block=64)
+    with pytest.raises(mmq.MmqError, match=r"^smoothquant=1\.5: alpha must be in \[0, 1\]"):
+        mmq.compile(fx, quant="int8", smoothquant=1.5)
     with pytest.raises(mmq.MmqError, match="cannot open"):
         mmq.load(tmp_path / "missing.onnx")
     (tmp_path / "bad.onnx").write_bytes(b"\x08\x07garbage")
@@ -400,5 +406,5 @@ def test_the_main_output_agrees_with_the_command_line(tmp_path):
                         str(tmp_path / "o.onnx"), "--report", str(out), *extra], check=True,
                        capture_output=True)
         assert json.loads(out.read_text())["accuracy"]["end_to_end"]["output"] == name
-    with pytest.raises(mmq.MmqError, match="--main-output logits: the model has no output"):
+    with pytest.raises(mmq.MmqError, match='main_output="logits": the model has no output'):
         mmq.compile(fx, quant="int8", main_output="logits")

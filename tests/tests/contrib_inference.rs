@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use mmq_compiler::{Accuracy, CompileOptions, Precision, QuantScheme};
+use mmq_compiler::{Accuracy, CompileOptions, Precision, Scheme};
 use mmq_ir::Module;
 use mmq_ir::text::type_text;
 use mmq_onnx::proto::onnx as pb;
@@ -91,7 +91,7 @@ fn contrib_results_are_inferred_as_the_compiler_typed_them() {
         };
         for (tag, precision) in [
             ("o2", Precision::Float),
-            ("int4", Precision::Scheme(QuantScheme::Int4)),
+            ("int4", Precision::of(Scheme::Int4)),
         ] {
             let name = format!("{}-{tag}", fx.name.replace('/', "_"));
             let mut m = load(model);

@@ -2,10 +2,22 @@
 //! target asks for ONNX Runtime's int8 compute (4), `Some(0)` leaves the attribute out, another
 //! level is written as given, and the trt target (whose plugin computes in f16) writes none.
 
-use mmq_compiler::{CompileOptions, Int4Options, Precision, QuantScheme, compile};
+use mmq_compiler::{CompileOptions, Int4Options, Precision, compile};
 use mmq_ir::{Module, Op};
 use mmq_passes::targets::TargetRef;
 use mmq_tests::repo_root;
+
+/// `--quant int4` with these settings.
+fn int4(accuracy_level: Option<i64>, symmetric: bool) -> Precision {
+    Precision::Int4 {
+        int4: Int4Options {
+            accuracy_level,
+            symmetric,
+            ..Int4Options::default()
+        },
+        awq: false,
+    }
+}
 
 /// The `accuracy_level` of every INT4 product (`MatMulNBits` or trt's `MmqMatMulNBits`).
 fn levels(target: &str, level: Option<i64>, symmetric: bool) -> Vec<Option<i64>> {
@@ -15,12 +27,7 @@ fn levels(target: &str, level: Option<i64>, symmetric: bool) -> Vec<Option<i64>>
         .unwrap_or_else(|e| panic!("{}", e.rendered));
     let options = CompileOptions {
         target: TargetRef::by_name(target).expect("target"),
-        precision: Precision::Scheme(QuantScheme::Int4),
-        int4: Int4Options {
-            accuracy_level: level,
-            symmetric,
-            ..Int4Options::default()
-        },
+        precision: int4(level, symmetric),
         accuracy: mmq_compiler::Accuracy::Off,
         ..CompileOptions::default()
     };
@@ -53,23 +60,16 @@ fn the_target_chooses_and_the_options_override() {
 #[test]
 fn a_level_out_of_range_is_refused() {
     let options = CompileOptions {
-        precision: Precision::Scheme(QuantScheme::Int4),
-        int4: Int4Options {
-            accuracy_level: Some(7),
-            ..Int4Options::default()
-        },
+        precision: int4(Some(7), true),
         ..CompileOptions::default()
     };
-    let e = options.check().expect_err("level 7");
+    let e = options.check().expect_err("level 7").to_string();
     assert!(e.contains("--int4-accuracy-level 7"), "{e}");
     let trt = CompileOptions {
         target: TargetRef::by_name("trt").expect("trt"),
-        int4: Int4Options {
-            accuracy_level: Some(4),
-            ..Int4Options::default()
-        },
+        precision: int4(Some(4), true),
         ..options
     };
-    let e = trt.check().expect_err("trt has no MatMulNBits");
+    let e = trt.check().expect_err("trt has no MatMulNBits").to_string();
     assert!(e.contains("target trt has none"), "{e}");
 }

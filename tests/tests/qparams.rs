@@ -4,19 +4,19 @@
 
 use std::path::Path;
 
-use mmq_compiler::qparams::{QParamTable, Scheme, collect, write_table};
-use mmq_compiler::{CompileOptions, Precision, QuantScheme, compile};
+use mmq_compiler::qparams::{Layout, QParamTable, collect, write_table};
+use mmq_compiler::{CompileOptions, Precision, Scheme, compile};
 use mmq_ir::{DType, Module};
 use mmq_passes::quant::place::Placement;
 use mmq_tests::{repo_root, scratch_dir};
 
-fn compiled(scheme: QuantScheme) -> Module {
+fn compiled(scheme: Scheme) -> Module {
     let path = repo_root().join("tests/fixtures/llama_gqa_kv/model.onnx");
     let (mut m, _) = mmq_compiler::load::load(&[path])
         .and_then(|l| l.verified())
         .unwrap_or_else(|e| panic!("{}", e.rendered));
     let options = CompileOptions {
-        precision: Precision::Scheme(scheme),
+        precision: Precision::of(scheme),
         placement: Placement::All,
         calibration: mmq_compiler::CalibrationSource::Random { count: 2, seed: 0 },
         accuracy: mmq_compiler::Accuracy::Off,
@@ -29,7 +29,7 @@ fn compiled(scheme: QuantScheme) -> Module {
 #[test]
 fn the_table_holds_every_scale_and_zero_point_bit_for_bit() {
     let dir = scratch_dir("qparams-exact");
-    for scheme in [QuantScheme::Int8, QuantScheme::Int4, QuantScheme::Fp8] {
+    for scheme in [Scheme::Int8, Scheme::Int4, Scheme::Fp8] {
         let mut m = compiled(scheme);
         let path = dir.join(format!("{scheme}.qpqr"));
         let (written, refs) = write_table(&mut m, &path, Some(&dir)).expect("write");
@@ -66,10 +66,10 @@ fn the_table_holds_every_scale_and_zero_point_bit_for_bit() {
                 e.name
             );
             match scheme {
-                QuantScheme::Int4 => {
-                    assert_eq!((e.scheme, e.group_size), (Scheme::PerGroup, 32));
+                Scheme::Int4 => {
+                    assert_eq!((e.scheme, e.group_size), (Layout::PerGroup, 32));
                 }
-                _ => assert!(matches!(e.scheme, Scheme::PerTensor | Scheme::PerChannel)),
+                _ => assert!(matches!(e.scheme, Layout::PerTensor | Layout::PerChannel)),
             }
         }
     }
@@ -90,7 +90,7 @@ fn check_refused(path: &Path, bytes: &[u8], what: &str) {
 #[test]
 fn truncated_and_corrupted_tables_are_refused() {
     let dir = scratch_dir("qparams-hostile");
-    let mut m = compiled(QuantScheme::Int4);
+    let mut m = compiled(Scheme::Int4);
     let good = dir.join("good.qpqr");
     write_table(&mut m, &good, None).expect("write");
     let bytes = std::fs::read(&good).unwrap();
@@ -135,7 +135,7 @@ fn resealed(mut bytes: Vec<u8>) -> Vec<u8> {
 #[test]
 fn tables_that_mean_nothing_are_refused_with_a_matching_checksum() {
     let dir = scratch_dir("qparams-meaning");
-    let mut m = compiled(QuantScheme::Int4);
+    let mut m = compiled(Scheme::Int4);
     let good = dir.join("good.qpqr");
     write_table(&mut m, &good, None).expect("write");
     let bytes = std::fs::read(&good).unwrap();

@@ -12,7 +12,7 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use mmq_compiler::{Accuracy, CalibrationSource, CompileOptions, Precision, QuantScheme};
+use mmq_compiler::{Accuracy, CalibrationSource, CompileOptions, Precision, Scheme};
 use mmq_passes::quant::int8::ActGranularity;
 use mmq_passes::{OptLevel, TargetRef};
 use mmq_tests::{Fixture, cosine, fixtures, oracle, scratch_dir};
@@ -228,9 +228,9 @@ fn every_fixture_becomes_a_package_tensorrt_accepts_and_onnx_runtime_runs() {
         .filter_map(|(fx, tag)| {
             std::panic::catch_unwind(|| {
                 let precision = match *tag {
-                    "int8" => Precision::Scheme(QuantScheme::Int8),
-                    "fp8" => Precision::Scheme(QuantScheme::Fp8),
-                    "int4" => Precision::Scheme(QuantScheme::Int4),
+                    "int8" => Precision::of(Scheme::Int8),
+                    "fp8" => Precision::of(Scheme::Fp8),
+                    "int4" => Precision::of(Scheme::Int4),
                     _ => Precision::Float,
                 };
                 let (dir, models) = compile_package(fx, tag, precision);
@@ -362,21 +362,26 @@ fn what_tensorrt_cannot_take_is_refused_before_any_work() {
     // asymmetric INT4 (through the INT4 GEMM plugin) are accepted (trt_plugins.rs).
     let options = |granularity| CompileOptions {
         target: TargetRef::TRT,
-        precision: Precision::Scheme(QuantScheme::Int8Dynamic),
-        granularity,
+        precision: Precision::Int8Dynamic {
+            granularity,
+            smoothquant: None,
+        },
         ..CompileOptions::default()
     };
     let e = options(ActGranularity::PerTensor)
         .check()
-        .expect_err("refused");
+        .expect_err("refused")
+        .to_string();
     assert!(e.contains("int8-dynamic") && e.contains("trt"), "{e}");
     assert_eq!(options(ActGranularity::PerToken).check(), Ok(()));
     let asym = CompileOptions {
         target: TargetRef::TRT,
-        precision: Precision::Scheme(QuantScheme::Int4),
-        int4: mmq_compiler::Int4Options {
-            symmetric: false,
-            ..Default::default()
+        precision: Precision::Int4 {
+            int4: mmq_compiler::Int4Options {
+                symmetric: false,
+                ..Default::default()
+            },
+            awq: false,
         },
         ..CompileOptions::default()
     };
@@ -395,7 +400,7 @@ fn the_linter_names_what_tensorrt_refuses() {
         &fx,
         &CompileOptions {
             target: TargetRef::ORT,
-            precision: Precision::Scheme(QuantScheme::Int8),
+            precision: Precision::of(Scheme::Int8),
             calibration: CalibrationSource::Random { count: 4, seed: 0 },
             accuracy: Accuracy::Off,
             ..CompileOptions::default()
@@ -445,7 +450,7 @@ scheme = "fp16"
         "trt.toml",
     )
     .expect("map");
-    let (dir, models) = compile_package(&fx, "mixed", Precision::Map(Box::new(map)));
+    let (dir, models) = compile_package(&fx, "mixed", Precision::map(map));
     let reference = values(&fx.dir.join("outputs.npz"));
     for model in &models {
         check_written(&fx.name, model);

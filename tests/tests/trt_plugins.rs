@@ -21,7 +21,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use mmq_compiler::{Accuracy, CalibrationSource, CompileOptions, Precision, QuantScheme};
+use mmq_compiler::{Accuracy, CalibrationSource, CompileOptions, Precision};
 use mmq_ir::{DType, Module};
 use mmq_kernels::cache::CacheFormat;
 use mmq_kernels::{Interpreter, RtValue, Tensor};
@@ -63,12 +63,19 @@ impl Case {
             // Samples are read only to quantize.
             Case::Float => o.calibration = CalibrationSource::Default,
             Case::Int4Asym => {
-                o.precision = Precision::Scheme(QuantScheme::Int4);
-                o.int4.symmetric = false;
+                o.precision = Precision::Int4 {
+                    int4: mmq_compiler::Int4Options {
+                        symmetric: false,
+                        ..Default::default()
+                    },
+                    awq: false,
+                };
             }
             Case::Int8PerToken => {
-                o.precision = Precision::Scheme(QuantScheme::Int8Dynamic);
-                o.granularity = ActGranularity::PerToken;
+                o.precision = Precision::Int8Dynamic {
+                    granularity: ActGranularity::PerToken,
+                    smoothquant: None,
+                };
             }
             Case::KvInt8 => {
                 o.calibration = CalibrationSource::Default;

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use mmq_compiler::{Accuracy, CalibrationSource, CompileOptions, Precision, QuantScheme, compile};
+use mmq_compiler::{Accuracy, CalibrationSource, CompileOptions, Precision, Scheme, compile};
 use mmq_ir::{Module, Op, ValueDef};
 use mmq_passes::{OptLevel, TargetRef};
 use mmq_tests::{Fixture, fixtures, matrix_fixtures};
@@ -50,7 +50,7 @@ fn pipelines(with_calibration: bool) -> Vec<(&'static str, CompileOptions)> {
         ..CompileOptions::default()
     };
     let scheme = |s| CompileOptions {
-        precision: Precision::Scheme(s),
+        precision: Precision::of(s),
         ..base()
     };
     let mut out = vec![
@@ -69,12 +69,12 @@ fn pipelines(with_calibration: bool) -> Vec<(&'static str, CompileOptions)> {
                 ..base()
             },
         ),
-        ("int8-dynamic", scheme(QuantScheme::Int8Dynamic)),
-        ("int4", scheme(QuantScheme::Int4)),
+        ("int8-dynamic", scheme(Scheme::Int8Dynamic)),
+        ("int4", scheme(Scheme::Int4)),
     ];
     if with_calibration {
-        out.push(("int8", scheme(QuantScheme::Int8)));
-        out.push(("fp8", scheme(QuantScheme::Fp8)));
+        out.push(("int8", scheme(Scheme::Int8)));
+        out.push(("fp8", scheme(Scheme::Fp8)));
     }
     out
 }
