@@ -4,6 +4,7 @@
 #
 #   tools/same_outputs.sh OLD_MMQ NEW_MMQ [WORK_DIR]
 #
+# EXTRA="a.onnx b.onnx" adds models (real package models) to the fixtures.
 # Modes: -O1, -O2, --quant int8, --quant int4, and --target trt --quant int8; with MODES=all also
 # int8-dynamic, fp8, fp16, int4 with AWQ and block 64, int8 with SmoothQuant and a percentile
 # observer, --auto 0.99, --qparams, --package, --kv-cache int8, --image-cache int4 and trt int4.
@@ -14,10 +15,13 @@ old=$1 new=$2 work=${3:-$(mktemp -d)}
 compile_all() {
     local mmq=$1 out=$2
     mkdir -p "$out"
-    for d in tests/fixtures/*/ tests/fixtures/matrix/*/; do
-        [ -f "$d/model.onnx" ] || continue
+    local models=(tests/fixtures/*/model.onnx tests/fixtures/matrix/*/model.onnx)
+    # shellcheck disable=SC2206
+    models+=(${EXTRA:-})
+    for model in "${models[@]}"; do
+        [ -f "$model" ] || continue
         local n
-        n=$(echo "$d" | tr '/' '_')
+        n=$(echo "$model" | tr '/' '_')
         local modes=("o1:-O1" "o2:" "int8:--quant int8" "int4:--quant int4")
         if [ "${MODES:-}" = all ]; then
             modes+=("dyn:--quant int8-dynamic" "fp8:--quant fp8" "fp16:--quant fp16"
@@ -29,10 +33,10 @@ compile_all() {
         for mode in "${modes[@]}"; do
             local tag=${mode%%:*} args=${mode#*:}
             # shellcheck disable=SC2086
-            "$mmq" compile "$d/model.onnx" $args -o "$out/$n.$tag.onnx" >/dev/null 2>"$out/$n.$tag.err"
+            "$mmq" compile "$model" $args -o "$out/$n.$tag.onnx" >/dev/null 2>"$out/$n.$tag.err"
             echo "exit $?" >>"$out/$n.$tag.err"
         done
-        "$mmq" compile "$d/model.onnx" --target trt --quant int8 -o "$out/$n.trt" >/dev/null \
+        "$mmq" compile "$model" --target trt --quant int8 -o "$out/$n.trt" >/dev/null \
             2>"$out/$n.trt.err"
         echo "exit $?" >>"$out/$n.trt.err"
     done

@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
+use mmq_ir::plugin;
 use mmq_ir::{Const, DType, GraphId, Module, Node, Op, Value};
-use mmq_kernels::{Tensor, plugin};
+use mmq_kernels::Tensor;
 use mmq_passes::targets::trt::parser_supports;
 
 /// One violation: the node (its name and op) and what is wrong.

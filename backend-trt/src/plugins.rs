@@ -1,4 +1,4 @@
-//! The plugin library of a package: which of mmq's plugins ([`mmq_kernels::plugin`]) the models
+//! The plugin library of a package: which of mmq's plugins ([`mmq_ir::plugin`]) the models
 //! use and on which nodes, and the sources written to `plugins/` (the IPluginV3 classes, their
 //! launchers, the CUDA kernels of `kernels/cuda` they launch, `build.sh` and `CMakeLists.txt`)
 //! from which `build.sh` makes `libmmq_plugins.so` with nvcc.
@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use mmq_ir::Module;
-use mmq_kernels::plugin::{self, DOMAIN};
+use mmq_ir::plugin::{self, DOMAIN};
 
 /// The sources of the plugin library, as written to `plugins/`: (file name, text, executable).
 pub const SOURCES: [(&str, &str, bool); 9] = [

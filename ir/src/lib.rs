@@ -36,6 +36,7 @@ pub mod infer;
 pub mod modality;
 pub mod module;
 pub mod op;
+pub mod plugin;
 pub mod text;
 pub mod types;
 pub mod verify;

@@ -813,7 +813,7 @@ ops! {
     MsAttention in "com.microsoft" as "Attention" [2..7 -> 1..2] { do_rotary: i64, mask_filter_value: f32, num_heads: i64, past_present_share_buffer: i64, qkv_hidden_sizes: Vec<i64>, rotary_embedding_dim: i64, scale: f32, unidirectional: i64 = 0 }
     /// Rotary embedding by position ids and cos/sin caches.
     MsRotaryEmbedding in "com.microsoft" as "RotaryEmbedding" [4 -> 1] { interleaved: i64, is_packed_batching: i64, num_heads: i64, rotary_embedding_dim: i64, scale: f32 }
-    // ---- mmq's TensorRT plugins (`mmq_kernels::plugin` holds their interface) ----
+    // ---- mmq's TensorRT plugins ([`crate::plugin`] holds their interface) ----
     /// `QuantizeLinear` to int8 with zero points.
     MmqQuantize in "mmq.trt" [2..3 -> 1] { plugin_namespace: String, plugin_version: String, axis: i64 = 1, block_size: i64 = 0 }
     /// `DequantizeLinear` of int8 with zero points.

@@ -23,7 +23,6 @@ pub mod io;
 pub mod numeric;
 mod ops;
 pub mod packed;
-pub mod plugin;
 mod tensor;
 pub mod vmath;
 

@@ -335,7 +335,7 @@ fn spec_lines(m: &Module, inputs: &HashMap<String, Tensor>, package: &str) -> Ve
         .nodes
         .iter()
         .copied()
-        .filter(|&n| probe.nodes[n].op.domain() == mmq_kernels::plugin::DOMAIN)
+        .filter(|&n| probe.nodes[n].op.domain() == mmq_ir::plugin::DOMAIN)
         .collect();
     let mut watched = Vec::new();
     for &n in &plugin_nodes {
@@ -455,7 +455,7 @@ fn plugin_packages_pass_every_check_and_the_library_builds_and_loads() {
         spec.push(line.clone());
     }
     // Every plugin of the schema is used somewhere.
-    for p in &mmq_kernels::plugin::PLUGINS {
+    for p in &mmq_ir::plugin::PLUGINS {
         assert!(
             spec.iter().any(|l| l.starts_with(&format!("{}|", p.name))),
             "no case uses {}",

@@ -1,4 +1,4 @@
-//! Kernels: the TensorRT plugins of [`crate::plugin`], on the CPU. Each computes what the plugin's
+//! Kernels: the TensorRT plugins of [`mmq_ir::plugin`], on the CPU. Each computes what the plugin's
 //! CUDA kernel computes (the same round-half-even quantization, the same blocked INT4 layout), so
 //! a plugin network runs under the interpreter and its outputs are the reference the engine is
 //! checked against.
@@ -10,8 +10,8 @@ use super::quant::{QuantAttrs, dequantize_linear, quantize_linear};
 use super::util::tensor;
 use super::{OpCtx, OpResult};
 use crate::packed::{self, Format};
-use crate::plugin::{self, DOMAIN};
 use crate::tensor::{Data, RtValue, Tensor};
+use mmq_ir::plugin::{self, DOMAIN};
 
 /// Runs the node when it is one of mmq's plugins.
 pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> Option<OpResult> {

@@ -1,5 +1,5 @@
 //! The `trt` target's last step: what TensorRT's layers cannot express becomes one of mmq's
-//! plugins ([`mmq_kernels::plugin`]), and what only looks foreign becomes native.
+//! plugins ([`mmq_ir::plugin`]), and what only looks foreign becomes native.
 //!
 //! - **uint8 Q/DQ** is recoded as int8: `q_u8 = clamp(round(x / s) + z, 0, 255)` is
 //!   `q_i8 + 128` with `q_i8 = clamp(round(x / s) + (z - 128), -128, 127)`, so a unit with zero
@@ -20,8 +20,8 @@
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
+use mmq_ir::plugin::{DOMAIN, NAMESPACE, VERSION};
 use mmq_ir::{At, Attr, ConstData, DType, GraphId, Module, Node, Op, Storage, Type, Value};
-use mmq_kernels::plugin::{DOMAIN, NAMESPACE, VERSION};
 
 use crate::dce::{Dce, live_graphs};
 use crate::pass::{Pass, PassError, PassOptions, PassReport};

@@ -17,21 +17,26 @@ pub const NAMESPACE: &str = "mmq";
 pub const VERSION: &str = "1";
 
 /// One field of a plugin (an ONNX `INT` attribute; TensorRT passes it as `kINT32`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Field {
+    /// The attribute's name.
     pub name: &'static str,
     /// The value when the node does not set it.
     pub default: i64,
+    /// What it sets.
     pub what: &'static str,
 }
 
 /// A plugin: what it computes and its interface.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Schema {
+    /// The plugin's name (the node's `op_type`).
     pub name: &'static str,
+    /// What it computes.
     pub what: &'static str,
     /// Why TensorRT's own layers cannot do it.
     pub why: &'static str,
+    /// Its fields, in order.
     pub fields: &'static [Field],
     /// Inputs in order, as `name: types`.
     pub inputs: &'static [&'static str],
@@ -133,7 +138,7 @@ pub fn schema(op_type: &str) -> Option<&'static Schema> {
 
 #[cfg(test)]
 mod tests {
-    use mmq_ir::{Attr, Op};
+    use crate::{Attr, Op};
 
     use super::{DOMAIN, PLUGINS};
 
