@@ -114,7 +114,7 @@ fn const_homes(m: &Module, tree: &[GraphId]) -> HashMap<Value, GraphId> {
     let mut homes: HashMap<Value, GraphId> = HashMap::new();
     for &g in tree {
         let gd = &m.graphs[g];
-        let nodes = gd.nodes.iter().filter_map(|&n| m.nodes.get(n));
+        let nodes = gd.nodes().iter().filter_map(|&n| m.nodes.get(n));
         let used = nodes
             .flat_map(|nd| nd.inputs.iter().flatten())
             .chain(&gd.outputs);
@@ -142,7 +142,7 @@ fn graph_tree(m: &Module, top: GraphId) -> Result<Vec<GraphId>, ExportError> {
     let mut i = 0;
     while i < out.len() {
         let gid = out[i];
-        for &n in &m.graphs[gid].nodes {
+        for &n in m.graphs[gid].nodes() {
             let nd = node(m, n)?;
             for sub in nd.op.subgraphs() {
                 if m.graphs.get(sub).is_none() {
@@ -217,7 +217,7 @@ fn assign_names(m: &Module, tree: &[GraphId]) -> Result<HashMap<Value, String>, 
         for &v in &g.inputs {
             visit(v, &at)?;
         }
-        for &n in &g.nodes {
+        for &n in g.nodes() {
             let nd = node(m, n)?;
             let at = || format!("node `{}`", node_label(m, n));
             for v in nd.inputs.iter().chain(&nd.outputs).flatten() {
@@ -411,7 +411,7 @@ impl Exporter<'_, '_> {
             }
         }
         let outputs: HashSet<Value> = g.outputs.iter().copied().collect();
-        for &n in &g.nodes {
+        for &n in g.nodes() {
             let np = self.node(n)?;
             gp.node.push(np);
             for &v in m.nodes[n].outputs.iter().flatten() {
@@ -796,7 +796,7 @@ pub(crate) fn used_consts(m: &Module, graph: GraphId) -> Result<Vec<Const>, Expo
         let g = &m.graphs[gid];
         let at = || format!("graph `{}`", g.name);
         let mut values: Vec<Value> = g.inputs.iter().chain(&g.outputs).copied().collect();
-        for &n in &g.nodes {
+        for &n in g.nodes() {
             let nd = node(m, n)?;
             values.extend(nd.inputs.iter().flatten());
             for c in nd.op.attr_consts() {

@@ -261,7 +261,7 @@ fn check_depth(m: &Module, graph: GraphId) -> Result<(), ExportError> {
                 limit: MAX_SUBGRAPH_DEPTH,
             });
         }
-        for &n in &m.graphs[g].nodes {
+        for &n in m.graphs[g].nodes() {
             stack.extend(
                 m.nodes[n]
                     .op

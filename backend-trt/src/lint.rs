@@ -283,7 +283,7 @@ pub fn lint_graph(m: &Module, graph: GraphId) -> Vec<Finding> {
     let mut consumers: HashMap<Value, Vec<Node>> = HashMap::new();
     let graphs = m.graph_tree(graph);
     for &g in &graphs {
-        for &n in &m.graphs[g].nodes {
+        for &n in m.graphs[g].nodes() {
             for v in m.nodes[n].inputs.iter().flatten() {
                 consumers.entry(*v).or_default().push(n);
             }
@@ -295,7 +295,7 @@ pub fn lint_graph(m: &Module, graph: GraphId) -> Vec<Finding> {
         out: Vec::new(),
     };
     for &g in &graphs {
-        for &n in &m.graphs[g].nodes {
+        for &n in m.graphs[g].nodes() {
             l.node(n);
         }
     }

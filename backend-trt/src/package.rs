@@ -201,7 +201,7 @@ fn symbols_of(m: &Module, graph: GraphId, out: &mut Vec<Sym>) {
 fn quantization(m: &Module, graph: GraphId) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
     for g in m.graph_tree(graph) {
-        for &n in &m.graphs[g].nodes {
+        for &n in m.graphs[g].nodes() {
             let nd = &m.nodes[n];
             let (kind, v) = match nd.op {
                 Op::QuantizeLinear { .. } => ("QuantizeLinear", nd.outputs.first()),

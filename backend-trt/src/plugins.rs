@@ -64,7 +64,7 @@ pub fn uses(m: &Module) -> BTreeMap<&'static str, Vec<String>> {
     let mut out: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
     for e in &m.entries {
         for g in m.graph_tree(e.graph) {
-            for &n in &m.graphs[g].nodes {
+            for &n in m.graphs[g].nodes() {
                 let op = &m.nodes[n].op;
                 if op.domain() != DOMAIN {
                     continue;

@@ -553,7 +553,7 @@ fn convert(
     let msg = format!(
         "wrote {} ({} nodes, {} inputs, {} outputs; {})\n",
         output.display(),
-        g.nodes.len(),
+        g.nodes().len(),
         g.inputs.len(),
         g.outputs.len(),
         report,
@@ -567,7 +567,7 @@ fn verify(input: &std::path::Path) -> Result<(), Failure> {
     warn(&loaded.verify()?);
     let m = &loaded.module;
     let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-    let nodes = m.graphs.iter().map(|(_, g)| g.nodes.len()).sum::<usize>();
+    let nodes = m.graphs.iter().map(|(_, g)| g.nodes().len()).sum::<usize>();
     let msg = format!(
         "{}: ok ({}, {}, {})\n",
         input.display(),

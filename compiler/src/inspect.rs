@@ -44,7 +44,7 @@ pub fn op_key(op: &mmq_ir::Op) -> String {
 pub fn op_counts(m: &Module, g: GraphId) -> BTreeMap<String, usize> {
     let mut ops = BTreeMap::new();
     for sub in m.graph_tree(g) {
-        for &n in &m.graphs[sub].nodes {
+        for &n in m.graphs[sub].nodes() {
             *ops.entry(op_key(&m.nodes[n].op)).or_insert(0) += 1;
         }
     }

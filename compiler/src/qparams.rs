@@ -177,7 +177,7 @@ pub fn collect(m: &Module) -> Vec<Found> {
     let mut out: Vec<Found> = Vec::new();
     for e in &m.entries {
         for g in m.graph_tree(e.graph) {
-            for &n in &m.graphs[g].nodes {
+            for &n in m.graphs[g].nodes() {
                 let nd = &m.nodes[n];
                 for &(si, zi) in roles(&nd.op) {
                     let Some(Some(sv)) = nd.inputs.get(si).copied() else {

@@ -89,7 +89,7 @@ pub fn dot(m: &Module) -> String {
             );
             source.insert(v, id);
         }
-        for (i, &n) in g.nodes.iter().enumerate() {
+        for (i, &n) in g.nodes().iter().enumerate() {
             let node = &m.nodes[n];
             let id = format!("n{i}");
             let consts = node

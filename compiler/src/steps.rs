@@ -344,7 +344,7 @@ impl Context {
         let mut skipped = std::collections::HashSet::new();
         for e in &m.entries {
             for g in m.graph_tree(e.graph) {
-                for &n in &m.graphs[g].nodes {
+                for &n in m.graphs[g].nodes() {
                     let nd = &m.nodes[n];
                     if !matches!(
                         nd.op,
@@ -761,7 +761,7 @@ fn run_map(
     let passes = plan_passes(m, &plan, &ranges, ctx.placement, ctx.int4, &*opts.target);
     run_nested(m, passes, opts, report)?;
     let after: HashMap<String, Node> = m.graphs[graph]
-        .nodes
+        .nodes()
         .iter()
         .filter_map(|&n| Some((m.nodes[n].name.clone()?, n)))
         .collect();

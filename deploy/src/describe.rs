@@ -320,7 +320,7 @@ pub(crate) fn generation(
 /// `[vocab, hidden]` table by `input_ids`), if there is one.
 pub(crate) fn hidden_size(m: &Module, g: GraphId, ids: &str) -> Option<u64> {
     let ids = find(m, &m.graphs[g].inputs, ids)?;
-    m.graphs[g].nodes.iter().find_map(|&n| {
+    m.graphs[g].nodes().iter().find_map(|&n| {
         let node = &m.nodes[n];
         if node.op.op_type() != "Gather" || node.inputs.get(1).copied().flatten() != Some(ids) {
             return None;

@@ -136,7 +136,7 @@ impl Importer<'_> {
             // Every node of the default domain needs the domain's opset to have a meaning.
             let first = self.m.graph_tree(gid).into_iter().find_map(|g| {
                 self.m.graphs[g]
-                    .nodes
+                    .nodes()
                     .iter()
                     .copied()
                     .find(|&n| matches!(self.m.nodes[n].op.domain(), "" | "ai.onnx"))

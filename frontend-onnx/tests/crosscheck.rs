@@ -193,7 +193,7 @@ fn fixtures_import() {
         let g = model.graph.as_ref().unwrap();
         let entry = &m.entries[0];
         let graph = &m.graphs[entry.graph];
-        assert_eq!(graph.nodes.len(), g.node.len(), "{}", path.display());
+        assert_eq!(graph.nodes().len(), g.node.len(), "{}", path.display());
         assert_eq!(graph.outputs.len(), g.output.len(), "{}", path.display());
         let inits = g.initializer.len() + g.sparse_initializer.len();
         assert!(m.consts.len() >= inits, "{}", path.display());

@@ -165,7 +165,7 @@ fn conv_relu() -> GraphProto {
 
 fn names(m: &Module, g: mmq_ir::GraphId) -> Vec<String> {
     m.graphs[g]
-        .nodes
+        .nodes()
         .iter()
         .map(|&n| m.nodes[n].name.clone().unwrap_or_default())
         .collect()
@@ -189,9 +189,9 @@ fn conv_relu_graph() {
     assert_eq!(g.name, "convnet");
     assert_eq!(g.doc, "a conv net");
     assert_eq!(g.inputs.len(), 1);
-    assert_eq!(g.nodes.len(), 2);
+    assert_eq!(g.nodes().len(), 2);
 
-    let conv = &m.nodes[g.nodes[0]];
+    let conv = &m.nodes[g.nodes()[0]];
     assert_eq!(conv.name.as_deref(), Some("conv0"));
     match &conv.op {
         Op::Conv {
@@ -223,7 +223,7 @@ fn conv_relu_graph() {
     };
     assert_eq!(m.consts[bc].raw_bytes(), Some(&0.25f32.to_le_bytes()[..]));
 
-    let relu = &m.nodes[g.nodes[1]];
+    let relu = &m.nodes[g.nodes()[1]];
     assert!(matches!(relu.op, Op::Relu {}));
     assert_eq!(relu.name, None);
     assert_eq!(relu.inputs[0], conv.outputs[0]);
@@ -378,8 +378,8 @@ fn if_branch_uses_outer_value() {
     let m = load(&model(g, 17)).unwrap();
     let gid = m.entries[0].graph;
     assert_eq!(names(&m, gid), vec!["neg".to_owned(), "if".to_owned()]);
-    let neg = m.graphs[gid].nodes[0];
-    let if_node = m.graphs[gid].nodes[1];
+    let neg = m.graphs[gid].nodes()[0];
+    let if_node = m.graphs[gid].nodes()[1];
     let x = m.nodes[neg].outputs[0].unwrap();
     let Op::If {
         then_branch: Some(tb),
@@ -390,7 +390,7 @@ fn if_branch_uses_outer_value() {
     };
     assert_eq!(m.graphs[tb].parent, Some(if_node));
     assert_eq!(m.graphs[eb].parent, Some(if_node));
-    let add = m.graphs[tb].nodes[0];
+    let add = m.graphs[tb].nodes()[0];
     assert_eq!(m.nodes[add].inputs, vec![Some(x), Some(x)]);
     assert_eq!(m.nodes[add].graph, tb);
     assert_eq!(m.graph_tree(gid), vec![gid, tb, eb]);
@@ -652,7 +652,7 @@ fn attributes_of_every_kind_keep_order() {
         version: Some(1),
     });
     let mut m = load(&mp).unwrap();
-    let nid = m.graphs[m.entries[0].graph].nodes[0];
+    let nid = m.graphs[m.entries[0].graph].nodes()[0];
     let Op::Custom(c) = m.nodes[nid].op.clone() else {
         panic!("not custom")
     };
@@ -694,7 +694,7 @@ fn constant_node_keeps_its_tensor() {
         ..Default::default()
     };
     let m = load(&model(g, 17)).unwrap();
-    let nid = m.graphs[m.entries[0].graph].nodes[0];
+    let nid = m.graphs[m.entries[0].graph].nodes()[0];
     let Op::Constant { value: Some(c), .. } = m.nodes[nid].op else {
         panic!("not a typed Constant: {:?}", m.nodes[nid].op)
     };
@@ -711,7 +711,7 @@ fn opset_and_ir_version_limits() {
     let mut g = conv_relu();
     g.node[1].attribute.push(ints("consumed_inputs", &[0]));
     let m = load(&model(g, 1)).unwrap();
-    let relu = m.graphs[m.entries[0].graph].nodes[1];
+    let relu = m.graphs[m.entries[0].graph].nodes()[1];
     assert!(m.nodes[relu].op.is_custom());
     let mut mp = model(conv_relu(), 17);
     mp.ir_version = Some(2);

@@ -30,6 +30,7 @@ pub mod constant;
 pub mod diag;
 pub mod dim;
 pub mod dtype;
+pub mod edit;
 pub mod einsum;
 pub mod fsio;
 pub mod infer;

@@ -84,12 +84,19 @@ pub struct GraphData {
     pub inputs: Vec<Value>,
     /// Graph outputs (any values visible in the graph).
     pub outputs: Vec<Value>,
-    /// Nodes in topological order.
-    pub nodes: Vec<Node>,
+    /// Nodes in topological order ([`GraphData::nodes`]; changed through [`crate::edit`]).
+    pub(crate) nodes: Vec<Node>,
     /// The node whose attribute holds this graph, for subgraphs.
     pub parent: Option<Node>,
     /// Source documentation string.
     pub doc: String,
+}
+
+impl GraphData {
+    /// The nodes, in topological order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
 }
 
 /// Facts about the model file a top-level graph came from, kept so export can reproduce them.
@@ -155,7 +162,7 @@ pub struct Link {
     pub to: (GraphId, u32),
 }
 
-/// Where [`Module::insert_node`] puts a node in its graph's node list (which is in topological
+/// Where a [`crate::edit::Cursor`] puts a node in its graph's node list (which is in topological
 /// order: a node goes before its first reader and after what it reads).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum At {
@@ -400,106 +407,6 @@ impl Module {
         self.const_values.get(&c).copied()
     }
 
-    /// Adds a node to `graph` at `at` in its node list (see [`At`]), with fresh result values
-    /// typed and named by `outputs` (`None`: an absent optional result).
-    pub fn insert_node(
-        &mut self,
-        graph: GraphId,
-        at: At,
-        op: Op,
-        inputs: Vec<Option<Value>>,
-        outputs: Vec<Option<(Option<String>, Type)>>,
-        name: Option<String>,
-    ) -> Node {
-        let node = self.nodes.push(NodeData {
-            op,
-            inputs,
-            outputs: Vec::new(),
-            name,
-            graph,
-        });
-        let mut outs = Vec::with_capacity(outputs.len());
-        for (index, o) in outputs.into_iter().enumerate() {
-            outs.push(o.map(|(name, ty)| {
-                let ty = self.intern(ty);
-                self.values.push(ValueData {
-                    name,
-                    ty,
-                    def: ValueDef::Output {
-                        node,
-                        index: index as u32,
-                    },
-                })
-            }));
-        }
-        self.nodes[node].outputs = outs;
-        let list = &mut self.graphs[graph].nodes;
-        let anchor = |n: Node, list: &[Node]| list.iter().position(|&x| x == n);
-        match at {
-            At::End => list.push(node),
-            At::Start => list.insert(0, node),
-            At::Before(n) => {
-                let pos = anchor(n, list).unwrap_or(list.len());
-                list.insert(pos, node);
-            }
-            At::After(n) => {
-                let pos = anchor(n, list).map_or(list.len(), |p| p + 1);
-                list.insert(pos, node);
-            }
-            At::Unlisted => {}
-        }
-        node
-    }
-
-    /// Appends a node to `graph` ([`Module::insert_node`] at [`At::End`]).
-    pub fn add_node(
-        &mut self,
-        graph: GraphId,
-        op: Op,
-        inputs: Vec<Option<Value>>,
-        outputs: Vec<Option<(Option<String>, Type)>>,
-        name: Option<String>,
-    ) -> Node {
-        self.insert_node(graph, At::End, op, inputs, outputs, name)
-    }
-
-    /// Replaces every use of `old` by `new` in `scope` and the graphs nested in it: operands of
-    /// the nodes they list (except the nodes in `except`) and graph outputs. Returns the number
-    /// of uses replaced.
-    pub fn replace_uses(
-        &mut self,
-        old: Value,
-        new: Value,
-        scope: GraphId,
-        except: &[Node],
-    ) -> usize {
-        let mut count = 0;
-        for g in self.graph_tree(scope) {
-            for o in self.graphs[g].outputs.iter_mut() {
-                if *o == old {
-                    *o = new;
-                    count += 1;
-                }
-            }
-            for i in 0..self.graphs[g].nodes.len() {
-                let n = self.graphs[g].nodes[i];
-                if except.contains(&n) {
-                    continue;
-                }
-                if self.nodes.get(n).is_none() {
-                    continue;
-                }
-                for x in self.nodes[n].inputs.iter_mut() {
-                    if *x == Some(old) {
-                        *x = Some(new);
-                        count += 1;
-                    }
-                }
-            }
-        }
-        count
-    }
-
     /// Sets a value's type.
     pub fn set_type(&mut self, v: Value, ty: Type) {
         let ty = self.intern(ty);
@@ -558,75 +465,5 @@ impl Module {
     /// Total bytes of constant data.
     pub fn weight_bytes(&self) -> u64 {
         self.consts.iter().map(|(_, c)| c.byte_len()).sum()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::text;
-
-    fn parsed(src: &str) -> Module {
-        text::parse(src).expect("parses").0
-    }
-
-    fn names(m: &Module, g: GraphId) -> Vec<String> {
-        m.graphs[g]
-            .nodes
-            .iter()
-            .map(|&n| {
-                let v = m.nodes[n].outputs[0].expect("one result");
-                m.values[v].name.clone().unwrap_or_default()
-            })
-            .collect()
-    }
-
-    #[test]
-    fn insert_node_places_nodes_where_asked() {
-        let mut m = parsed(
-            "graph @g(%x: f32[2]) -> (f32[2]) {\n  %a = Relu(%x) : f32[2]\n  %b = Neg(%a) : f32[2]\n  return %b\n}\n",
-        );
-        let g = m.entries[0].graph;
-        let (a, b) = (m.graphs[g].nodes[0], m.graphs[g].nodes[1]);
-        let x = m.graphs[g].inputs[0];
-        let ty = Type::tensor(crate::DType::F32, vec![Dim::known(2)]);
-        let add = |m: &mut Module, at: At, name: &str| {
-            let out = vec![Some((Some(name.to_owned()), ty.clone()))];
-            m.insert_node(g, at, Op::Abs {}, vec![Some(x)], out, None)
-        };
-        add(&mut m, At::Start, "start");
-        add(&mut m, At::Before(b), "before_b");
-        add(&mut m, At::After(a), "after_a");
-        add(&mut m, At::End, "end");
-        let loose = add(&mut m, At::Unlisted, "unlisted");
-        assert_eq!(
-            names(&m, g),
-            ["start", "a", "after_a", "before_b", "b", "end"]
-        );
-        assert!(!m.graphs[g].nodes.contains(&loose));
-        assert_eq!(m.nodes[loose].graph, g);
-        // An anchor that is not listed puts the node last.
-        add(&mut m, At::Before(loose), "fallback");
-        assert_eq!(names(&m, g).last().map(String::as_str), Some("fallback"));
-    }
-
-    #[test]
-    fn replace_uses_reaches_subgraphs_and_outputs_and_skips_exceptions() {
-        let src = "graph @g(%x: f32[2], %c: bool[]) -> (f32[2], f32[2]) {\n  %a = Relu(%x) : f32[2]\n  %n = Neg(%a) : f32[2]\n  %y = If(%c) {\n    then_branch = graph @t() -> (f32[2]) {\n      %p = Abs(%a) : f32[2]\n      return %p\n    },\n    else_branch = graph @e() -> (f32[2]) {\n      return %a\n    }\n  } : f32[2]\n  return %a, %y\n}\n";
-        let mut m = parsed(src);
-        let g = m.entries[0].graph;
-        let [relu, neg, _] = m.graphs[g].nodes[..] else {
-            panic!("three nodes")
-        };
-        let a = m.nodes[relu].outputs[0].expect("a");
-        let x = m.graphs[g].inputs[0];
-        // Neg keeps reading `a`; the branch node, the else branch's output and the graph
-        // output switch to `x`.
-        assert_eq!(m.replace_uses(a, x, g, &[neg]), 3);
-        assert_eq!(m.nodes[neg].inputs[0], Some(a));
-        assert_eq!(m.graphs[g].outputs[0], x);
-        let printed = text::print(&m);
-        assert!(printed.contains("%p = Abs(%x)"), "{printed}");
-        assert!(printed.contains("return %x\n    }"), "{printed}");
     }
 }

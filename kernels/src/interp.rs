@@ -458,7 +458,7 @@ impl<'m> Interpreter<'m> {
         let plan = self.plan(graph);
         // `Mul`s whose result a fused node already computed.
         let mut done: HashSet<usize> = HashSet::new();
-        for (i, &n) in g.nodes.iter().enumerate() {
+        for (i, &n) in g.nodes().iter().enumerate() {
             let node = &m.nodes[n];
             if done.remove(&i) {
                 self.free_after(&plan, i, node, &mut env);
@@ -710,7 +710,7 @@ impl<'m> Interpreter<'m> {
 fn constant_nodes(m: &Module, graph: GraphId) -> Vec<bool> {
     let mut constant: HashSet<Value> = HashSet::new();
     m.graphs[graph]
-        .nodes
+        .nodes()
         .iter()
         .map(|&n| {
             let node = &m.nodes[n];
@@ -731,7 +731,7 @@ fn constant_nodes(m: &Module, graph: GraphId) -> Vec<bool> {
 /// The `Sigmoid`s of `graph` whose result only a `Mul` by the `Sigmoid`'s own operand reads
 /// ([`Plan::swish`]).
 fn swish_pairs(m: &Module, graph: GraphId) -> HashMap<usize, Swish> {
-    let nodes = &m.graphs[graph].nodes;
+    let nodes = &m.graphs[graph].nodes();
     let outputs: HashSet<Value> = m.graphs[graph].outputs.iter().copied().collect();
     let mut uses: HashMap<Value, Vec<usize>> = HashMap::new();
     for (i, &n) in nodes.iter().enumerate() {
@@ -780,7 +780,7 @@ fn swish_pairs(m: &Module, graph: GraphId) -> HashMap<usize, Swish> {
 /// subgraphs counts as a use by that node), and the set of every value used at all.
 fn last_uses(m: &Module, graph: GraphId) -> (HashMap<usize, Vec<Value>>, HashSet<Value>) {
     let mut last: HashMap<Value, usize> = HashMap::new();
-    for (i, &n) in m.graphs[graph].nodes.iter().enumerate() {
+    for (i, &n) in m.graphs[graph].nodes().iter().enumerate() {
         for v in uses_of(m, n) {
             last.insert(v, i);
         }
@@ -799,7 +799,7 @@ fn uses_of(m: &Module, n: Node) -> Vec<Value> {
     let mut out: Vec<Value> = node.inputs.iter().flatten().copied().collect();
     for sub in node.op.subgraphs() {
         for g in m.graph_tree(sub) {
-            for &inner in &m.graphs[g].nodes {
+            for &inner in m.graphs[g].nodes() {
                 out.extend(m.nodes[inner].inputs.iter().flatten().copied());
             }
             out.extend(m.graphs[g].outputs.iter().copied());

@@ -53,14 +53,14 @@ impl Pass for Canonicalize {
         for g in live_graphs(m) {
             let mut seen: HashMap<(String, Vec<Option<Value>>), Vec<Node>> = HashMap::new();
             let mut removed: HashSet<Node> = HashSet::new();
-            let nodes = m.graphs[g].nodes.clone();
+            let nodes = m.graphs[g].nodes().to_vec();
             for n in nodes {
                 let inputs: Vec<Option<Value>> = m.nodes[n]
                     .inputs
                     .iter()
                     .map(|o| o.map(|v| resolve(&map, v)))
                     .collect();
-                m.nodes[n].inputs = inputs.clone();
+                m.set_operands(n, inputs.clone());
                 let node = &m.nodes[n];
                 if matches!(node.op, Op::Identity {})
                     && let ([Some(src)], [Some(out)]) = (&node.inputs[..], &node.outputs[..])
@@ -120,7 +120,7 @@ impl Pass for Canonicalize {
                 }
                 merged += 1;
             }
-            m.graphs[g].nodes.retain(|n| !removed.contains(n));
+            m.retain_nodes(g, |n| !removed.contains(n));
         }
         // Readers in bodies processed before a bypass was known, and chains, resolve here.
         let resolved: HashMap<Value, Value> = map.keys().map(|&v| (v, resolve(&map, v))).collect();
@@ -141,7 +141,7 @@ fn merge_consts(m: &Module, report: &mut PassReport) -> HashMap<Value, Value> {
     let mut seen = HashSet::new();
     for (model, e) in m.entries.iter().enumerate() {
         for g in m.graph_tree(e.graph) {
-            for &n in &m.graphs[g].nodes {
+            for &n in m.graphs[g].nodes() {
                 for &v in m.nodes[n].inputs.iter().flatten() {
                     if seen.insert(v) && matches!(m.values[v].def, ValueDef::Const(_)) {
                         used.push((model, v));
@@ -201,7 +201,7 @@ mod tests {
     fn ops(m: &Module) -> Vec<String> {
         let g = m.entries[0].graph;
         m.graphs[g]
-            .nodes
+            .nodes()
             .iter()
             .map(|&n| m.nodes[n].op.op_type().to_owned())
             .collect()
@@ -238,7 +238,7 @@ mod tests {
                 "Add"
             ]
         );
-        let tn = m.graphs[g].nodes[5];
+        let tn = m.graphs[g].nodes()[5];
         let s1_twice = m.nodes[tn].inputs.clone();
         assert_eq!(s1_twice, vec![Some(s1), Some(s1)]);
         assert_eq!(m.graphs[g].outputs, vec![u, b]);
@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(report.counters.get("merged-nodes"), Some(&1));
         // p and q became Mul(x, k1); the output Identity stays.
         assert_eq!(ops(&m), ["Mul", "Add", "Add", "Identity"]);
-        let mul = m.graphs[g].nodes[0];
+        let mul = m.graphs[g].nodes()[0];
         assert_eq!(m.nodes[mul].inputs, vec![Some(x), Some(k1)]);
         let errors = mmq_ir::verify::verify_all(&m);
         assert!(errors.is_empty(), "{errors:?}");

@@ -108,7 +108,7 @@ fn dequantize_forms(m: &mut Module, report: &mut PassReport) {
     let mut count = 0;
     for g in live_graphs(m) {
         let opset = m.onnx_opset(g).unwrap_or(0);
-        for n in m.graphs[g].nodes.clone() {
+        for n in m.graphs[g].nodes().to_vec() {
             if !matches!(m.nodes[n].op, Op::Mul {}) {
                 continue;
             }
@@ -330,7 +330,7 @@ impl ConstFold {
         {
             let interp = Interpreter::new(m);
             for g in live_graphs(m) {
-                for &n in &m.graphs[g].nodes {
+                for &n in m.graphs[g].nodes() {
                     let node = &m.nodes[n];
                     if let Some(outs) = self.try_eval(m, &interp, &known, n, node) {
                         for (slot, out) in node.outputs.iter().zip(outs) {
@@ -353,7 +353,7 @@ impl ConstFold {
         let outputs = graph_outputs(m);
         let mut needed: HashSet<Value> = outputs.clone();
         for g in live_graphs(m) {
-            for &n in &m.graphs[g].nodes {
+            for &n in m.graphs[g].nodes() {
                 if !folded_set.contains(&n) {
                     needed.extend(m.nodes[n].inputs.iter().flatten().copied());
                 }
@@ -399,7 +399,7 @@ impl ConstFold {
         }
         // Drop the folded nodes; Identity nodes take their place.
         for g in live_graphs(m) {
-            let nodes = std::mem::take(&mut m.graphs[g].nodes);
+            let nodes = m.graphs[g].nodes().to_vec();
             let mut kept = Vec::with_capacity(nodes.len());
             for n in nodes {
                 if folded_set.contains(&n) {
@@ -408,7 +408,7 @@ impl ConstFold {
                     kept.push(n);
                 }
             }
-            m.graphs[g].nodes = kept;
+            m.set_node_order(g, kept);
         }
         redirect_uses(m, &map);
         report.count("folded-nodes", folded.len());
@@ -521,12 +521,12 @@ fn fold_shape_values(m: &mut Module, report: &mut PassReport) -> usize {
     let mut candidates: Vec<(Value, Vec<i64>, Vec<i64>, DType)> = Vec::new();
     let mut read: HashSet<Value> = HashSet::new();
     for g in live_graphs(m) {
-        for &n in &m.graphs[g].nodes {
+        for &n in m.graphs[g].nodes() {
             read.extend(m.nodes[n].inputs.iter().flatten().copied());
         }
     }
     for g in live_graphs(m) {
-        for &n in &m.graphs[g].nodes {
+        for &n in m.graphs[g].nodes() {
             for v in m.nodes[n].outputs.iter().flatten() {
                 if !read.contains(v) {
                     continue;
@@ -631,7 +631,7 @@ mod tests {
 
     fn ops(m: &Module, g: GraphId) -> Vec<String> {
         m.graphs[g]
-            .nodes
+            .nodes()
             .iter()
             .map(|&n| m.nodes[n].op.op_type().to_owned())
             .collect()
@@ -690,7 +690,7 @@ mod tests {
             .expect("const-fold runs");
         assert!(report.changed);
         let reshape = m.graphs[g]
-            .nodes
+            .nodes()
             .iter()
             .copied()
             .find(|&n| matches!(m.nodes[n].op, Op::Reshape { .. }))
@@ -729,7 +729,7 @@ mod tests {
         let out = m.graphs[g].outputs[0];
         assert_eq!(out, y);
         assert_eq!(m.values[out].name.as_deref(), Some("y"));
-        let id = m.graphs[g].nodes[0];
+        let id = m.graphs[g].nodes()[0];
         let c = initializer(&m, m.nodes[id].inputs[0].expect("operand")).expect("constant");
         let t = Tensor::from_const(&m.consts[c]).expect("decodes");
         assert_eq!(t.to_f32().expect("floats"), vec![-11.0, -22.0, -33.0]);
@@ -817,8 +817,8 @@ mod tests {
             .run(&mut m, &PassOptions::default())
             .expect("const-fold runs");
         assert_eq!(ops(&m, g), ["If"]);
-        let then_g = m.nodes[m.graphs[g].nodes[0]].op.subgraphs()[0];
-        let inner = m.graphs[then_g].nodes[0];
+        let then_g = m.nodes[m.graphs[g].nodes()[0]].op.subgraphs()[0];
+        let inner = m.graphs[then_g].nodes()[0];
         // Relu of a constant folds too; the body output keeps its value through an Identity.
         assert_eq!(m.nodes[inner].op.op_type(), "Identity");
         let errors = mmq_ir::verify::verify_all(&m);

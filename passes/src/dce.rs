@@ -34,12 +34,11 @@ impl Pass for Dce {
             if m.graphs[g].parent.is_some_and(|p| !live.contains(&p)) {
                 continue;
             }
-            let nodes = std::mem::take(&mut m.graphs[g].nodes);
             let (keep, drop): (Vec<Node>, Vec<Node>) =
-                nodes.into_iter().partition(|n| live.contains(n));
+                m.graphs[g].nodes().iter().partition(|n| live.contains(n));
             removed += drop.len();
             removed_bodies |= drop.iter().any(|&n| !m.nodes[n].op.subgraphs().is_empty());
-            m.graphs[g].nodes = keep;
+            m.set_node_order(g, keep);
         }
         report.count("removed-nodes", removed);
         if removed_bodies {
@@ -70,7 +69,7 @@ pub(crate) fn needed_by(m: &Module, g: GraphId, roots: &[Value]) -> HashSet<Node
 /// Marks the nodes of `g` whose results are in `used`, walking backwards.
 fn mark_nodes(m: &Module, g: GraphId, used: &mut HashSet<Value>, live: &mut HashSet<Node>) {
     let Some(data) = m.graphs.get(g) else { return };
-    for &n in data.nodes.iter().rev() {
+    for &n in data.nodes().iter().rev() {
         let Some(node) = m.nodes.get(n) else { continue };
         if !node.outputs.iter().flatten().any(|v| used.contains(v)) {
             continue;
@@ -109,7 +108,7 @@ pub(crate) fn live_graphs(m: &Module) -> Vec<GraphId> {
         while i < out.len() {
             let g = out[i];
             i += 1;
-            for &n in &m.graphs[g].nodes {
+            for &n in m.graphs[g].nodes() {
                 let Some(node) = m.nodes.get(n) else { continue };
                 for sub in node.op.subgraphs() {
                     if m.graphs.get(sub).is_some() && seen.insert(sub) {
@@ -138,8 +137,8 @@ pub(crate) fn redirect_uses(m: &mut Module, map: &HashMap<Value, Value>) -> usiz
     }
     let mut changed = 0;
     for g in live_graphs(m) {
-        for i in 0..m.graphs[g].nodes.len() {
-            let n = m.graphs[g].nodes[i];
+        for i in 0..m.graphs[g].nodes().len() {
+            let n = m.graphs[g].nodes()[i];
             let Some(node) = m.nodes.get(n) else { continue };
             if !node.inputs.iter().flatten().any(|v| map.contains_key(v)) {
                 continue;
@@ -172,7 +171,7 @@ mod tests {
         let report = Dce.run(&mut m, &PassOptions::default()).expect("dce runs");
         assert_eq!(report.counters.get("removed-nodes"), Some(&2));
         let ops: Vec<&str> = m.graphs[g]
-            .nodes
+            .nodes()
             .iter()
             .map(|&n| m.nodes[n].op.op_type())
             .collect();
@@ -202,7 +201,7 @@ mod tests {
         let report = Dce.run(&mut m, &PassOptions::default()).expect("dce runs");
         assert_eq!(report.counters.get("removed-nodes"), Some(&1));
         let ops: Vec<&str> = m.graphs[m.entries[0].graph]
-            .nodes
+            .nodes()
             .iter()
             .map(|&n| m.nodes[n].op.op_type())
             .collect();

@@ -8,7 +8,6 @@ pub mod canonicalize;
 pub mod const_fold;
 pub mod dce;
 pub mod egraph;
-mod emit;
 pub mod manager;
 mod opset;
 pub mod pass;

@@ -14,7 +14,7 @@ use mmq_ir::{GraphId, Module, Op};
 pub(crate) fn clash(m: &Module, root: GraphId, from: i64, to: i64) -> Option<String> {
     let crosses = |at: i64| from < at && to >= at;
     m.graph_tree(root).into_iter().find_map(|g| {
-        m.graphs[g].nodes.iter().find_map(|&n| {
+        m.graphs[g].nodes().iter().find_map(|&n| {
             let op = &m.nodes[n].op;
             let kind = op.op_type();
             let changed = (crosses(21) && matches!(op, Op::GroupNormalization { .. }))

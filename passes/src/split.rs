@@ -49,7 +49,7 @@ fn reads(m: &Module, n: Node) -> Vec<Value> {
     for sub in m.nodes[n].op.subgraphs() {
         for g in m.graph_tree(sub) {
             out.extend(m.graphs[g].outputs.iter().copied());
-            for &inner in &m.graphs[g].nodes {
+            for &inner in m.graphs[g].nodes() {
                 out.extend(m.nodes[inner].inputs.iter().flatten().copied());
             }
         }
@@ -150,10 +150,10 @@ fn plan(m: &Module, g: GraphId, overrides: &[(String, Modality)]) -> Result<Cut,
         deps.insert(l.value, d);
     }
     let gd = &m.graphs[g];
-    let read: HashMap<Node, Vec<Value>> = gd.nodes.iter().map(|&n| (n, reads(m, n))).collect();
+    let read: HashMap<Node, Vec<Value>> = gd.nodes().iter().map(|&n| (n, reads(m, n))).collect();
     let mut side: HashMap<Node, Side> = HashMap::new();
     let mut rebased = HashMap::new();
-    for &n in &gd.nodes {
+    for &n in gd.nodes() {
         let (mut vis, mut other) = (false, false);
         if let Some(r) = rebase_shape(m, n, &vision_inputs) {
             rebased.insert(n, r);
@@ -178,7 +178,7 @@ fn plan(m: &Module, g: GraphId, overrides: &[(String, Modality)]) -> Result<Cut,
     }
     let is = |n: Node, s: Side| side.get(&n) == Some(&s);
     let vision_nodes: Vec<Node> = gd
-        .nodes
+        .nodes()
         .iter()
         .copied()
         .filter(|&n| is(n, Side::Vision))
@@ -190,7 +190,7 @@ fn plan(m: &Module, g: GraphId, overrides: &[(String, Modality)]) -> Result<Cut,
     // Values the rest of the graph reads from the vision part.
     let mut read_outside: HashSet<Value> = gd.outputs.iter().copied().collect();
     let mut crosses = false;
-    for &n in gd.nodes.iter().filter(|&&n| !is(n, Side::Vision)) {
+    for &n in gd.nodes().iter().filter(|&&n| !is(n, Side::Vision)) {
         let r = &read[&n];
         crosses |= is(n, Side::Rest) && r.iter().any(|v| defined.contains(v));
         read_outside.extend(r);
@@ -209,7 +209,7 @@ fn plan(m: &Module, g: GraphId, overrides: &[(String, Modality)]) -> Result<Cut,
         .collect();
     // The shared nodes the vision part reads, transitively.
     let producer: HashMap<Value, Node> = gd
-        .nodes
+        .nodes()
         .iter()
         .flat_map(|&n| m.nodes[n].outputs.iter().flatten().map(move |&v| (v, n)))
         .collect();
@@ -226,7 +226,7 @@ fn plan(m: &Module, g: GraphId, overrides: &[(String, Modality)]) -> Result<Cut,
         }
     }
     let shared_nodes: Vec<Node> = gd
-        .nodes
+        .nodes()
         .iter()
         .copied()
         .filter(|n| needed.contains(n))
@@ -275,7 +275,7 @@ fn apply(m: &mut Module, g: GraphId, cut: &Cut, vision_name: &str) -> GraphId {
     let mut copies: Vec<(Value, Value)> = Vec::new();
     let moved: HashSet<Node> = cut.vision_nodes.iter().copied().collect();
     let copied: HashSet<Node> = cut.shared_nodes.iter().copied().collect();
-    let order: Vec<Node> = m.graphs[g].nodes.clone();
+    let order: Vec<Node> = m.graphs[g].nodes().to_vec();
     for n in order {
         if copied.contains(&n) {
             let mut data = m.nodes[n].clone();
@@ -298,11 +298,9 @@ fn apply(m: &mut Module, g: GraphId, cut: &Cut, vision_name: &str) -> GraphId {
                 }
             }
         } else if moved.contains(&n) {
-            m.nodes[n].graph = v;
-            m.graphs[v].nodes.push(n);
+            m.move_node(n, v);
         }
     }
-    m.graphs[g].nodes.retain(|n| !moved.contains(n));
     for (old, new) in copies {
         m.replace_uses(old, new, v, &[]);
     }
@@ -311,7 +309,7 @@ fn apply(m: &mut Module, g: GraphId, cut: &Cut, vision_name: &str) -> GraphId {
     // What the language graph's nodes read (the vision inputs and the boundary are replaced
     // only in the vision graph until the boundary below, so one set serves both).
     let node_reads: HashSet<Value> = m.graphs[g]
-        .nodes
+        .nodes()
         .iter()
         .flat_map(|&n| reads(m, n))
         .collect();
@@ -343,7 +341,7 @@ fn apply(m: &mut Module, g: GraphId, cut: &Cut, vision_name: &str) -> GraphId {
     // Anything else the vision graph reads from the language graph's inputs (an unlabelled input
     // a copied node reads) becomes an input of it too, under the same name.
     let mut extra: Vec<Value> = Vec::new();
-    for n in m.graphs[v].nodes.clone() {
+    for n in m.graphs[v].nodes().to_vec() {
         for x in reads(m, n) {
             if matches!(m.values[x].def, ValueDef::Input { graph, .. } if graph == g)
                 && !extra.contains(&x)

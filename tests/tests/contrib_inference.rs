@@ -44,7 +44,7 @@ fn value(name: &str, k: i64) -> i64 {
 /// Result name → type of every named node result of the first graph.
 fn types(m: &Module) -> BTreeMap<String, Shape> {
     let g = &m.graphs[m.entries[0].graph];
-    g.nodes
+    g.nodes()
         .iter()
         .flat_map(|&n| m.nodes[n].outputs.iter().flatten())
         .filter_map(|&v| {

@@ -60,7 +60,7 @@ fn contrib_rotary_embedding_matches_onnx_runtime() {
         let m = mmq_onnx::load_files(&[model.as_path()], &mmq_onnx::LoadOptions::default())
             .expect("loads");
         let g = m.entries[0].graph;
-        let node = m.graphs[g].nodes[0];
+        let node = m.graphs[g].nodes()[0];
         assert!(
             matches!(m.nodes[node].op, mmq_ir::Op::MsRotaryEmbedding { .. }),
             "{case}: {:?}",

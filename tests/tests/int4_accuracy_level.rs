@@ -34,7 +34,7 @@ fn levels(target: &str, level: Option<i64>, symmetric: bool) -> Vec<Option<i64>>
     compile(&mut m, &options).unwrap_or_else(|e| panic!("{target} {level:?}: {e}"));
     let g = m.entries[0].graph;
     let found: Vec<Option<i64>> = m.graphs[g]
-        .nodes
+        .nodes()
         .iter()
         .filter_map(|&n| match &m.nodes[n].op {
             Op::MatMulNBits { accuracy_level, .. } => Some(*accuracy_level),

@@ -237,7 +237,7 @@ fn run_case(dir: &Path) -> Result<(), Failure> {
         .map_err(|e| fail(format!("import: {e}"), "(import)"))?;
     let graph = m.entries[0].graph;
     // The op under test: the only node's op, else the first node's (expanded cases).
-    let nodes = &m.graphs[graph].nodes;
+    let nodes = &m.graphs[graph].nodes();
     let main_op = match nodes.len() {
         0 => "(no nodes)".to_owned(),
         1 => m.nodes[nodes[0]].op.op_type().to_owned(),

@@ -157,7 +157,7 @@ fn a_filter_converts_only_the_weights_of_the_nodes_it_selects() {
     let g = m.entries[0].graph;
     let is_norm = |m: &Module, n: mmq_ir::Node| m.nodes[n].op.op_type() == "LayerNormalization";
     let norms: Vec<_> = m.graphs[g]
-        .nodes
+        .nodes()
         .iter()
         .copied()
         .filter(|&n| is_norm(&m, n))
@@ -189,13 +189,13 @@ fn a_filter_converts_only_the_weights_of_the_nodes_it_selects() {
     // norm.
     // (The pass manager may renumber nodes: find the norms again.)
     let norm_reads: Vec<mmq_ir::Value> = m.graphs[g]
-        .nodes
+        .nodes()
         .iter()
         .filter(|&&n| is_norm(&m, n))
         .flat_map(|&n| m.nodes[n].inputs.iter().skip(1).flatten().copied())
         .collect();
     let mut other = 0;
-    for &n in &m.graphs[g].nodes {
+    for &n in m.graphs[g].nodes() {
         if matches!(m.nodes[n].op, Op::Cast { .. }) {
             continue;
         }
@@ -322,7 +322,7 @@ fn out_of_range_values_saturate_and_constant_nodes_in_bodies_convert() {
     );
     // The Constant node holds float16 now and a Cast follows it in the branch.
     let ops: Vec<&str> = m.graphs[then_g]
-        .nodes
+        .nodes()
         .iter()
         .map(|&n| m.nodes[n].op.op_type())
         .collect();

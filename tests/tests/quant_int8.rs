@@ -46,7 +46,7 @@ fn main_output(m: &Module, x: &HashMap<String, RtValue>) -> Vec<f64> {
 fn count(m: &Module, op: &str) -> usize {
     m.entries
         .iter()
-        .flat_map(|e| m.graphs[e.graph].nodes.iter())
+        .flat_map(|e| m.graphs[e.graph].nodes().iter())
         .filter(|&&n| m.nodes[n].op.op_type() == op)
         .count()
 }
@@ -284,7 +284,7 @@ fn placement_shares_quantize_and_has_no_churn() {
     };
     let mut sources = std::collections::HashSet::new();
     let (mut quants, mut matmuls) = (0, 0);
-    for &n in &q.graphs[g].nodes {
+    for &n in q.graphs[g].nodes() {
         let node = &q.nodes[n];
         match node.op.op_type() {
             "QuantizeLinear" => {
@@ -530,7 +530,7 @@ mod sources {
         m.entries
             .iter()
             .flat_map(|e| m.graph_tree(e.graph))
-            .flat_map(|g| m.graphs[g].nodes.iter())
+            .flat_map(|g| m.graphs[g].nodes().iter())
             .filter(|&&n| m.nodes[n].op.op_type() == op)
             .count()
     }
@@ -653,7 +653,7 @@ mod sources {
             }
             // Static MatMuls read a dequantized weight; dynamic ones are gone.
             for g in q.graph_tree(q.entries[0].graph) {
-                for &n in &q.graphs[g].nodes {
+                for &n in q.graphs[g].nodes() {
                     let node = &q.nodes[n];
                     assert_ne!(node.op.op_type(), "Gemm", "{tag} {kind}");
                     if node.op.op_type() == "MatMul" {
@@ -717,7 +717,7 @@ mod sources {
         );
         let g = q.entries[0].graph;
         let mut weights = 0;
-        for &n in &q.graphs[g].nodes {
+        for &n in q.graphs[g].nodes() {
             if let Op::DequantizeLinear { axis, .. } = &q.nodes[n].op {
                 assert_eq!(*axis, None);
                 let scale = q.nodes[n].inputs[1].expect("scale");

@@ -220,7 +220,7 @@ fn rel_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
 
 fn op_count(m: &Module, g: GraphId, op: &str) -> usize {
     m.graphs[g]
-        .nodes
+        .nodes()
         .iter()
         .filter(|&&n| m.nodes[n].op.op_type() == op)
         .count()
@@ -255,7 +255,7 @@ fn smoothing_a_norm_fed_trio_folds_into_the_norm_and_keeps_the_function() {
     assert_eq!(op_count(&s, g, "Mul"), 0);
     // The shared gamma was copied: the other norm still reads the original constant.
     let norms: Vec<_> = s.graphs[g]
-        .nodes
+        .nodes()
         .iter()
         .filter(|&&n| s.nodes[n].op.op_type() == "LayerNormalization")
         .map(|&n| s.nodes[n].inputs[1])
@@ -272,7 +272,7 @@ fn smoothing_a_norm_fed_trio_folds_into_the_norm_and_keeps_the_function() {
     // And the scales did something: the weights changed.
     let w = |m: &Module, name: &str| {
         let n = m.graphs[g]
-            .nodes
+            .nodes()
             .iter()
             .find(|&&n| m.nodes[n].name.as_deref() == Some(name))
             .copied()

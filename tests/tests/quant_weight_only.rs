@@ -36,7 +36,7 @@ fn count(m: &Module, op: &str) -> usize {
     m.entries
         .iter()
         .flat_map(|e| m.graph_tree(e.graph))
-        .flat_map(|g| m.graphs[g].nodes.iter())
+        .flat_map(|g| m.graphs[g].nodes().iter())
         .filter(|&&n| m.nodes[n].op.op_type() == op)
         .count()
 }

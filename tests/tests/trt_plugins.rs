@@ -332,7 +332,7 @@ fn spec_lines(m: &Module, inputs: &HashMap<String, Tensor>, package: &str) -> Ve
     let mut probe = m.clone();
     let g = probe.entries[0].graph;
     let plugin_nodes: Vec<mmq_ir::Node> = probe.graphs[g]
-        .nodes
+        .nodes()
         .iter()
         .copied()
         .filter(|&n| probe.nodes[n].op.domain() == mmq_ir::plugin::DOMAIN)

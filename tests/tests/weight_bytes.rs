@@ -21,7 +21,7 @@ fn live_weight_bytes(m: &Module) -> u64 {
     let mut consts: HashSet<mmq_ir::Const> = HashSet::new();
     for (_, g) in m.graphs.iter() {
         read.extend(g.outputs.iter().copied());
-        for &n in &g.nodes {
+        for &n in g.nodes() {
             read.extend(m.nodes[n].inputs.iter().flatten().copied());
             if let Op::Constant { value: Some(c), .. } = &m.nodes[n].op {
                 consts.insert(*c);
@@ -127,7 +127,7 @@ fn prequantized_weights_stay_codes() {
     compile(&mut m, &CompileOptions::default()).expect("compiles");
     let g = m.entries[0].graph;
     let dq = m.graphs[g]
-        .nodes
+        .nodes()
         .iter()
         .filter(|&&n| matches!(m.nodes[n].op, mmq_ir::Op::DequantizeLinear { .. }))
         .count();

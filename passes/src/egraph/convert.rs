@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 
 use egg::{EGraph, Id, Language};
+use mmq_ir::edit::NewNode;
 use mmq_ir::{At, GraphId, Module, Node, Op, Type, Value, ValueDef};
 
 use super::facts::Facts;
@@ -30,11 +31,11 @@ pub(crate) struct Built {
 fn values_read_by_subgraphs(m: &Module, graph: GraphId) -> HashSet<Value> {
     let mut out = HashSet::new();
     let mut stack: Vec<GraphId> = Vec::new();
-    for &n in &m.graphs[graph].nodes {
+    for &n in m.graphs[graph].nodes() {
         stack.extend(m.nodes[n].op.subgraphs());
     }
     while let Some(g) = stack.pop() {
-        for &n in &m.graphs[g].nodes {
+        for &n in m.graphs[g].nodes() {
             out.extend(m.nodes[n].inputs.iter().flatten().copied());
             stack.extend(m.nodes[n].op.subgraphs());
         }
@@ -64,7 +65,7 @@ pub(crate) fn build(m: &Module, graph: GraphId, mut facts: Facts) -> Built {
         id
     }
 
-    for &n in &m.graphs[graph].nodes {
+    for &n in m.graphs[graph].nodes() {
         let nd = &m.nodes[n];
         let mut args: Vec<Id> = nd
             .inputs
@@ -226,7 +227,7 @@ pub(crate) fn write_back(
                     .collect();
                 let node = match original_of.get(&canon(n)) {
                     Some(&orig) if reused.insert(orig) => {
-                        m.nodes[orig].inputs = inputs;
+                        m.set_operands(orig, inputs);
                         orig
                     }
                     _ => {
@@ -249,7 +250,12 @@ pub(crate) fn write_back(
                             .collect();
                         created += 1;
                         // The graph's list is rebuilt below.
-                        let node = m.insert_node(graph, At::Unlisted, op, inputs, slots, None);
+                        let node = m.cursor(graph, At::Unlisted).insert(NewNode {
+                            op,
+                            inputs,
+                            outputs: slots,
+                            name: None,
+                        });
                         fresh.push((c, m.nodes[node].outputs.clone(), node));
                         node
                     }
@@ -316,7 +322,7 @@ pub(crate) fn write_back(
             .flat_map(|&n| m.nodes[n].op.subgraphs())
             .collect();
         while let Some(g) = stack.pop() {
-            for n in m.graphs[g].nodes.clone() {
+            for n in m.graphs[g].nodes().to_vec() {
                 for i in m.nodes[n].inputs.iter_mut().flatten() {
                     if let Some(w) = subst.get(i) {
                         *i = *w;
@@ -352,14 +358,12 @@ pub(crate) fn write_back(
         } else {
             let ty = m.value_type(old).clone();
             let name = m.values[old].name.clone();
-            let idn = m.insert_node(
-                graph,
-                At::Unlisted,
-                Op::Identity {},
-                vec![Some(w)],
-                vec![Some((name, ty))],
-                None,
-            );
+            let idn = m.cursor(graph, At::Unlisted).insert(NewNode {
+                op: Op::Identity {},
+                inputs: vec![Some(w)],
+                outputs: vec![Some((name, ty))],
+                name: None,
+            });
             nodes.push(idn);
             created += 1;
             let o = m.nodes[idn].outputs[0].expect("identity result");
@@ -369,12 +373,12 @@ pub(crate) fn write_back(
     }
     m.graphs[graph].outputs = new_outputs;
     let nested = nodes.iter().any(|&n| !m.nodes[n].op.subgraphs().is_empty());
-    m.graphs[graph].nodes = nodes;
+    m.set_node_order(graph, nodes);
     // The post-order above follows operands only: a node whose subgraph reads a value of this
     // graph may come before that value's definition. Reorder with the captures as edges
     // (the listed order is kept wherever it already holds).
     if nested && let Ok(order) = mmq_ir::view::topo_order(m, graph) {
-        m.graphs[graph].nodes = order;
+        m.set_node_order(graph, order);
     }
     created
 }

@@ -163,7 +163,7 @@ impl Pass for RewritePass {
                 0
             };
             let mut built = convert::build(module, g, facts);
-            let size = module.graphs[g].nodes.len();
+            let size = module.graphs[g].nodes().len();
             let runner = Runner::default()
                 .with_egraph(std::mem::take(&mut built.egraph))
                 .with_scheduler(SimpleScheduler)
@@ -211,7 +211,7 @@ impl Pass for RewritePass {
             let cost = cost::TargetCost(opts.target);
             let choice = extract::extract(&built.egraph, built.root, &cost);
             convert::write_back(module, g, &built, &choice);
-            let later = module.graphs[g].nodes.iter().find_map(|&n| {
+            let later = module.graphs[g].nodes().iter().find_map(|&n| {
                 let op = &module.nodes[n].op;
                 matches!(op, Op::Attention { .. } | Op::RotaryEmbedding { .. })
                     .then(|| op.op_type())

@@ -124,14 +124,14 @@ pub struct Candidates {
 pub fn candidates(m: &Module, graph: GraphId) -> Candidates {
     let mut names: HashMap<&str, usize> = HashMap::new();
     for g in m.graph_tree(graph) {
-        for &n in &m.graphs[g].nodes {
+        for &n in m.graphs[g].nodes() {
             if let Some(name) = m.nodes[n].name.as_deref() {
                 *names.entry(name).or_default() += 1;
             }
         }
     }
     let mut out = Candidates::default();
-    for &n in &m.graphs[graph].nodes {
+    for &n in m.graphs[graph].nodes() {
         let node = &m.nodes[n];
         if !matches!(node.op, Op::MatMul {} | Op::Gemm { .. } | Op::Conv { .. }) {
             continue;
@@ -382,11 +382,10 @@ pub fn isolate(m: &Module, graph: GraphId, node: Node) -> Option<Isolated> {
             }
         }
     }
-    module.nodes[node].inputs = operands;
+    module.set_operands(node, operands);
     nodes.push(node);
-    let g = &mut module.graphs[graph];
-    g.nodes = nodes;
-    g.outputs = vec![output];
+    module.set_node_order(graph, nodes);
+    module.graphs[graph].outputs = vec![output];
     Some(Isolated {
         module,
         graph,
@@ -1072,7 +1071,7 @@ graph @g(%x: f32[3, 4]) -> (f32[3, 4], f32[3, 4]) {
         assert_eq!(names, ["first", "second", "beside"]);
         let samples = chain_samples();
         let local = local_sensitivity(&m, g, &cands, &samples, |i, iso: &mut Isolated| {
-            assert_eq!(iso.module.graphs[iso.graph].nodes, [cands[i].node]);
+            assert_eq!(iso.module.graphs[iso.graph].nodes(), [cands[i].node]);
             int4(&mut iso.module, &[cands[i].name.as_str()]);
             Ok::<(), AutoError>(())
         })
@@ -1147,10 +1146,10 @@ graph @g(%x: f32[3, 2]) -> (f32[3, 2]) {
 "#,
         );
         let g = m.entries[0].graph;
-        let node = m.graphs[g].nodes[1];
+        let node = m.graphs[g].nodes()[1];
         let iso = isolate(&m, g, node).expect("isolated");
         // The DequantizeLinear comes along; only the activation becomes an input.
-        assert_eq!(iso.module.graphs[g].nodes, m.graphs[g].nodes);
+        assert_eq!(iso.module.graphs[g].nodes(), m.graphs[g].nodes());
         assert_eq!(iso.inputs.len(), 1);
         assert_eq!(
             iso.module.values[iso.inputs[0].1].name.as_deref(),

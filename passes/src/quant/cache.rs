@@ -26,9 +26,9 @@ use mmq_ir::modality::{self, Modality};
 use mmq_ir::{DType, Dim, GraphId, Module, Node, Op, Type, Value, ValueDef};
 use mmq_kernels::cache::{CacheFormat, CacheScales};
 
-use crate::emit::{Emit, place};
 use crate::targets::trt::lower::plugin_op;
 use crate::{Pass, PassError, PassOptions, PassReport};
+use mmq_ir::edit::{Emit, place};
 
 /// `--kv-cache FORMAT`: quantized KV-cache inputs and outputs.
 #[derive(Clone, Debug)]

@@ -28,6 +28,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use half::f16;
+use mmq_ir::edit::NewNode;
 use mmq_ir::{At, Const, ConstData, DType, GraphId, Module, Op, Storage, Type, Value, ValueDef};
 use rayon::prelude::*;
 
@@ -90,7 +91,7 @@ impl Fp16Pass {
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for g in m.graph_tree(root) {
-            for &n in &m.graphs[g].nodes {
+            for &n in m.graphs[g].nodes() {
                 if !reads_weights(&m.nodes[n].op) || self.filter.as_ref().is_some_and(|f| !f(m, n))
                 {
                     continue;
@@ -233,14 +234,12 @@ impl Pass for Fp16Pass {
                         };
                         // The Cast is the first node of the top-level graph, so every graph
                         // of the tree can read it.
-                        let cast = m.insert_node(
-                            root,
-                            At::Start,
-                            cast_to_f32(),
-                            vec![Some(v16)],
-                            vec![Some((vname, ty))],
-                            None,
-                        );
+                        let cast = m.cursor(root, At::Start).insert(NewNode {
+                            op: cast_to_f32(),
+                            inputs: vec![Some(v16)],
+                            outputs: vec![Some((vname, ty))],
+                            name: None,
+                        });
                         let Some(out) = m.nodes[cast].outputs[0] else {
                             return Err(fail("Cast without a result".into()));
                         };
@@ -269,14 +268,12 @@ impl Pass for Fp16Pass {
                         };
                         m.set_type(v, ty16);
                         m.values[v].name = vname.as_ref().map(|n| format!("{n}_fp16"));
-                        let cast = m.insert_node(
-                            graph,
-                            At::After(node),
-                            cast_to_f32(),
-                            vec![Some(v)],
-                            vec![Some((vname, ty))],
-                            None,
-                        );
+                        let cast = m.cursor(graph, At::After(node)).insert(NewNode {
+                            op: cast_to_f32(),
+                            inputs: vec![Some(v)],
+                            outputs: vec![Some((vname, ty))],
+                            name: None,
+                        });
                         let Some(out) = m.nodes[cast].outputs[0] else {
                             return Err(fail("Cast without a result".into()));
                         };

@@ -117,7 +117,7 @@ fn sites(
 ) -> Result<Vec<Site>, String> {
     let labels = modality::analyze(m, graph, overrides).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for &n in &m.graphs[graph].nodes {
+    for &n in m.graphs[graph].nodes() {
         let nd = &m.nodes[n];
         if !matches!(nd.op, Op::MatMul {}) {
             continue;

@@ -42,6 +42,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
+use mmq_ir::edit::NewNode;
 use mmq_ir::{At, ConstData, DType, GraphId, Module, Node, Op, Storage, Type, Value, ValueDef};
 use mmq_kernels::Tensor;
 use mmq_kernels::quant::quantize_value;
@@ -176,7 +177,7 @@ impl Int8Pass {
         let mut out = Vec::new();
         for e in &m.entries {
             let mut vals = Vec::new();
-            for &n in &m.graphs[e.graph].nodes {
+            for &n in m.graphs[e.graph].nodes() {
                 if filter.is_some_and(|f| !f(m, n)) {
                     continue;
                 }
@@ -499,16 +500,15 @@ impl Builder {
         outs: Vec<(String, Type)>,
     ) -> Vec<Value> {
         // Listed when the pass rebuilds the graph's list from `before` and `after`.
-        let n = m.insert_node(
-            self.graph,
-            At::Unlisted,
+        let n = m.cursor(self.graph, At::Unlisted).insert(NewNode {
             op,
-            inputs.into_iter().map(Some).collect(),
-            outs.into_iter()
+            inputs: inputs.into_iter().map(Some).collect(),
+            outputs: outs
+                .into_iter()
                 .map(|(name, ty)| Some((Some(name), ty)))
                 .collect(),
-            None,
-        );
+            name: None,
+        });
         if after {
             self.after.entry(at).or_default().push(n);
         } else {
@@ -633,7 +633,7 @@ impl Pass for Int8Pass {
                 int32_conv_bias: rules.int32_conv_bias,
                 per_tensor,
             };
-            let nodes = m.graphs[graph].nodes.clone();
+            let nodes = m.graphs[graph].nodes().to_vec();
             // Each unit with its float form, for placement.
             let mut units: Vec<Unit> = Vec::new();
             // Element counts seen in calibration, for the placement cost.
@@ -660,13 +660,13 @@ impl Pass for Int8Pass {
                         units.extend(unit(m, n));
                         sizes.extend(ranges.elements(range_source(m, s.act)).map(|e| (s.act, e)));
                         let (a, _) = b.fake_quant_act(m, n, s.act, r, *symmetric);
-                        m.nodes[n].inputs[0] = Some(a);
+                        m.set_operand(n, 0, Some(a));
                         if s.prequantized {
                             // The model's own codes and scales, as they are.
                             report.count("prequantized-weights-kept", 1);
                         } else {
                             let w = dq_weight(m, &mut b, n, s.weight, 1)?;
-                            m.nodes[n].inputs[1] = Some(w.0);
+                            m.set_operand(n, 1, Some(w.0));
                         }
                         report.count("quantized-matmul", 1);
                     }
@@ -714,7 +714,7 @@ impl Pass for Int8Pass {
             for n in nodes {
                 b.emit(n, &mut order);
             }
-            m.graphs[graph].nodes = order;
+            m.set_node_order(graph, order);
             next = b.next;
             if self.placement == Placement::Cost
                 && !rules.quantize_all
@@ -780,11 +780,11 @@ fn graphs_with_bodies(m: &Module) -> Vec<(GraphId, bool)> {
 /// Removes the `Constant` nodes producing `values` that no node or graph output reads any more
 /// (their weights were replaced by quantized ones).
 fn remove_unread_constant_nodes(m: &mut Module, values: &[Value]) {
-    let dead: Vec<(Node, GraphId)> = values
+    let dead: Vec<Node> = values
         .iter()
         .filter_map(|&v| match m.values[v].def {
             ValueDef::Output { node, .. } if matches!(m.nodes[node].op, Op::Constant { .. }) => {
-                Some((node, m.nodes[node].graph))
+                Some(node)
             }
             _ => None,
         })
@@ -796,19 +796,19 @@ fn remove_unread_constant_nodes(m: &mut Module, values: &[Value]) {
     for e in &m.entries {
         for g in m.graph_tree(e.graph) {
             read.extend(m.graphs[g].outputs.iter().copied());
-            for &n in &m.graphs[g].nodes {
+            for &n in m.graphs[g].nodes() {
                 read.extend(m.nodes[n].inputs.iter().flatten().copied());
             }
         }
     }
-    for (node, graph) in dead {
+    for node in dead {
         if m.nodes[node]
             .outputs
             .iter()
             .flatten()
             .all(|v| !read.contains(v))
         {
-            m.graphs[graph].nodes.retain(|&n| n != node);
+            m.remove_node(node);
         }
     }
 }
@@ -938,8 +938,8 @@ fn conv_static(
 ) -> Result<(), PassError> {
     let (a, x_scale) = b.fake_quant_act(m, n, s.act, rx, symmetric);
     let (w, w_scales) = dq_weight(m, b, n, s.weight, 0)?;
-    m.nodes[n].inputs[0] = Some(a);
-    m.nodes[n].inputs[1] = Some(w);
+    m.set_operand(n, 0, Some(a));
+    m.set_operand(n, 1, Some(w));
     if let Some(Some(bias)) = m.nodes[n].inputs.get(2).copied()
         && b.int32_conv_bias
         && let Some(c) = m.const_source(bias)
@@ -975,7 +975,7 @@ fn conv_static(
         let dname = b.name(m, bias, "dequantized");
         let ty = retyped(m, bias, DType::F32);
         let d = b.node(m, n, false, dq(daxis), vec![bq, sv, zv], vec![(dname, ty)])[0];
-        m.nodes[n].inputs[2] = Some(d);
+        m.set_operand(n, 2, Some(d));
     }
     // Q → DQ on the result: the new float value takes over the consumers of `y`.
     let (scale, zp, dtype) = activation_qparams(ry, symmetric);

@@ -1130,7 +1130,7 @@ impl PrecisionMap {
             }
         }
         for g in m.graph_tree(graph) {
-            for &n in &m.graphs[g].nodes {
+            for &n in m.graphs[g].nodes() {
                 let node = &m.nodes[n];
                 let label = labels.node(n);
                 let named = node
@@ -1701,7 +1701,7 @@ scheme = "fp16"
         for seed in 0..100 {
             let map = PrecisionMap::new(Settings::float(), random_rules(seed, 12));
             let plan = map.plan(&m, g, &labels);
-            for &n in &m.graphs[g].nodes {
+            for &n in m.graphs[g].nodes() {
                 let node = &m.nodes[n];
                 let want = map.rules.iter().position(|r| {
                     r.selectors

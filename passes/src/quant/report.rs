@@ -342,7 +342,7 @@ fn run(
 fn named_results(m: &Module, graph: GraphId, floats_only: bool) -> Vec<(Value, String, String)> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
-    for &n in &m.graphs[graph].nodes {
+    for &n in m.graphs[graph].nodes() {
         let node = &m.nodes[n];
         for v in node.outputs.iter().flatten() {
             let maybe_float = !floats_only

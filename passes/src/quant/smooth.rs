@@ -35,6 +35,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
+use mmq_ir::edit::NewNode;
 use mmq_ir::{At, Const, ConstData, DType, GraphId, Module, Node, Op, Storage, Value, ValueDef};
 use mmq_kernels::Tensor;
 
@@ -144,7 +145,7 @@ pub fn sites_where(m: &Module, accept: &dyn Fn(&Module, Node) -> bool) -> Vec<Si
     for e in &m.entries {
         let mut index: HashMap<Value, usize> = HashMap::new();
         let start = out.len();
-        for &node in &m.graphs[e.graph].nodes {
+        for &node in m.graphs[e.graph].nodes() {
             if !accept(m, node) {
                 continue;
             }
@@ -326,7 +327,7 @@ fn fold_target(m: &Module, site: &Site) -> Option<(Node, Vec<(usize, Const)>)> {
         if g.outputs.contains(&site.x) {
             return None;
         }
-        for &n in &g.nodes {
+        for &n in g.nodes() {
             if m.nodes[n].inputs.contains(&Some(site.x)) && !mine.contains(&n) {
                 return None;
             }
@@ -420,12 +421,12 @@ pub fn migrate(m: &mut Module, site: &Site, s: &[f32]) -> Result<Placement, Stri
     }
     for (c, (name, shape, w)) in site.consumers.iter().zip(new_weights) {
         let v = f32_const(m, name, shape, &w);
-        m.nodes[c.node].inputs[1] = Some(v);
+        m.set_operand(c.node, 1, Some(v));
     }
     if let Some((norm, _)) = fold {
         for (pos, name, shape, vals) in params {
             let v = f32_const(m, name, shape, &vals);
-            m.nodes[norm].inputs[pos] = Some(v);
+            m.set_operand(norm, pos, Some(v));
         }
         // The result now holds X / s: a new name, so nothing matches it with the old X.
         if let Some(name) = m.values[site.x].name.clone() {
@@ -446,24 +447,23 @@ pub fn migrate(m: &mut Module, site: &Site, s: &[f32]) -> Result<Placement, Stri
     );
     let ty = m.value_type(site.x).clone();
     // The Mul goes right before the first product (in list order).
-    let list = &m.graphs[site.graph].nodes;
+    let list = m.graphs[site.graph].nodes();
     let first = site
         .consumers
         .iter()
         .filter_map(|c| list.iter().position(|&n| n == c.node))
         .min()
         .map_or(At::End, |p| At::Before(list[p]));
-    let mul = m.insert_node(
-        site.graph,
-        first,
-        Op::Mul {},
-        vec![Some(site.x), Some(inv_v)],
-        vec![Some((Some(fresh_name(m, &base)), ty))],
-        Some(format!("{base}_smooth_mul")),
-    );
+    let out_name = fresh_name(m, &base);
+    let mul = m.cursor(site.graph, first).insert(NewNode {
+        op: Op::Mul {},
+        inputs: vec![Some(site.x), Some(inv_v)],
+        outputs: vec![Some((Some(out_name), ty))],
+        name: Some(format!("{base}_smooth_mul")),
+    });
     let out = m.nodes[mul].outputs[0].ok_or_else(|| "the new Mul has no result".to_owned())?;
     for c in &site.consumers {
-        m.nodes[c.node].inputs[0] = Some(out);
+        m.set_operand(c.node, 0, Some(out));
     }
     Ok(Placement::Mul(mul))
 }

@@ -47,6 +47,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 
 use bytes::Bytes;
+use mmq_ir::edit::NewNode;
 use mmq_ir::{
     At, Attr, Const, ConstData, DType, Dim, GraphId, Module, Node, Op, Storage, Type, Value,
     ValueDef,
@@ -160,7 +161,7 @@ impl WeightOnlyPass {
     /// (what FP8 activation quantization needs calibrated ranges for), without duplicates.
     pub fn activation_inputs(&self, m: &Module, graph: GraphId) -> Vec<Value> {
         let mut out = Vec::new();
-        for &node in &m.graphs[graph].nodes {
+        for &node in m.graphs[graph].nodes() {
             if self.filter.as_ref().is_some_and(|f| !f(m, node)) {
                 continue;
             }
@@ -431,7 +432,7 @@ impl Pass for WeightOnlyPass {
                         )));
                     }
                 }
-                for &node in &m.graphs[g].nodes {
+                for &node in m.graphs[g].nodes() {
                     if self.filter.as_ref().is_some_and(|f| !f(m, node)) {
                         continue;
                     }
@@ -546,7 +547,7 @@ fn pack_siblings(m: &mut Module, report: &mut PassReport) {
     let mut uses: HashMap<Value, usize> = HashMap::new();
     for &root in &roots {
         for g in m.graph_tree(root) {
-            for &n in &m.graphs[g].nodes {
+            for &n in m.graphs[g].nodes() {
                 for v in m.nodes[n].inputs.iter().flatten() {
                     *uses.entry(*v).or_default() += 1;
                 }
@@ -568,7 +569,7 @@ fn pack_siblings(m: &mut Module, report: &mut PassReport) {
             // Group by (activation, attributes but N, operand count), in node order.
             let mut groups: Vec<(Value, Vec<Node>)> = Vec::new();
             let mut group_of: HashMap<(Value, String), usize> = HashMap::new();
-            for &n in &m.graphs[g].nodes {
+            for &n in m.graphs[g].nodes() {
                 let nd = &m.nodes[n];
                 if nd.op.domain() != "com.microsoft" || nd.op.op_type() != "MatMulNBits" {
                     continue;
@@ -707,18 +708,16 @@ fn pack_group(
         .collect();
     // The sizes are an operand from opset 13, an attribute before.
     let operand = m.onnx_opset(g).unwrap_or(mmq_ir::infer::DEFAULT_OPSET) >= 13;
-    let split = m.insert_node(
-        g,
-        At::Before(first),
-        Op::Split {
+    let split = m.cursor(g, At::Before(first)).insert(NewNode {
+        op: Op::Split {
             axis: Some(-1),
             num_outputs: None,
             split: (!operand).then(|| ns.clone()),
         },
-        vec![Some(product), operand.then_some(sizes)],
-        outs,
-        Some(format!("{base}_packed_split")),
-    );
+        inputs: vec![Some(product), operand.then_some(sizes)],
+        outputs: outs,
+        name: Some(format!("{base}_packed_split")),
+    });
     for (i, &n) in nodes.iter().enumerate() {
         let old = out_of(m, n);
         let new = m.nodes[split].outputs[i].unwrap_or_else(|| unreachable!("declared"));
@@ -800,7 +799,12 @@ fn insert_before(
     inputs: Vec<Option<Value>>,
     out: (Option<String>, Type),
 ) -> Value {
-    let node = m.insert_node(graph, At::Before(before), op, inputs, vec![Some(out)], None);
+    let node = m.cursor(graph, At::Before(before)).insert(NewNode {
+        op,
+        inputs,
+        outputs: vec![Some(out)],
+        name: None,
+    });
     m.nodes[node].outputs[0].unwrap_or_else(|| unreachable!("one declared output"))
 }
 
@@ -925,7 +929,7 @@ impl WeightOnlyPass {
             }
             _ => false,
         };
-        m.nodes[job.node].inputs[1] = Some(w);
+        m.set_operand(job.node, 1, Some(w));
         report.count(
             if is_gemm {
                 "int4-gemm-dq"
@@ -982,7 +986,7 @@ impl WeightOnlyPass {
     fn rewrite_fp8(&self, m: &mut Module, job: &Job, consts: &[Value], report: &mut PassReport) {
         let axis = if job.trans { 0 } else { 1 };
         let w = insert_weight_dq(m, job, consts, axis, None);
-        m.nodes[job.node].inputs[1] = Some(w);
+        m.set_operand(job.node, 1, Some(w));
         report.count("fp8-weights", 1);
         let Some(a) = m.nodes[job.node].inputs[0] else {
             return;
@@ -1040,7 +1044,7 @@ impl WeightOnlyPass {
             vec![Some(q), Some(scale), Some(zp)],
             (None, a_ty),
         );
-        m.nodes[job.node].inputs[0] = Some(d);
+        m.set_operand(job.node, 0, Some(d));
         report.count("fp8-activations", 1);
     }
 }
@@ -1596,7 +1600,7 @@ mod tests {
 
     fn ops(m: &Module, g: GraphId) -> Vec<String> {
         m.graphs[g]
-            .nodes
+            .nodes()
             .iter()
             .map(|&n| m.nodes[n].op.op_type().to_owned())
             .collect()
@@ -1789,7 +1793,7 @@ mod tests {
                 .expect("pass");
             assert_eq!(report.counters.get("int4-matmul"), Some(&1));
             assert_eq!(ops(&m, g), ["MatMulNBits"]);
-            let node = m.graphs[g].nodes[0];
+            let node = m.graphs[g].nodes()[0];
             let nd = &m.nodes[node];
             let kb = (k as usize).div_ceil(bs) as i64;
             let shapes: Vec<Vec<i64>> = nd
@@ -1920,7 +1924,7 @@ mod tests {
         assert_eq!(report.counters.get("int4-gemm"), Some(&1));
         // The Constant node is dead and removed.
         assert_eq!(ops(&m, then_g), ["MatMulNBits"]);
-        let nd = &m.nodes[m.graphs[then_g].nodes[0]];
+        let nd = &m.nodes[m.graphs[then_g].nodes()[0]];
         assert_eq!(nd.inputs.len(), 6, "bias is input 5");
         let got = run(&m, g, &xv, &[2, k as usize]);
         assert!(cosine(&got, &want) > 0.99, "{got:?} vs {want:?}");

@@ -30,7 +30,7 @@ impl Pass for ResidualSum {
         let mut outputs: HashSet<Value> = HashSet::new();
         for (_, g) in m.graphs.iter() {
             outputs.extend(g.outputs.iter().copied());
-            for &n in &g.nodes {
+            for &n in g.nodes() {
                 for &v in m.nodes[n].inputs.iter().flatten() {
                     *uses.entry(v).or_default() += 1;
                 }
@@ -38,7 +38,7 @@ impl Pass for ResidualSum {
         }
         let mut adds = Vec::new();
         for (_, g) in m.graphs.iter() {
-            for &n in &g.nodes {
+            for &n in g.nodes() {
                 let node = &m.nodes[n];
                 if !matches!(node.op, Op::LayerNormalization { .. }) {
                     continue;
@@ -105,7 +105,7 @@ graph @g(%x: f32[batch, 3, 4], %r: f32[batch, 3, 4], %v: f32[4]) -> (f32[batch, 
             .expect("pass");
         assert_eq!(report.counters.get("residual-sums"), Some(&1));
         let ops: Vec<&str> = m.graphs[m.entries[0].graph]
-            .nodes
+            .nodes()
             .iter()
             .map(|&n| m.nodes[n].op.op_type())
             .collect();

@@ -21,8 +21,8 @@
 use mmq_ir::{DType, GraphId, Module, Node, Op, Value};
 
 use crate::dce::live_graphs;
-use crate::emit::{Emit, place_before};
 use crate::pass::{Pass, PassError, PassOptions, PassReport};
+use mmq_ir::edit::{Emit, place_before};
 
 /// Decomposes the ops named in `ops` (of those this module knows).
 pub struct Decompose {
@@ -37,7 +37,7 @@ impl Pass for Decompose {
     fn run(&self, m: &mut Module, _opts: &PassOptions) -> Result<PassReport, PassError> {
         let mut report = PassReport::default();
         for g in live_graphs(m) {
-            for n in m.graphs[g].nodes.clone() {
+            for n in m.graphs[g].nodes().to_vec() {
                 let op = m.nodes[n].op.op_type().to_owned();
                 if !self.ops.contains(&op.as_str()) {
                     continue;
@@ -96,9 +96,9 @@ fn replace_result(m: &mut Module, g: GraphId, n: Node, i: usize, new: Value, e: 
 }
 
 /// Places `e` before `n` and drops `n`.
-fn finish(m: &mut Module, g: GraphId, n: Node, e: Emit) {
+fn finish(m: &mut Module, n: Node, e: Emit) {
     place_before(m, e, n);
-    m.graphs[g].nodes.retain(|&x| x != n);
+    m.remove_node(n);
 }
 
 fn input(m: &Module, n: Node, i: usize) -> Option<Value> {
@@ -181,7 +181,7 @@ fn rms_norm(m: &mut Module, g: GraphId, n: Node) -> Result<(), String> {
     }
     let y = e.binary(m, Op::Mul {}, normed, scale);
     replace_result(m, g, n, 0, y, &mut e);
-    finish(m, g, n, e);
+    finish(m, n, e);
     Ok(())
 }
 
@@ -270,7 +270,7 @@ fn rotary(m: &mut Module, g: GraphId, n: Node) -> Result<(), String> {
         y = e.reshape(m, y, shape);
     }
     replace_result(m, g, n, 0, y, &mut e);
-    finish(m, g, n, e);
+    finish(m, n, e);
     Ok(())
 }
 
@@ -427,7 +427,7 @@ fn attention(m: &mut Module, g: GraphId, n: Node) -> Result<(), String> {
     replace_result(m, g, n, 0, y, &mut e);
     replace_result(m, g, n, 1, present_k, &mut e);
     replace_result(m, g, n, 2, present_v, &mut e);
-    finish(m, g, n, e);
+    finish(m, n, e);
     Ok(())
 }
 

@@ -20,6 +20,7 @@
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
+use mmq_ir::edit::NewNode;
 use mmq_ir::plugin::{DOMAIN, NAMESPACE, VERSION};
 use mmq_ir::{At, Attr, ConstData, DType, GraphId, Module, Node, Op, Storage, Type, Value};
 
@@ -73,13 +74,13 @@ pub fn plugin_op(name: &str, fields: &[(&str, i64)]) -> Op {
 /// graph outputs count as a reader `None`).
 fn readers(m: &Module, g: GraphId) -> HashMap<Value, Vec<Option<Node>>> {
     let mut out: HashMap<Value, Vec<Option<Node>>> = HashMap::new();
-    for &n in &m.graphs[g].nodes {
+    for &n in m.graphs[g].nodes() {
         for v in m.nodes[n].inputs.iter().flatten() {
             out.entry(*v).or_default().push(Some(n));
         }
         for &sub in m.nodes[n].op.subgraphs().iter() {
             for sg in m.graph_tree(sub) {
-                for &sn in &m.graphs[sg].nodes {
+                for &sn in m.graphs[sg].nodes() {
                     for v in m.nodes[sn].inputs.iter().flatten() {
                         out.entry(*v).or_default().push(None);
                     }
@@ -251,7 +252,7 @@ fn code_flow(
 fn lower_qdq(m: &mut Module, g: GraphId, report: &mut PassReport) {
     let readers = readers(m, g);
     let units: HashMap<Node, Unit> = m.graphs[g]
-        .nodes
+        .nodes()
         .iter()
         .filter_map(|&n| unit(m, n).map(|u| (n, u)))
         .collect();
@@ -281,7 +282,7 @@ fn lower_qdq(m: &mut Module, g: GraphId, report: &mut PassReport) {
             );
         }
     }
-    let nodes = m.graphs[g].nodes.clone();
+    let nodes = m.graphs[g].nodes().to_vec();
     for n in nodes {
         let Some(u) = units.get(&n) else {
             continue;
@@ -318,7 +319,7 @@ fn lower_qdq(m: &mut Module, g: GraphId, report: &mut PassReport) {
                 None
             };
             let Some(q) = recoded else { continue };
-            m.nodes[n].inputs[0] = Some(q);
+            m.set_operand(n, 0, Some(q));
         }
         // The zero point, recoded to int8 (all zeros: TensorRT's native form; a quantize needs
         // it to produce int8).
@@ -365,14 +366,19 @@ fn cast(
         saturate: None,
         round_mode: None,
     };
-    let node = m.insert_node(g, at, op, vec![Some(x)], vec![Some(out)], Some(name));
+    let node = m.cursor(g, at).insert(NewNode {
+        op,
+        inputs: vec![Some(x)],
+        outputs: vec![Some(out)],
+        name: Some(name),
+    });
     let v = m.nodes[node].outputs[0].ok_or("a Cast without a result")?;
     Ok((node, v))
 }
 
 /// `com.microsoft.MatMulNBits` (4 bits) becomes `MmqMatMulNBits`, K padded to whole blocks.
 fn lower_nbits(m: &mut Module, g: GraphId, report: &mut PassReport) -> Result<(), String> {
-    let nodes = m.graphs[g].nodes.clone();
+    let nodes = m.graphs[g].nodes().to_vec();
     for n in nodes {
         let Op::MatMulNBits {
             k: Some(k),
@@ -502,14 +508,12 @@ fn lower_nbits(m: &mut Module, g: GraphId, report: &mut PassReport) -> Result<()
                 pads: None,
                 value: None,
             };
-            let pad = m.insert_node(
-                g,
-                At::Before(n),
+            let pad = m.cursor(g, At::Before(n)).insert(NewNode {
                 op,
-                vec![Some(a16), Some(pads)],
-                vec![Some((None, ty))],
-                Some(format!("{name}_a_pad")),
-            );
+                inputs: vec![Some(a16), Some(pads)],
+                outputs: vec![Some((None, ty))],
+                name: Some(format!("{name}_a_pad")),
+            });
             a16 = m.nodes[pad].outputs[0].ok_or("a Pad without a result")?;
         }
         let mut plugin_inputs = vec![Some(a16), Some(b), Some(scales16), Some(zeros)];
@@ -523,7 +527,7 @@ fn lower_nbits(m: &mut Module, g: GraphId, report: &mut PassReport) -> Result<()
                 ("block_size", block),
             ],
         );
-        m.nodes[n].inputs = plugin_inputs;
+        m.set_operands(n, plugin_inputs);
         if a_dtype == Some(DType::F32) {
             // The plugin writes binary16; a Cast after it gives the graph its float32 result back
             // under the result's name.
@@ -590,7 +594,7 @@ mod tests {
     fn ops(m: &Module) -> Vec<String> {
         let g = m.entries[0].graph;
         m.graphs[g]
-            .nodes
+            .nodes()
             .iter()
             .map(|&n| m.nodes[n].op.op_type().to_owned())
             .collect()
@@ -613,7 +617,7 @@ mod tests {
         );
         assert_eq!(report.counters.get("uint8-unit-recoded-int8"), Some(&2));
         let g = after.entries[0].graph;
-        for &n in &after.graphs[g].nodes {
+        for &n in after.graphs[g].nodes() {
             for v in after.nodes[n].outputs.iter().flatten() {
                 assert_ne!(after.value_type(*v).dtype(), Some(DType::U8));
             }
@@ -692,7 +696,7 @@ mod tests {
     /// No value of the entry graph is uint8.
     fn free_of_u8(m: &Module) -> bool {
         let g = m.entries[0].graph;
-        m.graphs[g].nodes.iter().all(|&n| {
+        m.graphs[g].nodes().iter().all(|&n| {
             m.nodes[n]
                 .outputs
                 .iter()

@@ -1,21 +1,26 @@
-//! A small builder of the nodes a pass inserts at one place of one graph: ops with fresh names
-//! (types left to inference), constants, and the usual shape plumbing.
+//! [`Emit`]: a small builder of the nodes a pass inserts at one place of one graph: ops with
+//! fresh names (types left to inference), constants, and the usual shape plumbing.
 
+use super::NewNode;
+use crate::constant::{ConstData, Storage};
+use crate::{At, DType, GraphId, Module, Node, Op, Type, Value};
 use bytes::Bytes;
-use mmq_ir::constant::{ConstData, Storage};
-use mmq_ir::{At, DType, GraphId, Module, Node, Op, Type, Value};
 
 /// Emits nodes at one place of one graph.
-pub(crate) struct Emit {
-    pub(crate) graph: GraphId,
+pub struct Emit {
+    /// The graph.
+    pub graph: GraphId,
     prefix: String,
-    pub(crate) opset: i64,
-    pub(crate) nodes: Vec<Node>,
+    /// The graph's default-domain opset.
+    pub opset: i64,
+    /// The nodes emitted so far, in order.
+    pub nodes: Vec<Node>,
     next: usize,
 }
 
 impl Emit {
-    pub(crate) fn new(m: &Module, graph: GraphId, prefix: &str) -> Self {
+    /// Emits into `graph`, naming with `prefix`.
+    pub fn new(m: &Module, graph: GraphId, prefix: &str) -> Self {
         Emit {
             graph,
             prefix: prefix.to_owned(),
@@ -25,38 +30,34 @@ impl Emit {
         }
     }
 
-    pub(crate) fn fresh(&mut self, what: &str) -> String {
+    /// A fresh name for `what`.
+    pub fn fresh(&mut self, what: &str) -> String {
         self.next += 1;
         format!("{}_{what}_{}", self.prefix, self.next)
     }
 
-    pub(crate) fn op(&mut self, m: &mut Module, op: Op, inputs: Vec<Value>) -> Value {
+    /// A node of `op` on `inputs`; its one result.
+    pub fn op(&mut self, m: &mut Module, op: Op, inputs: Vec<Value>) -> Value {
         let name = self.fresh(&op.op_type().to_ascii_lowercase());
-        let n = m.insert_node(
-            self.graph,
-            At::Unlisted,
-            op,
-            inputs.into_iter().map(Some).collect(),
-            vec![Some((Some(name.clone()), Type::Unknown))],
-            Some(name),
+        let n = m.cursor(self.graph, At::Unlisted).insert(
+            NewNode::new(op, inputs.into_iter().map(Some).collect())
+                .output(name.clone())
+                .named(name),
         );
         self.nodes.push(n);
         m.nodes[n].outputs[0].expect("one result")
     }
 
     /// A node of `op` with two results.
-    pub(crate) fn op2(&mut self, m: &mut Module, op: Op, inputs: Vec<Value>) -> [Value; 2] {
+    pub fn op2(&mut self, m: &mut Module, op: Op, inputs: Vec<Value>) -> [Value; 2] {
         let name = self.fresh(&op.op_type().to_ascii_lowercase());
         let outs = (0..2)
             .map(|i| Some((Some(format!("{name}_{i}")), Type::Unknown)))
             .collect();
-        let n = m.insert_node(
-            self.graph,
-            At::Unlisted,
-            op,
-            inputs.into_iter().map(Some).collect(),
-            outs,
-            Some(name),
+        let n = m.cursor(self.graph, At::Unlisted).insert(
+            NewNode::new(op, inputs.into_iter().map(Some).collect())
+                .outputs(outs)
+                .named(name),
         );
         self.nodes.push(n);
         let out = |i: usize| m.nodes[n].outputs[i].expect("declared results");
@@ -64,7 +65,7 @@ impl Emit {
     }
 
     /// `Shape(x)`.
-    pub(crate) fn shape(&mut self, m: &mut Module, x: Value) -> Value {
+    pub fn shape(&mut self, m: &mut Module, x: Value) -> Value {
         let op = Op::Shape {
             start: None,
             end: None,
@@ -83,21 +84,24 @@ impl Emit {
         ))
     }
 
-    pub(crate) fn i64s(&mut self, m: &mut Module, vals: &[i64]) -> Value {
+    /// A 1-D i64 constant.
+    pub fn i64s(&mut self, m: &mut Module, vals: &[i64]) -> Value {
         let bytes = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.constant(m, DType::I64, vec![vals.len() as i64], bytes)
     }
 
     /// An i64 scalar constant.
-    pub(crate) fn i64_scalar(&mut self, m: &mut Module, v: i64) -> Value {
+    pub fn i64_scalar(&mut self, m: &mut Module, v: i64) -> Value {
         self.constant(m, DType::I64, vec![], v.to_le_bytes().to_vec())
     }
 
-    pub(crate) fn f32(&mut self, m: &mut Module, v: f32) -> Value {
+    /// An f32 scalar constant.
+    pub fn f32(&mut self, m: &mut Module, v: f32) -> Value {
         self.constant(m, DType::F32, vec![], v.to_le_bytes().to_vec())
     }
 
-    pub(crate) fn cast(&mut self, m: &mut Module, x: Value, to: DType) -> Value {
+    /// `Cast(x, to)`.
+    pub fn cast(&mut self, m: &mut Module, x: Value, to: DType) -> Value {
         let op = Op::Cast {
             round_mode: None,
             saturate: None,
@@ -106,18 +110,20 @@ impl Emit {
         self.op(m, op, vec![x])
     }
 
-    pub(crate) fn binary(&mut self, m: &mut Module, op: Op, a: Value, b: Value) -> Value {
+    /// A binary `op` of `a` and `b`.
+    pub fn binary(&mut self, m: &mut Module, op: Op, a: Value, b: Value) -> Value {
         self.op(m, op, vec![a, b])
     }
 
     /// `Shape(x)[axis]` as a 1-element tensor.
-    pub(crate) fn dim(&mut self, m: &mut Module, x: Value, axis: i64) -> Value {
+    pub fn dim(&mut self, m: &mut Module, x: Value, axis: i64) -> Value {
         let shape = self.shape(m, x);
         let idx = self.i64s(m, &[axis]);
         self.binary(m, Op::Gather { axis: Some(0) }, shape, idx)
     }
 
-    pub(crate) fn reduce_max_last(&mut self, m: &mut Module, x: Value) -> Value {
+    /// The maximum over the last axis, kept as a dim of 1.
+    pub fn reduce_max_last(&mut self, m: &mut Module, x: Value) -> Value {
         let abs = self.op(m, Op::Abs {}, vec![x]);
         if self.opset >= 18 {
             let axes = self.i64s(m, &[-1]);
@@ -137,23 +143,26 @@ impl Emit {
         }
     }
 
-    pub(crate) fn unsqueeze_last(&mut self, m: &mut Module, x: Value) -> Value {
+    /// `x` with a trailing axis of 1.
+    pub fn unsqueeze_last(&mut self, m: &mut Module, x: Value) -> Value {
         let axes = self.i64s(m, &[-1]);
         self.op(m, Op::Unsqueeze { axes: None }, vec![x, axes])
     }
 
-    pub(crate) fn squeeze_last(&mut self, m: &mut Module, x: Value) -> Value {
+    /// `x` without its trailing axis of 1.
+    pub fn squeeze_last(&mut self, m: &mut Module, x: Value) -> Value {
         let axes = self.i64s(m, &[-1]);
         self.op(m, Op::Squeeze { axes: None }, vec![x, axes])
     }
 
-    pub(crate) fn reshape(&mut self, m: &mut Module, x: Value, shape: Value) -> Value {
+    /// `Reshape(x, shape)`.
+    pub fn reshape(&mut self, m: &mut Module, x: Value, shape: Value) -> Value {
         self.op(m, Op::Reshape { allowzero: None }, vec![x, shape])
     }
 
     /// `x` (rank `rank`) padded with zeros along the token axis to a multiple of `tokens`;
     /// returns the padded tensor and the original token count (1 element).
-    pub(crate) fn pad_tokens(
+    pub fn pad_tokens(
         &mut self,
         m: &mut Module,
         x: Value,
@@ -179,7 +188,7 @@ impl Emit {
     }
 
     /// `x[..., :t, :]` along the token axis.
-    pub(crate) fn take_tokens(&mut self, m: &mut Module, x: Value, rank: usize, t: Value) -> Value {
+    pub fn take_tokens(&mut self, m: &mut Module, x: Value, rank: usize, t: Value) -> Value {
         let starts = self.i64s(m, &[0]);
         let axes = self.i64s(m, &[rank as i64 - 2]);
         let op = Op::Slice {
@@ -191,7 +200,7 @@ impl Emit {
     }
 
     /// `[0, …, 0, -1, last]`: keeps the leading dims, merges the rest into rows of `last`.
-    pub(crate) fn rows(&mut self, m: &mut Module, keep: usize, last: &[i64]) -> Value {
+    pub fn rows(&mut self, m: &mut Module, keep: usize, last: &[i64]) -> Value {
         let mut shape = vec![0; keep];
         shape.push(-1);
         shape.extend_from_slice(last);
@@ -201,18 +210,12 @@ impl Emit {
 
 /// Places the emitted nodes: at the start of the graph's list (they read inputs and constants
 /// only) or at its end (they feed outputs only).
-pub(crate) fn place(m: &mut Module, e: Emit, start: bool) {
-    let list = &mut m.graphs[e.graph].nodes;
-    if start {
-        list.splice(0..0, e.nodes);
-    } else {
-        list.extend(e.nodes);
-    }
+pub fn place(m: &mut Module, e: Emit, start: bool) {
+    let at = if start { At::Start } else { At::End };
+    m.list_nodes(e.graph, at, &e.nodes);
 }
 
 /// Places the emitted nodes right before `node` in its graph's list.
-pub(crate) fn place_before(m: &mut Module, e: Emit, node: Node) {
-    let list = &mut m.graphs[e.graph].nodes;
-    let at = list.iter().position(|&n| n == node).unwrap_or(list.len());
-    list.splice(at..at, e.nodes);
+pub fn place_before(m: &mut Module, e: Emit, node: Node) {
+    m.list_nodes(e.graph, At::Before(node), &e.nodes);
 }
