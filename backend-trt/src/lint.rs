@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 
-use mmq_ir::plugin;
 use mmq_ir::{Const, DType, GraphId, Module, Node, Op, Value};
+use mmq_ir::{OpKind, plugin};
 use mmq_kernels::Tensor;
+use mmq_passes::targets::OpName;
 use mmq_passes::targets::trt::parser_supports;
 
 /// One violation: the node (its name and op) and what is wrong.
@@ -133,21 +134,35 @@ impl Linter<'_> {
             );
             return;
         }
-        let op_type = op.op_type().to_owned();
-        if !parser_supports(&op_type) {
+        let name = OpName {
+            kind: OpKind::of(op.domain(), op.op_type()),
+            domain: op.domain(),
+            op_type: op.op_type(),
+        };
+        if !parser_supports(name) {
             self.finding(n, "not in TensorRT's ONNX parser support matrix");
             return;
         }
-        match op_type.as_str() {
-            "QuantizeLinear" | "DequantizeLinear" => self.qdq(n),
-            "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceMax"
-            | "ReduceMean" | "ReduceMin" | "ReduceProd" | "ReduceSum" | "ReduceSumSquare"
-            | "Squeeze" | "Unsqueeze" => self.constant_operand(n, 1, "axes"),
-            "Slice" => self.constant_operand(n, 3, "axes"),
-            "Pad" => self.constant_operand(n, 3, "axes"),
-            "CumSum" => self.constant_operand(n, 1, "axis"),
-            "OneHot" => self.constant_operand(n, 1, "depth"),
-            "MaxPool" | "AveragePool" => {
+        use OpKind as K;
+        match name.kind {
+            K::QuantizeLinear | K::DequantizeLinear => self.qdq(n),
+            K::ReduceL1
+            | K::ReduceL2
+            | K::ReduceLogSum
+            | K::ReduceLogSumExp
+            | K::ReduceMax
+            | K::ReduceMean
+            | K::ReduceMin
+            | K::ReduceProd
+            | K::ReduceSum
+            | K::ReduceSumSquare
+            | K::Squeeze
+            | K::Unsqueeze => self.constant_operand(n, 1, "axes"),
+            K::Slice => self.constant_operand(n, 3, "axes"),
+            K::Pad => self.constant_operand(n, 3, "axes"),
+            K::CumSum => self.constant_operand(n, 1, "axis"),
+            K::OneHot => self.constant_operand(n, 1, "depth"),
+            K::MaxPool | K::AveragePool => {
                 if let Some(r) = self.input(n, 0).and_then(|v| self.rank(v))
                     && !(4..=5).contains(&r)
                 {
@@ -157,7 +172,9 @@ impl Linter<'_> {
                     self.finding(n, "the Indices output is not supported");
                 }
             }
-            "LayerNormalization" if self.m.nodes[n].outputs.iter().skip(1).any(Option::is_some) => {
+            K::LayerNormalization
+                if self.m.nodes[n].outputs.iter().skip(1).any(Option::is_some) =>
+            {
                 self.finding(n, "only the first output Y is supported");
             }
             _ => {}

@@ -54,5 +54,5 @@ pub use module::{
     At, Entry, GraphData, GraphId, Link, ModelInfo, Module, Node, NodeData, Value, ValueData,
     ValueDef,
 };
-pub use op::{Arity, CustomOp, Op, OpProperty};
+pub use op::{Arity, CustomOp, Op, OpKind, OpProperty};
 pub use types::{TensorType, Ty, Type, TypeTable};

@@ -177,6 +177,46 @@ macro_rules! ops {
             Custom(CustomOp),
         }
 
+        /// An op's kind: its variant without attributes ([`OpKind::Custom`] for any op the
+        /// table does not model). Costs, placement and targets' support lists match on it.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[allow(missing_docs, reason = "each kind is the op of the same name")]
+        pub enum OpKind {
+            $($variant,)*
+            /// An op the table does not model.
+            Custom,
+        }
+
+        impl OpKind {
+            /// Every modeled kind, in declaration order.
+            pub const MODELED: &'static [OpKind] = &[$(OpKind::$variant),*];
+
+            /// The kind of `op_type` in `domain` (`""` and `ai.onnx` are the default domain);
+            /// [`OpKind::Custom`] when the table does not model it.
+            pub fn of(domain: &str, op_type: &str) -> OpKind {
+                match (default_domain(domain), op_type) {
+                    $((op_domain!($($domain)?), op_name!($variant $(, $optype)?)) => OpKind::$variant,)*
+                    _ => OpKind::Custom,
+                }
+            }
+
+            /// The operator type (`""` for [`OpKind::Custom`]).
+            pub fn op_type(self) -> &'static str {
+                match self {
+                    $(OpKind::$variant => op_name!($variant $(, $optype)?),)*
+                    OpKind::Custom => "",
+                }
+            }
+
+            /// The operator domain (`""` for the default domain and for [`OpKind::Custom`]).
+            pub fn domain(self) -> &'static str {
+                match self {
+                    $(OpKind::$variant => op_domain!($($domain)?),)*
+                    OpKind::Custom => "",
+                }
+            }
+        }
+
         impl Op {
             /// Every modeled op as `(domain, op_type)`, in declaration order.
             pub const MODELED: &'static [(&'static str, &'static str)] =
@@ -203,6 +243,14 @@ macro_rules! ops {
                         }
                     )*
                     _ => None,
+                }
+            }
+
+            /// The op's kind.
+            pub fn kind(&self) -> OpKind {
+                match self {
+                    $(Op::$variant { .. } => OpKind::$variant,)*
+                    Op::Custom(_) => OpKind::Custom,
                 }
             }
 
@@ -827,6 +875,23 @@ ops! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_modeled_op_has_one_kind_that_names_it() {
+        assert_eq!(OpKind::MODELED.len(), Op::MODELED.len());
+        for (&kind, &(domain, op_type)) in OpKind::MODELED.iter().zip(Op::MODELED) {
+            assert_eq!((kind.domain(), kind.op_type()), (domain, op_type));
+            assert_eq!(OpKind::of(domain, op_type), kind);
+            assert_eq!(Op::from_parts(domain, op_type, vec![]).kind(), kind);
+        }
+        assert_eq!(OpKind::of("ai.onnx", "Gelu"), OpKind::Gelu);
+        assert_eq!(OpKind::of("com.microsoft", "Gelu"), OpKind::MsGelu);
+        assert_eq!(OpKind::of("com.example", "Gelu"), OpKind::Custom);
+        assert_eq!(
+            Op::from_parts("com.example", "Gelu", vec![]).kind(),
+            OpKind::Custom
+        );
+    }
 
     #[test]
     fn the_table_gives_arity() {

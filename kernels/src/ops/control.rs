@@ -10,7 +10,7 @@ mod tail;
 
 use std::sync::Arc;
 
-use mmq_ir::{Attr, CustomOp, DType, GraphId, Op};
+use mmq_ir::{Attr, CustomOp, DType, GraphId, Op, OpKind};
 
 use crate::error::KernelError;
 use crate::ops::data;
@@ -77,10 +77,26 @@ pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> Option<OpResul
 
 /// The sequence, signal, string, recurrent and loss ops.
 fn long_tail(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    seq::eval(cx, c, inputs)
-        .or_else(|| tail::eval(cx, c, inputs))
-        .or_else(|| rnn::eval(cx, c, inputs))
-        .or_else(|| loss::eval(cx, c, inputs))
+    let t = Tail {
+        cx,
+        kind: OpKind::of(&c.domain, &c.op_type),
+        c,
+        inputs,
+    };
+    seq::eval(t)
+        .or_else(|| tail::eval(t))
+        .or_else(|| rnn::eval(t))
+        .or_else(|| loss::eval(t))
+}
+
+/// A node of the long tail: its context, its kind, its attributes (as an opaque op) and its
+/// operands.
+#[derive(Clone, Copy)]
+pub(super) struct Tail<'a, 'c> {
+    cx: &'a OpCtx<'c>,
+    kind: OpKind,
+    c: &'a CustomOp,
+    inputs: &'a [Option<RtValue>],
 }
 
 /// The single boolean of a condition tensor.

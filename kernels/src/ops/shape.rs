@@ -7,7 +7,7 @@ mod layout;
 mod misc;
 mod resize;
 
-use mmq_ir::{Attr, CustomOp, Op};
+use mmq_ir::{Attr, CustomOp, Op, OpKind};
 
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{RtValue, Tensor};
@@ -32,9 +32,9 @@ fn custom(cx: &OpCtx<'_>, i: &[Option<RtValue>], c: &CustomOp) -> Option<OpResul
             _ => None,
         })
     };
-    Some(match c.op_type.as_str() {
-        "Scatter" => index::scatter_elements(cx, i, int("axis").unwrap_or(0), None),
-        "SpaceToDepth" => layout::space_to_depth(cx, i, int("blocksize"), string("mode")),
+    Some(match OpKind::of(&c.domain, &c.op_type) {
+        OpKind::Scatter => index::scatter_elements(cx, i, int("axis").unwrap_or(0), None),
+        OpKind::SpaceToDepth => layout::space_to_depth(cx, i, int("blocksize"), string("mode")),
         _ => return None,
     })
 }

@@ -22,16 +22,16 @@ impl CostModel for TargetCost {
         let TNode::Op { kind, args, .. } = node else {
             return 0.0;
         };
-        let kind = kind.as_str();
         let operands = &args[..args.len().saturating_sub(1)];
+        let op = kind.name();
         // Ops of other domains are the target's fused ops (or ones it cannot run): priced as
         // the target says even on constants, which const-fold cannot evaluate.
-        if !kind.contains('.')
+        if op.is_standard()
             && !operands.is_empty()
             && operands.iter().all(|&a| eg[a].data.konst.is_const())
         {
             return 0.01;
         }
-        self.0.op_cost(kind)
+        self.0.op_cost(op)
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use egg::{Analysis, DidMerge, EGraph, Id};
-use mmq_ir::{ConstData, DType, Module, Op, Storage, Type, Value};
+use mmq_ir::{ConstData, DType, Module, Op, OpKind, Storage, Type, Value};
 use mmq_kernels::Tensor;
 
 use super::lang::TNode;
@@ -203,8 +203,12 @@ impl Analysis<TNode> for Facts {
                 konst: Konst::Absent,
             },
             TNode::Op { kind, args, .. } => {
-                let random = kind.as_str().starts_with("Random")
-                    || matches!(kind.as_str(), "Bernoulli" | "Multinomial" | "Dropout");
+                // The random ops: `Dropout`, and the ones the op table does not model.
+                let op = kind.name();
+                let random = op.kind == OpKind::Dropout
+                    || (op.kind == OpKind::Custom
+                        && (op.op_type.starts_with("Random")
+                            || matches!(op.op_type, "Bernoulli" | "Multinomial")));
                 let operands = &args[..args.len().saturating_sub(1)];
                 let all_const =
                     !random && operands.iter().all(|&a| egraph[a].data.konst.is_const());

@@ -5,6 +5,9 @@ use std::cmp::Ordering;
 use std::fmt;
 
 use egg::{FromOp, Id, Language, Symbol};
+use mmq_ir::OpKind;
+
+use crate::targets::OpName;
 
 /// One e-node.
 ///
@@ -17,8 +20,8 @@ use egg::{FromOp, Id, Language, Symbol};
 pub(crate) enum TNode {
     /// An op application.
     Op {
-        /// `op_type` for the default domain, `domain.op_type` otherwise.
-        kind: Symbol,
+        /// What op it applies.
+        kind: Key,
         /// Bit mask of the result slots the node has.
         outs: u32,
         /// Operands, then the attributes leaf.
@@ -42,7 +45,7 @@ pub(crate) enum TNode {
 /// What [`Language::matches`] compares.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Disc {
-    Op(Symbol, u32, usize),
+    Op(Key, u32, usize),
     Get(u32),
     Value(u32),
     Attrs(u32),
@@ -78,8 +81,7 @@ impl Ord for TNode {
                     args: a2,
                 },
             ) => kind
-                .as_str()
-                .cmp(k2.as_str())
+                .cmp_text(k2)
                 .then(outs.cmp(o2))
                 .then_with(|| args.cmp(a2)),
             (TNode::Get(i, a), TNode::Get(j, b)) => i.cmp(j).then(a.cmp(b)),
@@ -186,17 +188,101 @@ impl FromOp for TNode {
             None => (op, 1),
         };
         Ok(TNode::Op {
-            kind: Symbol::from(kind),
+            kind: Key::parse(kind),
             outs,
             args: children,
         })
     }
 }
 
-/// The e-graph kind of an op: `op_type` in the default domain, `domain.op_type` otherwise.
-pub(crate) fn kind_of(op: &mmq_ir::Op) -> Symbol {
-    match op.domain() {
-        "" | "ai.onnx" => Symbol::from(op.op_type()),
-        d => Symbol::from(format!("{d}.{}", op.op_type())),
+/// What an op e-node applies: a kind of the op table, or an op the table does not model (by its
+/// `domain.op_type`, or `op_type` in the default domain). Patterns and the printed e-graph
+/// spell a kind the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Key {
+    /// A modeled op.
+    Kind(OpKind),
+    /// Any other op.
+    Custom(Symbol),
+}
+
+impl Key {
+    /// The key of `op_type` in `domain`.
+    pub(crate) fn of(domain: &str, op_type: &str) -> Key {
+        match OpKind::of(domain, op_type) {
+            OpKind::Custom => Key::Custom(Symbol::from(match domain {
+                "" | "ai.onnx" => op_type.to_owned(),
+                d => format!("{d}.{op_type}"),
+            })),
+            k => Key::Kind(k),
+        }
     }
+
+    /// The key a pattern spells `text` (`op_type`, or `domain.op_type`).
+    pub(crate) fn parse(text: &str) -> Key {
+        match text.rsplit_once('.') {
+            Some((domain, op_type)) => Key::of(domain, op_type),
+            None => Key::of("", text),
+        }
+    }
+
+    /// The op table's kind ([`OpKind::Custom`] for an op it does not model).
+    pub(crate) fn kind(self) -> OpKind {
+        match self {
+            Key::Kind(k) => k,
+            Key::Custom(_) => OpKind::Custom,
+        }
+    }
+
+    /// Whether the key is `kind`.
+    pub(crate) fn is(self, kind: OpKind) -> bool {
+        self == Key::Kind(kind)
+    }
+
+    /// The op as a target prices it.
+    pub(crate) fn name(&self) -> OpName<'_> {
+        match self {
+            Key::Kind(k) => OpName::of(*k),
+            Key::Custom(s) => {
+                let (domain, op_type) = s.as_str().rsplit_once('.').unwrap_or(("", s.as_str()));
+                OpName {
+                    kind: OpKind::Custom,
+                    domain,
+                    op_type,
+                }
+            }
+        }
+    }
+
+    /// The text, in pieces: `[domain, ".", op_type]`, or the custom op's text.
+    fn parts(&self) -> [&str; 3] {
+        match self {
+            Key::Kind(k) if k.domain().is_empty() => ["", "", k.op_type()],
+            Key::Kind(k) => [k.domain(), ".", k.op_type()],
+            Key::Custom(s) => [s.as_str(), "", ""],
+        }
+    }
+
+    /// Orders by the text, so that the order of nodes inside an e-class does not depend on
+    /// the op table's order or on what the process interned first.
+    fn cmp_text(&self, other: &Key) -> Ordering {
+        if self == other {
+            return Ordering::Equal;
+        }
+        let (a, b) = (self.parts(), other.parts());
+        a.into_iter()
+            .flat_map(str::bytes)
+            .cmp(b.into_iter().flat_map(str::bytes))
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.parts().iter().try_for_each(|p| f.write_str(p))
+    }
+}
+
+/// The e-graph key of an op.
+pub(crate) fn kind_of(op: &mmq_ir::Op) -> Key {
+    Key::of(op.domain(), op.op_type())
 }

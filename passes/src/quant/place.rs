@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 
 use egg::Id;
-use mmq_ir::{GraphId, Module, Op, Value};
+use mmq_ir::{GraphId, Module, Op, OpKind, Value};
 
 use crate::egraph::convert::{self, EG};
 use crate::egraph::cost::CostModel;
@@ -133,7 +133,10 @@ pub(crate) fn place(
             }
             let n = c.nodes.iter().find_map(|n| match n {
                 TNode::Op { kind, args, .. }
-                    if matches!(kind.as_str(), "QuantizeLinear" | "DequantizeLinear") =>
+                    if matches!(
+                        kind.kind(),
+                        OpKind::QuantizeLinear | OpKind::DequantizeLinear
+                    ) =>
                 {
                     observed.get(&eg.find(args[0])).copied()
                 }
@@ -171,25 +174,25 @@ fn is_float_alternative(eg: &EG, n: &TNode) -> bool {
     let TNode::Op { kind, args, .. } = n else {
         return false;
     };
-    matches!(kind.as_str(), "MatMul" | "Gemm" | "Conv")
+    matches!(kind.kind(), OpKind::MatMul | OpKind::Gemm | OpKind::Conv)
         && !args[..args.len().saturating_sub(1)]
             .iter()
-            .any(|&a| holds(eg, a, "DequantizeLinear"))
+            .any(|&a| holds(eg, a, OpKind::DequantizeLinear))
 }
 
 /// Whether class `id` holds an e-node of op type `kind`.
-fn holds(eg: &EG, id: Id, kind: &str) -> bool {
+fn holds(eg: &EG, id: Id, kind: OpKind) -> bool {
     eg[id]
         .nodes
         .iter()
-        .any(|n| matches!(n, TNode::Op { kind: k, .. } if k.as_str() == kind))
+        .any(|n| matches!(n, TNode::Op { kind: k, .. } if k.is(kind)))
 }
 
 /// Whether class `id` holds an e-node of op type `kind` one of whose operand classes holds
 /// `inner`.
-fn holds_over(eg: &EG, id: Id, kind: &str, inner: &str) -> bool {
+fn holds_over(eg: &EG, id: Id, kind: OpKind, inner: OpKind) -> bool {
     eg[id].nodes.iter().any(|n| match n {
-        TNode::Op { kind: k, args, .. } if k.as_str() == kind => {
+        TNode::Op { kind: k, args, .. } if k.is(kind) => {
             args[..args.len() - 1].iter().any(|&a| holds(eg, a, inner))
         }
         _ => false,
@@ -237,18 +240,18 @@ impl PlaceCost {
     }
 
     /// Multiply-accumulates of a product whose result is `class`.
-    fn macs(&self, eg: &EG, class: Id, kind: &str, operands: &[Id]) -> f64 {
+    fn macs(&self, eg: &EG, class: Id, kind: OpKind, operands: &[Id]) -> f64 {
         let last = |id: Id| -> Option<f64> {
             Some(eg[id].data.ty.as_ref()?.shape()?.last()?.as_known()? as f64)
         };
         match kind {
             // A's elements times N (the weight's last dimension), else out × K.
-            "MatMul" | "MatMulInteger" | "Gemm" => {
+            OpKind::MatMul | OpKind::MatMulInteger | OpKind::Gemm => {
                 let a = operands.first().copied();
                 let w = operands.get(1).copied();
                 let observed = a.and_then(|a| self.observed.get(&eg.find(a)).copied());
                 match (observed, w.and_then(last)) {
-                    (Some(a), Some(n)) if kind != "Gemm" => a * n,
+                    (Some(a), Some(n)) if kind != OpKind::Gemm => a * n,
                     _ => {
                         let out = self.elements(eg, class).unwrap_or(SYMBOLIC_DIM);
                         out * a.and_then(last).unwrap_or(SYMBOLIC_DIM)
@@ -279,7 +282,7 @@ impl CostModel for PlaceCost {
         };
         let operands = &args[..args.len().saturating_sub(1)];
         let r = self.rates();
-        let kind = kind.as_str();
+        let kind = kind.kind();
         let on_consts =
             !operands.is_empty() && operands.iter().all(|&a| eg[a].data.konst.is_const());
         if on_consts {
@@ -288,10 +291,10 @@ impl CostModel for PlaceCost {
         let dq = |i: usize| {
             operands
                 .get(i)
-                .is_some_and(|&a| holds(eg, a, "DequantizeLinear"))
+                .is_some_and(|&a| holds(eg, a, OpKind::DequantizeLinear))
         };
         match kind {
-            "MatMul" | "Gemm" | "Conv" => {
+            OpKind::MatMul | OpKind::Gemm | OpKind::Conv => {
                 let macs = self.macs(eg, class, kind, operands);
                 if dq(0) && dq(1) {
                     r.int_kernel + macs * r.int_mac
@@ -299,19 +302,23 @@ impl CostModel for PlaceCost {
                     r.kernel + macs * r.float_mac
                 }
             }
-            "MatMulInteger" => r.int_kernel + self.macs(eg, class, kind, operands) * r.int_mac,
-            "QuantizeLinear" | "DynamicQuantizeLinear" => {
+            OpKind::MatMulInteger => r.int_kernel + self.macs(eg, class, kind, operands) * r.int_mac,
+            OpKind::QuantizeLinear | OpKind::DynamicQuantizeLinear => {
                 let x = operands[0];
-                if holds(eg, x, "Conv") {
+                if holds(eg, x, OpKind::Conv) {
                     // The requantization inside QLinearConv.
                     r.absorbed
                 } else {
-                    let scan = if kind == "DynamicQuantizeLinear" { 2.0 } else { 1.0 };
+                    let scan = if kind == OpKind::DynamicQuantizeLinear {
+                        2.0
+                    } else {
+                        1.0
+                    };
                     r.q_kernel + scan * self.elements(eg, x).unwrap_or(SYMBOLIC_DIM) * r.element
                 }
             }
-            "DequantizeLinear" => {
-                if holds_over(eg, operands[0], "QuantizeLinear", "Conv") {
+            OpKind::DequantizeLinear => {
+                if holds_over(eg, operands[0], OpKind::QuantizeLinear, OpKind::Conv) {
                     // QLinearConv's integer result read by a float op.
                     r.q_kernel + self.elements(eg, class).unwrap_or(SYMBOLIC_DIM) * r.element
                 } else {
@@ -319,12 +326,12 @@ impl CostModel for PlaceCost {
                 }
             }
             // The conversion and rescale that DynamicQuantizeMatMul absorbs.
-            "Cast" if holds(eg, operands[0], "MatMulInteger") => r.absorbed,
-            "Mul"
+            OpKind::Cast if holds(eg, operands[0], OpKind::MatMulInteger) => r.absorbed,
+            OpKind::Mul
                 if operands.iter().any(|&a| {
-                    holds_over(eg, a, "Cast", "MatMulInteger")
+                    holds_over(eg, a, OpKind::Cast, OpKind::MatMulInteger)
                         || eg[a].nodes.iter().any(|n| {
-                            matches!(n, TNode::Get(_, [t]) if holds(eg, *t, "DynamicQuantizeLinear"))
+                            matches!(n, TNode::Get(_, [t]) if holds(eg, *t, OpKind::DynamicQuantizeLinear))
                         })
                 }) =>
             {

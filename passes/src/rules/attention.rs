@@ -13,7 +13,7 @@
 //! opset 23).
 
 use egg::{Id, Subst};
-use mmq_ir::{DType, Dim, Op, Type};
+use mmq_ir::{DType, Dim, Op, OpKind, Type};
 
 use super::*;
 use crate::egraph::lang::TNode;
@@ -34,11 +34,11 @@ fn scalar_value(eg: &EG, id: Id, depth: u32) -> Option<f64> {
             return None;
         };
         let arg = |i: usize| scalar_value(eg, args[i], depth - 1);
-        match (kind.as_str(), args.len()) {
-            ("Mul", 3) => Some(arg(0)? * arg(1)?),
-            ("Div", 3) => Some(arg(0)? / arg(1)?),
-            ("Reciprocal", 2) => Some(1.0 / arg(0)?),
-            ("Sqrt", 2) => Some(arg(0)?.sqrt()),
+        match (kind.kind(), args.len()) {
+            (OpKind::Mul, 3) => Some(arg(0)? * arg(1)?),
+            (OpKind::Div, 3) => Some(arg(0)? / arg(1)?),
+            (OpKind::Reciprocal, 2) => Some(1.0 / arg(0)?),
+            (OpKind::Sqrt, 2) => Some(arg(0)?.sqrt()),
             _ => None,
         }
     })
@@ -62,7 +62,7 @@ fn scale(v: &'static str) -> Cond {
 /// source when the composition is the identity); typed `t`.
 fn transpose_of(eg: &mut EG, x: Id, perm: &[i64], t: Type) -> Option<Id> {
     let inner = eg[eg.find(x)].nodes.iter().find_map(|n| match n {
-        TNode::Op { kind, args, .. } if kind.as_str() == "Transpose" && args.len() == 2 => {
+        TNode::Op { kind, args, .. } if kind.is(OpKind::Transpose) && args.len() == 2 => {
             match attrs_op(eg, args[1]) {
                 Some(Op::Transpose { perm: Some(p) }) if p.len() == perm.len() => {
                     Some((args[0], p.clone()))
@@ -97,7 +97,7 @@ fn reshaped_from(eg: &EG, x: Id, t: &Type) -> Option<Id> {
         return None;
     }
     eg[eg.find(x)].nodes.iter().find_map(|n| match n {
-        TNode::Op { kind, args, .. } if kind.as_str() == "Reshape" && args.len() == 3 => {
+        TNode::Op { kind, args, .. } if kind.is(OpKind::Reshape) && args.len() == 3 => {
             (eg[args[0]].data.ty.as_ref() == Some(t)).then_some(args[0])
         }
         _ => None,
@@ -110,7 +110,7 @@ fn merged_heads(eg: &EG, x: Id, dtype: DType, width: i64) -> Option<Id> {
     let dims = eg[eg.find(x)].data.ty.as_ref()?.shape()?.to_vec();
     let [b, _, t, _] = <[Dim; 4]>::try_from(dims).ok()?;
     let split = eg[eg.find(x)].nodes.iter().find_map(|n| match n {
-        TNode::Op { kind, args, .. } if kind.as_str() == "Transpose" && args.len() == 2 => {
+        TNode::Op { kind, args, .. } if kind.is(OpKind::Transpose) && args.len() == 2 => {
             match attrs_op(eg, args[1]) {
                 Some(Op::Transpose { perm: Some(p) }) if p == &[0, 2, 1, 3] => Some(args[0]),
                 _ => None,
@@ -142,7 +142,7 @@ fn repeated_heads(eg: &EG, x: Id) -> Option<(Id, i64)> {
             .map(<[Dim]>::to_vec)
     };
     let [b, n, t, h] = <[Dim; 4]>::try_from(shape(x)?).ok()?;
-    let (ops, _) = node_of(eg, x, "Reshape")?;
+    let (ops, _) = node_of(eg, x, OpKind::Reshape)?;
     let expanded = ops[0];
     let [b1, g, r, t1, h1] = <[Dim; 5]>::try_from(shape(expanded)?).ok()?;
     let (groups, rep) = (known(&g)?, known(&r)?);
@@ -152,14 +152,14 @@ fn repeated_heads(eg: &EG, x: Id) -> Option<(Id, i64)> {
     if !(same(&b, &b1) && same(&t, &t1) && same(&h, &h1)) {
         return None;
     }
-    let (ops, _) = node_of(eg, expanded, "Expand")?;
+    let (ops, _) = node_of(eg, expanded, OpKind::Expand)?;
     let one = ops[0];
     let [b2, g2, r2, t2, h2] = <[Dim; 5]>::try_from(shape(one)?).ok()?;
     if !(same(&b2, &b) && same(&g2, &g) && known(&r2) == Some(1) && same(&t2, &t) && same(&h2, &h))
     {
         return None;
     }
-    let (ops, unsqueeze) = node_of(eg, one, "Unsqueeze")?;
+    let (ops, unsqueeze) = node_of(eg, one, OpKind::Unsqueeze)?;
     let axes = match (unsqueeze, ops.get(1)) {
         (Op::Unsqueeze { axes: Some(a) }, _) => Some(a.clone()),
         (_, Some(&c)) => consts_of(eg, c).map(|v| v.iter().map(|&a| a as i64).collect()),
@@ -251,14 +251,14 @@ fn fully_known(t: &Type) -> bool {
 /// The class holds a `com.microsoft.MultiHeadAttention` node, or the NaN guard
 /// `Where(IsNaN(y), 0, y)` of one.
 fn is_mha(eg: &EG, x: Id) -> bool {
-    const MHA_OP: &str = "com.microsoft.MultiHeadAttention";
+    const MHA_OP: OpKind = OpKind::MultiHeadAttention;
     nodes_of(eg, x, MHA_OP).next().is_some()
-        || nodes_of(eg, x, "Where")
+        || nodes_of(eg, x, OpKind::Where)
             .any(|(ops, _)| ops.len() == 3 && nodes_of(eg, ops[2], MHA_OP).next().is_some())
 }
 
 /// The operand classes and the attributes class of the first `kind` node in class `id`.
-fn node_parts(eg: &EG, id: Id, kind: &str) -> Option<(Vec<Id>, Id)> {
+fn node_parts(eg: &EG, id: Id, kind: OpKind) -> Option<(Vec<Id>, Id)> {
     nodes_of(eg, id, kind).next()
 }
 
@@ -273,15 +273,15 @@ fn build_guarded(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
     if !consts(eg, s, "?z").is_some_and(|z| z.iter().all(|&x| x == 0.0)) {
         return None;
     }
-    let (sm, sm_attrs) = node_parts(eg, at(s, "?p"), "Softmax")?;
-    let (add, _) = node_parts(eg, *sm.first()?, "Add")?;
+    let (sm, sm_attrs) = node_parts(eg, at(s, "?p"), OpKind::Softmax)?;
+    let (add, _) = node_parts(eg, *sm.first()?, OpKind::Add)?;
     let (x, bias) = (*add.first()?, *add.get(1)?);
     let mut s2 = s.clone();
     // The scores: `MatMul(q, kt) · c` (any of the class's `Mul` spellings whose left operand
     // is the product and whose right one a scalar scale), else the bare product.
     // Several spellings may hold (the scale split over Q and Kᵀ, then merged); prefer one
     // whose Kᵀ is a plain transpose, which the fused op reads without a copy.
-    let candidates: Vec<(Vec<Id>, Id)> = nodes_of(eg, x, "Mul")
+    let candidates: Vec<(Vec<Id>, Id)> = nodes_of(eg, x, OpKind::Mul)
         .filter(|(mul, _)| {
             let mut t = s2.clone();
             mul.len() == 2 && {
@@ -290,13 +290,13 @@ fn build_guarded(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
             }
         })
         .flat_map(|(mul, _)| {
-            nodes_of(eg, mul[0], "MatMul")
+            nodes_of(eg, mul[0], OpKind::MatMul)
                 .filter(|(mm, _)| mm.len() == 2)
                 .map(|(mm, _)| (mm, mul[1]))
                 .collect::<Vec<_>>()
         })
         .collect();
-    let plain_kt = |c: &(Vec<Id>, Id)| node_parts(eg, c.0[1], "Transpose").is_some();
+    let plain_kt = |c: &(Vec<Id>, Id)| node_parts(eg, c.0[1], OpKind::Transpose).is_some();
     let scaled_form = candidates
         .iter()
         .find(|c| plain_kt(c))
@@ -310,7 +310,7 @@ fn build_guarded(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
             true
         }
         None => {
-            let (mm, _) = node_parts(eg, x, "MatMul")?;
+            let (mm, _) = node_parts(eg, x, OpKind::MatMul)?;
             s2.insert(var("?q"), mm[0]);
             s2.insert(var("?kt"), mm[1]);
             false
@@ -542,7 +542,7 @@ fn build_mha(eg: &mut EG, s: &Subst, bias: bool, scaled: bool, guard: bool) -> O
 
 /// The operand classes of the first `kind` node of class `id` whose attributes satisfy
 /// `attrs_ok`.
-fn operands_of(eg: &EG, id: Id, kind: &str, attrs_ok: impl Fn(&Op) -> bool) -> Option<Vec<Id>> {
+fn operands_of(eg: &EG, id: Id, kind: OpKind, attrs_ok: impl Fn(&Op) -> bool) -> Option<Vec<Id>> {
     nodes_of(eg, id, kind)
         .find(|(_, a)| attrs_op(eg, *a).is_some_and(&attrs_ok))
         .map(|(ops, _)| ops)
@@ -581,13 +581,24 @@ fn finite(eg: &EG, id: Id, depth: u32) -> bool {
             ops.get(i)
                 .is_some_and(|&c| finite(eg, c, depth - 1) || int_like(c))
         };
-        match kind.as_str() {
-            "Where" => fin(1) && fin(2),
-            "Expand" | "Reshape" | "Unsqueeze" | "Squeeze" | "Transpose" | "Slice" | "Gather"
-            | "Flatten" | "Identity" | "Neg" | "Cast" => fin(0),
+        match kind.kind() {
+            OpKind::Where => fin(1) && fin(2),
+            OpKind::Expand
+            | OpKind::Reshape
+            | OpKind::Unsqueeze
+            | OpKind::Squeeze
+            | OpKind::Transpose
+            | OpKind::Slice
+            | OpKind::Gather
+            | OpKind::Flatten
+            | OpKind::Identity
+            | OpKind::Neg
+            | OpKind::Cast => fin(0),
             // A product of two finite factors can overflow only past the dtype's range; the
             // masks multiply 0/1 by finfo.min, which stays finite.
-            "Sub" | "Mul" => fin(0) && fin(1) && (all_unit(eg, ops[0]) || all_unit(eg, ops[1])),
+            OpKind::Sub | OpKind::Mul => {
+                fin(0) && fin(1) && (all_unit(eg, ops[0]) || all_unit(eg, ops[1]))
+            }
             _ => false,
         }
     })
@@ -604,9 +615,9 @@ fn all_unit(eg: &EG, id: Id) -> bool {
     let boolish =
         |c: Id| eg[eg.find(c)].data.ty.as_ref().and_then(Type::dtype) == Some(DType::Bool);
     eg[id].nodes.iter().any(|n| match n {
-        TNode::Op { kind, args, .. } => match kind.as_str() {
-            "Cast" => boolish(args[0]),
-            "Sub" if args.len() == 3 => {
+        TNode::Op { kind, args, .. } => match kind.kind() {
+            OpKind::Cast => boolish(args[0]),
+            OpKind::Sub if args.len() == 3 => {
                 consts_of(eg, args[0]).is_some_and(|v| v.iter().all(|&x| x == 1.0))
                     && all_unit(eg, args[1])
             }
@@ -626,10 +637,12 @@ fn finite_scores(eg: &EG, id: Id, depth: u32) -> bool {
     let scores = |c: Id| finite_scores(eg, c, depth - 1);
     let fin = |c: Id| finite(eg, c, 6);
     eg[eg.find(id)].nodes.iter().any(|n| match n {
-        TNode::Op { kind, args, .. } => match (kind.as_str(), args.len()) {
-            ("MatMul" | "com.microsoft.FusedMatMul", _) => true,
-            ("Mul" | "Div", 3) => scores(args[0]) && fin(args[1]),
-            ("Add", 3) => (scores(args[0]) && fin(args[1])) || (fin(args[0]) && scores(args[1])),
+        TNode::Op { kind, args, .. } => match (kind.kind(), args.len()) {
+            (OpKind::MatMul | OpKind::FusedMatMul, _) => true,
+            (OpKind::Mul | OpKind::Div, 3) => scores(args[0]) && fin(args[1]),
+            (OpKind::Add, 3) => {
+                (scores(args[0]) && fin(args[1])) || (fin(args[0]) && scores(args[1]))
+            }
             _ => false,
         },
         _ => false,
@@ -639,7 +652,7 @@ fn finite_scores(eg: &EG, id: Id, depth: u32) -> bool {
 /// The softmax bound to `?p` never produces NaN for finite inputs: its input is
 /// [`finite_scores`] (a `-inf` anywhere in it, under a scale or behind a second bias, fails).
 fn softmax_never_nan(eg: &EG, s: &Subst) -> bool {
-    nodes_of(eg, at(s, "?p"), "Softmax")
+    nodes_of(eg, at(s, "?p"), OpKind::Softmax)
         .next()
         .and_then(|(ops, _)| ops.first().copied())
         .is_some_and(|x| finite_scores(eg, x, 4))
@@ -655,10 +668,10 @@ fn kt_from_reshapes(eg: &mut EG, root: Id, s: &Subst) -> Option<Id> {
     let inner = operands_of(
         eg,
         at(s, "?t"),
-        "Transpose",
+        OpKind::Transpose,
         |o| matches!(o, Op::Transpose { perm: Some(p) } if p == &[0, 2, 1]),
     )?;
-    let k = operands_of(eg, inner[0], "Reshape", |_| true)?[0];
+    let k = operands_of(eg, inner[0], OpKind::Reshape, |_| true)?[0];
     let kty = eg[k].data.ty.clone()?;
     let (kd, od) = (kty.shape()?, out.shape()?);
     let fits = kd.len() == 4

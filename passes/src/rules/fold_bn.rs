@@ -26,7 +26,7 @@
 //! (exact, but the quantized form is lost).
 
 use egg::{Id, Subst};
-use mmq_ir::{DType, Dim, Op};
+use mmq_ir::{DType, Dim, Op, OpKind};
 
 use super::*;
 
@@ -170,7 +170,7 @@ fn quant_axis(op: &Op, rank: usize) -> Option<usize> {
 /// shape.
 fn qweight(eg: &EG, s: &Subst) -> Option<QWeight> {
     let dims = w_dims(eg, s)?;
-    let (ops, dq) = node_of(eg, at(s, "?w"), "DequantizeLinear")?;
+    let (ops, dq) = node_of(eg, at(s, "?w"), OpKind::DequantizeLinear)?;
     let (q, sc) = (*ops.first()?, *ops.get(1)?);
     let zp = ops
         .get(2)
@@ -198,7 +198,7 @@ fn qweight(eg: &EG, s: &Subst) -> Option<QWeight> {
             dq: dq.clone(),
         });
     }
-    let (qops, qop) = node_of(eg, q, "QuantizeLinear")?;
+    let (qops, qop) = node_of(eg, q, OpKind::QuantizeLinear)?;
     let same = qops.get(1) == Some(&sc)
         && qops
             .get(2)

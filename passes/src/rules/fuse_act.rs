@@ -15,7 +15,7 @@
 //! unfused op (both stay in the e-graph; the cost model decides).
 
 use egg::{Id, Subst};
-use mmq_ir::{Attr, DType, Op};
+use mmq_ir::{Attr, DType, Op, OpKind};
 
 use super::*;
 
@@ -51,7 +51,7 @@ fn is_f32(eg: &EG, s: &Subst) -> bool {
 /// `Conv` in `?y`'s class → `FusedConv` with the activation.
 fn fused_conv(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
     let (act, params) = activation(eg, s)?;
-    let (ins, conv) = node_of(eg, at(s, "?y"), "Conv")?;
+    let (ins, conv) = node_of(eg, at(s, "?y"), OpKind::Conv)?;
     let Op::Conv { .. } = conv else { return None };
     let mut extra = vec![("activation".to_owned(), Attr::String(act.into()))];
     if !params.is_empty() {
@@ -67,7 +67,7 @@ fn fused_gemm(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
     if act == "Clip" {
         return None;
     }
-    let (ins, gemm) = node_of(eg, at(s, "?y"), "Gemm")?;
+    let (ins, gemm) = node_of(eg, at(s, "?y"), OpKind::Gemm)?;
     let Op::Gemm { .. } = gemm else { return None };
     let mut extra = vec![("activation".to_owned(), Attr::String(act.into()))];
     for (name, p) in ["activation_alpha", "activation_beta"].iter().zip(&params) {
@@ -98,14 +98,14 @@ fn add_present(eg: &mut EG, op: Op, ins: &[Id]) -> Id {
 }
 
 /// The class bound to `?y` holds a node of `kind`.
-fn has(kind: &'static str) -> Cond {
+fn has(kind: OpKind) -> Cond {
     when(move |eg, s| node_of(eg, at(s, "?y"), kind).is_some())
 }
 
 #[rustfmt::skip]
 pub(crate) fn rules() -> Vec<Rw> {
-    let c = || vec![for_ort(), when(is_f32), has("Conv")];
-    let g = || vec![for_ort(), when(is_f32), has("Gemm")];
+    let c = || vec![for_ort(), when(is_f32), has(OpKind::Conv)];
+    let g = || vec![for_ort(), when(is_f32), has(OpKind::Gemm)];
     vec![
         rule("fuse-conv-relu",        "(Relu ?y ?aa)",                c(), fused_conv),
         rule("fuse-conv-tanh",        "(Tanh ?y ?aa)",                c(), fused_conv),

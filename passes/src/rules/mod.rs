@@ -8,7 +8,7 @@
 //! after extraction.
 
 use egg::{Applier, Id, Language, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
-use mmq_ir::{DType, Dim, Op, Type};
+use mmq_ir::{DType, Dim, Op, OpKind, Type};
 
 use crate::egraph::RuleSet;
 use crate::egraph::convert::EG;
@@ -207,10 +207,10 @@ pub(crate) fn attrs_op(eg: &EG, attrs: Id) -> Option<&Op> {
 pub(crate) fn nodes_of<'a>(
     eg: &'a EG,
     id: Id,
-    kind: &'a str,
+    kind: OpKind,
 ) -> impl Iterator<Item = (Vec<Id>, Id)> + 'a {
     eg[eg.find(id)].nodes.iter().filter_map(move |n| match n {
-        TNode::Op { kind: k, args, .. } if k.as_str() == kind && !args.is_empty() => {
+        TNode::Op { kind: k, args, .. } if k.is(kind) && !args.is_empty() => {
             let (ops, attrs) = args.split_at(args.len() - 1);
             Some((ops.iter().map(|&c| eg.find(c)).collect(), attrs[0]))
         }
@@ -219,7 +219,7 @@ pub(crate) fn nodes_of<'a>(
 }
 
 /// The first `kind` node of class `id`: its operand classes and its attributes.
-pub(crate) fn node_of<'a>(eg: &'a EG, id: Id, kind: &'a str) -> Option<(Vec<Id>, &'a Op)> {
+pub(crate) fn node_of(eg: &EG, id: Id, kind: OpKind) -> Option<(Vec<Id>, &Op)> {
     nodes_of(eg, id, kind).find_map(|(ops, a)| Some((ops, attrs_op(eg, a)?)))
 }
 

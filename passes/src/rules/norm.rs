@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use egg::{Id, Language, Subst};
-use mmq_ir::{Attr, DType, Op, Type};
+use mmq_ir::{Attr, DType, Op, OpKind, Type};
 
 use super::*;
 
@@ -161,8 +161,10 @@ fn used_outside(eg: &EG, root: Id, add: Id) -> bool {
     // Another normalization of the same sum (one spelling of the same value) is not a use.
     let norm_of_sum = |p: Id| match eg.id_to_node(p) {
         TNode::Op { kind, .. } => matches!(
-            kind.as_str(),
-            "LayerNormalization" | "RMSNormalization" | "SimplifiedLayerNormalization"
+            kind.kind(),
+            OpKind::LayerNormalization
+                | OpKind::RMSNormalization
+                | OpKind::SimplifiedLayerNormalization
         ),
         _ => false,
     };
@@ -195,7 +197,7 @@ fn scale_pending(eg: &EG, root: Id, s: &Subst) -> bool {
     }
     let root = eg.find(root);
     eg[root].parents().any(|p| match eg.id_to_node(p) {
-        TNode::Op { kind, args, .. } if kind.as_str() == "Mul" && args.len() == 3 => {
+        TNode::Op { kind, args, .. } if kind.is(OpKind::Mul) && args.len() == 3 => {
             let other = if eg.find(args[0]) == root {
                 args[1]
             } else {
@@ -355,7 +357,7 @@ pub(crate) fn rules() -> Vec<Rw> {
 /// The class of `Add(x, y)` (either operand order) with attributes `attrs`, when present.
 fn lookup_add(eg: &EG, x: Id, y: Id, attrs: Id) -> Option<Id> {
     let node = |p: Id, q: Id| TNode::Op {
-        kind: egg::Symbol::from("Add"),
+        kind: crate::egraph::lang::Key::Kind(OpKind::Add),
         outs: 1,
         args: vec![p, q, attrs],
     };

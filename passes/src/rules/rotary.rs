@@ -7,7 +7,7 @@
 //! the rewritten graph uses it, as for the grouped-query `Attention`).
 
 use egg::{Id, Subst};
-use mmq_ir::{DType, Dim, Op, Type};
+use mmq_ir::{DType, Dim, Op, OpKind, Type};
 
 use super::*;
 
@@ -67,7 +67,7 @@ fn unsqueezed_at_1(eg: &EG, s: &Subst, u: &str, a: &str) -> bool {
 
 /// The angles `f` (`[B, S, H/2]`) when `e` is `Concat(f, f)` along its last axis.
 fn angles(eg: &EG, e: Id, half: i64) -> Option<Id> {
-    nodes_of(eg, e, "Concat").find_map(|(ops, a)| {
+    nodes_of(eg, e, OpKind::Concat).find_map(|(ops, a)| {
         let last = matches!(attrs_op(eg, a)?, Op::Concat { axis: Some(-1 | 2) });
         let f = *ops.first()?;
         let d = eg[f].data.ty.as_ref()?.shape()?;

@@ -3,7 +3,7 @@
 
 use mmq_ir::Op;
 
-use super::{PlaceRates, QdqRules, Target, standard_cost};
+use super::{OpName, PlaceRates, QdqRules, Target, standard_cost};
 use crate::quant::fp16::Fp16Form;
 
 /// The generic target.
@@ -22,11 +22,11 @@ impl Target for Generic {
         domain.is_empty() || domain == "ai.onnx"
     }
 
-    fn op_cost(&self, kind: &str) -> f64 {
-        if kind.contains('.') {
+    fn op_cost(&self, op: OpName<'_>) -> f64 {
+        if !op.is_standard() {
             return f64::INFINITY;
         }
-        standard_cost(kind)
+        standard_cost(op.kind)
     }
 
     fn gelu(&self, approximate: bool, opset: i64) -> Option<Op> {

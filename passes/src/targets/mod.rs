@@ -17,9 +17,39 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::Deref;
 
-use mmq_ir::Op;
+use mmq_ir::{Op, OpKind};
 
 use crate::quant::fp16::Fp16Form;
+
+/// An op as a target prices it: its kind, with the domain and op type (which only an op the
+/// table does not model, [`OpKind::Custom`], needs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpName<'a> {
+    /// The kind.
+    pub kind: OpKind,
+    /// The domain (`""` for the default domain).
+    pub domain: &'a str,
+    /// The operator type.
+    pub op_type: &'a str,
+}
+
+impl OpName<'static> {
+    /// A modeled op.
+    pub fn of(kind: OpKind) -> OpName<'static> {
+        OpName {
+            kind,
+            domain: kind.domain(),
+            op_type: kind.op_type(),
+        }
+    }
+}
+
+impl OpName<'_> {
+    /// Whether the op is in the default domain.
+    pub fn is_standard(&self) -> bool {
+        self.domain.is_empty() || self.domain == "ai.onnx"
+    }
+}
 
 /// What a target decides.
 pub trait Target: Send + Sync + std::panic::RefUnwindSafe {
@@ -29,10 +59,10 @@ pub trait Target: Send + Sync + std::panic::RefUnwindSafe {
     /// Whether the target runs ops of `domain` (the default domain is `""`).
     fn runs_domain(&self, domain: &str) -> bool;
 
-    /// The relative cost of one op of kind `kind` (`Op` name, or `domain.Op` for another
-    /// domain) on non-constant operands; infinity for ops the target cannot run. Fused ops cost
-    /// less than the ops they replace where the target runs them faster.
-    fn op_cost(&self, kind: &str) -> f64;
+    /// The relative cost of one `op` on non-constant operands; infinity for ops the target
+    /// cannot run. Fused ops cost less than the ops they replace where the target runs them
+    /// faster.
+    fn op_cost(&self, op: OpName<'_>) -> f64;
 
     /// The fused GELU: exact (`approximate = false`) or tanh, for a graph at default-domain
     /// opset `opset`; `None` when the target has none.
@@ -161,18 +191,19 @@ pub struct QdqRules {
 
 /// The relative cost of a standard ONNX op, shared by the targets that have no measured table
 /// of their own.
-pub fn standard_cost(op: &str) -> f64 {
+pub fn standard_cost(op: OpKind) -> f64 {
+    use OpKind as K;
     match op {
-        "Identity" | "Dropout" => 0.5,
-        "Reshape" | "Squeeze" | "Unsqueeze" | "Flatten" | "Shape" | "Size" => 0.5,
-        "Cast" | "Expand" | "Concat" | "Slice" | "Gather" | "Split" => 2.0,
-        "Transpose" => 3.0,
-        "MatMul" | "Conv" | "ConvTranspose" | "ConvInteger" | "MatMulInteger" => 20.0,
-        "Gemm" => 20.5,
-        "QLinearConv" | "QLinearMatMul" => 18.0,
-        "LayerNormalization" | "RMSNormalization" => 5.0,
-        "Gelu" => 4.0,
-        "Attention" => 30.0,
+        K::Identity | K::Dropout => 0.5,
+        K::Reshape | K::Squeeze | K::Unsqueeze | K::Flatten | K::Shape | K::Size => 0.5,
+        K::Cast | K::Expand | K::Concat | K::Slice | K::Gather | K::Split => 2.0,
+        K::Transpose => 3.0,
+        K::MatMul | K::Conv | K::ConvTranspose | K::ConvInteger | K::MatMulInteger => 20.0,
+        K::Gemm => 20.5,
+        K::QLinearConv | K::QLinearMatMul => 18.0,
+        K::LayerNormalization | K::RMSNormalization => 5.0,
+        K::Gelu => 4.0,
+        K::Attention => 30.0,
         _ => 4.0,
     }
 }
@@ -252,14 +283,28 @@ mod tests {
         assert_eq!(TargetRef::default(), TargetRef::GENERIC);
     }
 
+    /// The op a pattern spells `text` (`op_type`, or `domain.op_type`).
+    fn name(text: &str) -> OpName<'_> {
+        let (domain, op_type) = text.rsplit_once('.').unwrap_or(("", text));
+        OpName {
+            kind: OpKind::of(domain, op_type),
+            domain,
+            op_type,
+        }
+    }
+
     #[test]
     fn contrib_ops_run_on_ort_only() {
         let ort = TargetRef::ORT;
         let generic = TargetRef::GENERIC;
         assert!(ort.runs_domain("com.microsoft") && !generic.runs_domain("com.microsoft"));
-        assert!(ort.op_cost("com.microsoft.FusedConv") < ort.op_cost("Conv") + 1.0);
-        assert!(generic.op_cost("com.microsoft.FusedConv").is_infinite());
-        assert_eq!(ort.op_cost("MatMul"), generic.op_cost("MatMul"));
+        assert!(ort.op_cost(name("com.microsoft.FusedConv")) < ort.op_cost(name("Conv")) + 1.0);
+        assert!(
+            generic
+                .op_cost(name("com.microsoft.FusedConv"))
+                .is_infinite()
+        );
+        assert_eq!(ort.op_cost(name("MatMul")), generic.op_cost(name("MatMul")));
         // ORT's fused GELU is the contrib op at any opset; generic needs opset 20.
         assert_eq!(ort.gelu(false, 17), Some(Op::MsGelu {}));
         assert!(generic.gelu(false, 17).is_none());
@@ -275,12 +320,15 @@ mod tests {
     fn trt_runs_parser_ops_only_and_quantizes_by_its_rules() {
         let trt = TargetRef::TRT;
         assert!(!trt.runs_domain("com.microsoft"));
-        assert!(trt.op_cost("com.microsoft.FusedConv").is_infinite());
+        assert!(trt.op_cost(name("com.microsoft.FusedConv")).is_infinite());
         // Ops the parser lacks: never chosen over a supported form, kept where the source has
         // no other (an infinite cost would leave extraction without a term).
-        assert_eq!(trt.op_cost("RMSNormalization"), trt::UNSUPPORTED_COST);
-        assert!(trt.op_cost("MatMulInteger") > 1000.0 * trt.op_cost("MatMul"));
-        assert_eq!(trt.op_cost("MatMul"), TargetRef::GENERIC.op_cost("MatMul"));
+        assert_eq!(trt.op_cost(name("RMSNormalization")), trt::UNSUPPORTED_COST);
+        assert!(trt.op_cost(name("MatMulInteger")) > 1000.0 * trt.op_cost(name("MatMul")));
+        assert_eq!(
+            trt.op_cost(name("MatMul")),
+            TargetRef::GENERIC.op_cost(name("MatMul"))
+        );
         assert!(trt.gelu(false, 17).is_none());
         assert!(matches!(trt.gelu(false, 20), Some(Op::Gelu { .. })));
         let rules = trt.qdq_rules();
@@ -301,8 +349,8 @@ mod tests {
                 "SimplifiedLayerNormalization",
             ),
         ] {
-            let unfused = 2.0 * ort.op_cost("Add") + ort.op_cost(norm);
-            assert!(ort.op_cost(skip) > unfused, "{skip}");
+            let unfused = 2.0 * ort.op_cost(name("Add")) + ort.op_cost(name(norm));
+            assert!(ort.op_cost(name(skip)) > unfused, "{skip}");
         }
     }
 }

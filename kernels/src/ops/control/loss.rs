@@ -1,22 +1,23 @@
 //! Loss functions and a few small default-domain ops kept as custom ops:
 //! `NegativeLogLikelihoodLoss`, `SoftmaxCrossEntropyLoss`, `BitCast`, `AffineGrid`, `Upsample`.
 
-use mmq_ir::{Attr, ConstData, CustomOp, DType, Storage};
+use mmq_ir::{Attr, ConstData, CustomOp, DType, OpKind, Storage};
 
-use super::{attr, attr_i64, attr_str};
+use super::{Tail, attr, attr_i64, attr_str};
 use crate::ops::data::map_any;
 use crate::ops::util::{opt_tensor, tensor};
 use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{RtValue, Tensor};
 
 /// Runs the op when it is one of this file's ops.
-pub(super) fn eval(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    Some(match c.op_type.as_str() {
-        "NegativeLogLikelihoodLoss" => nll_loss(cx, c, inputs, false),
-        "SoftmaxCrossEntropyLoss" => nll_loss(cx, c, inputs, true),
-        "BitCast" => bit_cast(cx, c, inputs),
-        "AffineGrid" => affine_grid(cx, c, inputs),
-        "Upsample" => upsample(cx, c, inputs),
+pub(super) fn eval(t: Tail<'_, '_>) -> Option<OpResult> {
+    let (cx, kind, c, inputs) = (t.cx, t.kind, t.c, t.inputs);
+    Some(match kind {
+        OpKind::NegativeLogLikelihoodLoss => nll_loss(cx, c, inputs, false),
+        OpKind::SoftmaxCrossEntropyLoss => nll_loss(cx, c, inputs, true),
+        OpKind::BitCast => bit_cast(cx, c, inputs),
+        OpKind::AffineGrid => affine_grid(cx, c, inputs),
+        OpKind::Upsample => upsample(cx, c, inputs),
         _ => return None,
     })
 }

@@ -2,10 +2,10 @@
 //! `z r h` and `i o f c`, optional bias, initial states, peepholes, sequence lengths, clip,
 //! activations, both layouts, forward / reverse / bidirectional).
 
-use mmq_ir::{Attr, CustomOp};
+use mmq_ir::{Attr, CustomOp, OpKind};
 use multiversion::multiversion;
 
-use super::{attr, attr_i64, attr_str};
+use super::{Tail, attr, attr_i64, attr_str};
 use crate::error::KernelError;
 use crate::ops::linalg::gemm;
 use crate::ops::util::{opt_tensor, tensor};
@@ -59,11 +59,12 @@ fn activation(name: &str) -> Option<(ActFn, f64, f64)> {
 }
 
 /// Runs the op when it is `RNN`, `GRU` or `LSTM`.
-pub(super) fn eval(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    let kind = match c.op_type.as_str() {
-        "RNN" => Kind::Rnn,
-        "GRU" => Kind::Gru,
-        "LSTM" => Kind::Lstm,
+pub(super) fn eval(t: Tail<'_, '_>) -> Option<OpResult> {
+    let (cx, kind, c, inputs) = (t.cx, t.kind, t.c, t.inputs);
+    let kind = match kind {
+        OpKind::RNN => Kind::Rnn,
+        OpKind::GRU => Kind::Gru,
+        OpKind::LSTM => Kind::Lstm,
         _ => return None,
     };
     Some(recurrent(cx, c, inputs, kind))

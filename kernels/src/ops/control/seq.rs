@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use mmq_ir::{Attr, CustomOp};
+use mmq_ir::{Attr, CustomOp, OpKind};
 
-use super::{attr, attr_i64, scalar_bool, scalar_i64};
+use super::{Tail, attr, attr_i64, scalar_bool, scalar_i64};
 use crate::error::KernelError;
 use crate::ops::data;
 use crate::ops::util::{self, opt_tensor, tensor};
@@ -14,34 +14,37 @@ use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{RtValue, Tensor};
 
 /// Runs the op when it is one of the sequence or optional ops.
-pub(super) fn eval(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    Some(match c.op_type.as_str() {
-        "OptionalHasElement" => Ok(vec![Some(scalar_bool(match inputs.first() {
+pub(super) fn eval(t: Tail<'_, '_>) -> Option<OpResult> {
+    let (cx, kind, c, inputs) = (t.cx, t.kind, t.c, t.inputs);
+    Some(match kind {
+        OpKind::OptionalHasElement => Ok(vec![Some(scalar_bool(match inputs.first() {
             Some(Some(RtValue::Optional(o))) => o.is_some(),
             Some(Some(_)) => true,
             _ => false,
         }))]),
-        "OptionalGetElement" => match inputs.first() {
+        OpKind::OptionalGetElement => match inputs.first() {
             Some(Some(RtValue::Optional(Some(v)))) => Ok(vec![Some((**v).clone())]),
             Some(Some(RtValue::Optional(None))) | Some(None) | None => {
                 Err(cx.invalid("the optional input is empty"))
             }
             Some(Some(v)) => Ok(vec![Some(v.clone())]),
         },
-        "SequenceEmpty" => Ok(vec![Some(RtValue::Sequence(Vec::new()))]),
-        "SequenceConstruct" => inputs
+        OpKind::SequenceEmpty => Ok(vec![Some(RtValue::Sequence(Vec::new()))]),
+        OpKind::SequenceConstruct => inputs
             .iter()
             .enumerate()
             .map(|(i, _)| tensor(cx, inputs, i).cloned())
             .collect::<Result<Vec<_>, _>>()
             .map(|v| vec![Some(RtValue::Sequence(v))]),
-        "SequenceLength" => sequence(cx, inputs).map(|s| vec![Some(scalar_i64(s.len() as i64))]),
-        "SequenceAt" => sequence_at(cx, inputs),
-        "SequenceInsert" => sequence_insert(cx, inputs),
-        "SequenceErase" => sequence_erase(cx, inputs),
-        "SplitToSequence" => split_to_sequence(cx, c, inputs),
-        "ConcatFromSequence" => concat_from_sequence(cx, c, inputs),
-        "SequenceMap" => sequence_map(cx, c, inputs),
+        OpKind::SequenceLength => {
+            sequence(cx, inputs).map(|s| vec![Some(scalar_i64(s.len() as i64))])
+        }
+        OpKind::SequenceAt => sequence_at(cx, inputs),
+        OpKind::SequenceInsert => sequence_insert(cx, inputs),
+        OpKind::SequenceErase => sequence_erase(cx, inputs),
+        OpKind::SplitToSequence => split_to_sequence(cx, c, inputs),
+        OpKind::ConcatFromSequence => concat_from_sequence(cx, c, inputs),
+        OpKind::SequenceMap => sequence_map(cx, c, inputs),
         _ => return None,
     })
 }

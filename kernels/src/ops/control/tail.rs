@@ -2,9 +2,9 @@
 //! `EyeLike`, `Shrink`, `ReverseSequence`, `Det`, window functions, `StringConcat`,
 //! `StringSplit`, `Unique`, `CenterCropPad`, `Col2Im`.
 
-use mmq_ir::{Attr, CustomOp, DType};
+use mmq_ir::{Attr, CustomOp, DType, OpKind};
 
-use super::{attr, attr_f32, attr_i64, attr_ints, attr_str};
+use super::{Tail, attr, attr_f32, attr_i64, attr_ints, attr_str};
 use crate::error::KernelError;
 use crate::ops::data::{self, map_any};
 use crate::ops::util::{self, opt_tensor, tensor};
@@ -12,31 +12,34 @@ use crate::ops::{OpCtx, OpResult};
 use crate::tensor::{Data, RtValue, Tensor};
 
 /// Runs the op when it is one of the long-tail ops.
-pub(super) fn eval(cx: &OpCtx<'_>, c: &CustomOp, inputs: &[Option<RtValue>]) -> Option<OpResult> {
-    Some(match c.op_type.as_str() {
-        "CumProd" => cum_prod(cx, c, inputs),
-        "Compress" => compress(cx, c, inputs),
-        "EyeLike" => eye_like(cx, c, inputs),
-        "Shrink" => shrink(cx, c, inputs),
-        "ReverseSequence" => reverse_sequence(cx, c, inputs),
-        "Det" => det(cx, inputs),
-        "HannWindow" | "HammingWindow" | "BlackmanWindow" => window(cx, c, inputs),
-        "StringConcat" => string_concat(cx, inputs),
-        "StringSplit" => string_split(cx, c, inputs),
-        "Unique" => unique(cx, c, inputs),
-        "CenterCropPad" => center_crop_pad(cx, c, inputs),
-        "Col2Im" => col2im(cx, c, inputs),
-        "DFT" => dft(cx, c, inputs),
-        "STFT" => stft(cx, c, inputs),
-        "NonMaxSuppression" => non_max_suppression(cx, c, inputs),
-        "GridSample" => grid_sample(cx, c, inputs),
-        "StringNormalizer" => string_normalizer(cx, c, inputs),
-        "SwiGLU" => swiglu(cx, c, inputs),
-        "TensorScatter" => tensor_scatter(cx, c, inputs),
-        "MaxUnpool" => max_unpool(cx, c, inputs),
-        "TfIdfVectorizer" => tfidf(cx, c, inputs),
-        "MelWeightMatrix" => mel_weight_matrix(cx, c, inputs),
-        "RoiAlign" => roi_align(cx, c, inputs),
+pub(super) fn eval(t: Tail<'_, '_>) -> Option<OpResult> {
+    let (cx, kind, c, inputs) = (t.cx, t.kind, t.c, t.inputs);
+    Some(match kind {
+        OpKind::CumProd => cum_prod(cx, c, inputs),
+        OpKind::Compress => compress(cx, c, inputs),
+        OpKind::EyeLike => eye_like(cx, c, inputs),
+        OpKind::Shrink => shrink(cx, c, inputs),
+        OpKind::ReverseSequence => reverse_sequence(cx, c, inputs),
+        OpKind::Det => det(cx, inputs),
+        OpKind::HannWindow | OpKind::HammingWindow | OpKind::BlackmanWindow => {
+            window(cx, c, inputs)
+        }
+        OpKind::StringConcat => string_concat(cx, inputs),
+        OpKind::StringSplit => string_split(cx, c, inputs),
+        OpKind::Unique => unique(cx, c, inputs),
+        OpKind::CenterCropPad => center_crop_pad(cx, c, inputs),
+        OpKind::Col2Im => col2im(cx, c, inputs),
+        OpKind::DFT => dft(cx, c, inputs),
+        OpKind::STFT => stft(cx, c, inputs),
+        OpKind::NonMaxSuppression => non_max_suppression(cx, c, inputs),
+        OpKind::GridSample => grid_sample(cx, c, inputs),
+        OpKind::StringNormalizer => string_normalizer(cx, c, inputs),
+        OpKind::SwiGLU => swiglu(cx, c, inputs),
+        OpKind::TensorScatter => tensor_scatter(cx, c, inputs),
+        OpKind::MaxUnpool => max_unpool(cx, c, inputs),
+        OpKind::TfIdfVectorizer => tfidf(cx, c, inputs),
+        OpKind::MelWeightMatrix => mel_weight_matrix(cx, c, inputs),
+        OpKind::RoiAlign => roi_align(cx, c, inputs),
         _ => return None,
     })
 }

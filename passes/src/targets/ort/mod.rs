@@ -3,9 +3,9 @@
 
 pub mod load_forms;
 
-use mmq_ir::{Attr, Op};
+use mmq_ir::{Attr, Op, OpKind};
 
-use super::{Int4Rates, PlaceRates, QdqRules, Target, standard_cost};
+use super::{Int4Rates, OpName, PlaceRates, QdqRules, Target, standard_cost};
 use crate::quant::fp16::Fp16Form;
 
 /// The ONNX Runtime target.
@@ -49,9 +49,10 @@ fn contrib(op_type: &str, attrs: Vec<(&str, Attr)>) -> Op {
     )
 }
 
-fn contrib_cost(op: &str) -> f64 {
+fn contrib_cost(op: OpKind) -> f64 {
+    use OpKind as K;
     match op {
-        "FusedConv" | "FusedMatMul" | "FusedGemm" => 20.0,
+        K::FusedConv | K::FusedMatMul | K::FusedGemm => 20.0,
         // Measured slower than the `Add` (+ bias `Add`) and norm they replace on ONNX Runtime's
         // CPU provider when the sum feeds the next block, as in every residual stream (which
         // ONNX Runtime's own fusion leaves alone): SkipLayerNormalization 1.06x at 17 x 32,
@@ -60,12 +61,12 @@ fn contrib_cost(op: &str) -> f64 {
         // `Add + Add + norm`, extraction still picked it where the sum is shared (a ViT's
         // blocks: 1.024x the original's latency with it, 0.979x without). Its simplified form,
         // faster at small sizes, is costed above the ops it replaces.
-        "SkipLayerNormalization" => f64::INFINITY,
-        "SkipSimplifiedLayerNormalization" => 14.0,
-        "Gelu" | "FastGelu" | "BiasGelu" | "QuickGelu" => 4.0,
-        "RotaryEmbedding" => 4.0,
-        "MultiHeadAttention" | "GroupQueryAttention" => 20.0, // two products and a softmax, costed as one product
-        "Attention" => 36.0,
+        K::SkipLayerNormalization => f64::INFINITY,
+        K::SkipSimplifiedLayerNormalization => 14.0,
+        K::MsGelu | K::FastGelu | K::BiasGelu | K::QuickGelu => 4.0,
+        K::MsRotaryEmbedding => 4.0,
+        K::MultiHeadAttention | K::GroupQueryAttention => 20.0, // two products and a softmax, costed as one product
+        K::MsAttention => 36.0,
         _ => 10.0,
     }
 }
@@ -93,11 +94,11 @@ impl Target for Ort {
         matches!(domain, "" | "ai.onnx" | "com.microsoft")
     }
 
-    fn op_cost(&self, kind: &str) -> f64 {
-        match kind.strip_prefix("com.microsoft.") {
-            Some(op) => contrib_cost(op),
-            None if kind.contains('.') => f64::INFINITY,
-            None => standard_cost(kind),
+    fn op_cost(&self, op: OpName<'_>) -> f64 {
+        match op.domain {
+            "com.microsoft" => contrib_cost(op.kind),
+            _ if op.is_standard() => standard_cost(op.kind),
+            _ => f64::INFINITY,
         }
     }
 

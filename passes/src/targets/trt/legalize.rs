@@ -18,15 +18,16 @@
 //! known statically) stays, with a note; the target's linter names it. A query row that a mask
 //! hides entirely (padding) is 0, as in the reference, not Softmax's NaN.
 
-use mmq_ir::{DType, GraphId, Module, Node, Op, Value};
+use mmq_ir::{DType, GraphId, Module, Node, Op, OpKind, Value};
 
 use crate::dce::live_graphs;
 use crate::pass::{Pass, PassError, PassOptions, PassReport};
 use mmq_ir::edit::{Emit, place_before};
 
-/// Decomposes the ops named in `ops` (of those this module knows).
+/// Decomposes the ops of kinds `ops` (of those this module knows).
 pub struct Decompose {
-    pub ops: Vec<&'static str>,
+    /// The kinds to decompose.
+    pub ops: Vec<OpKind>,
 }
 
 impl Pass for Decompose {
@@ -38,10 +39,10 @@ impl Pass for Decompose {
         let mut report = PassReport::default();
         for g in live_graphs(m) {
             for n in m.graphs[g].nodes().to_vec() {
-                let op = m.nodes[n].op.op_type().to_owned();
-                if !self.ops.contains(&op.as_str()) {
+                if !self.ops.contains(&m.nodes[n].op.kind()) {
                     continue;
                 }
+                let op = m.nodes[n].op.op_type().to_owned();
                 let done = match m.nodes[n].op {
                     Op::RMSNormalization { .. } => rms_norm(m, g, n),
                     Op::RotaryEmbedding { .. } => rotary(m, g, n),
@@ -449,9 +450,11 @@ mod tests {
             target: TargetRef::TRT,
             explain: false,
         };
-        let report = Decompose { ops: vec![op] }
-            .run(&mut after, &opts)
-            .expect("runs");
+        let report = Decompose {
+            ops: vec![OpKind::of("", op)],
+        }
+        .run(&mut after, &opts)
+        .expect("runs");
         assert_eq!(
             report.counters.get(&format!("decomposed-{op}")),
             Some(&1),
