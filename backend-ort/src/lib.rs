@@ -40,5 +40,5 @@ pub use export::to_model_proto;
 pub use external::{DataFileSink, ExternalLocation, ExternalSink, InlineSink};
 pub use write::{
     AUTO_EXTERNAL_ABOVE, ExportOptions, ExternalData, MAX_SUBGRAPH_DEPTH, PROTOBUF_LIMIT,
-    WriteReport, check_distinct_stems, entry_stems, write_model,
+    StemClash, WriteReport, check_distinct_stems, entry_stems, write_model,
 };

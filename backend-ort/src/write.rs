@@ -195,7 +195,7 @@ fn check_not_input(
 /// one file per entry), else the graph's name (the graphs of a split: `vision_encoder`,
 /// `language_model`). Two graphs with one stem would overwrite each other: that is an error naming
 /// both sources, found before any work (the stems depend on the input paths alone).
-pub fn entry_stems(m: &Module, inputs: &[PathBuf]) -> Result<Vec<String>, String> {
+pub fn entry_stems(m: &Module, inputs: &[PathBuf]) -> Result<Vec<String>, StemClash> {
     let inputs = if inputs.len() == m.entries.len() {
         inputs
     } else {
@@ -221,7 +221,7 @@ pub fn entry_stems(m: &Module, inputs: &[PathBuf]) -> Result<Vec<String>, String
 }
 
 /// [`entry_stems`]' check on the input paths alone, for callers that have not loaded them yet.
-pub fn check_distinct_stems(inputs: &[PathBuf]) -> Result<(), String> {
+pub fn check_distinct_stems(inputs: &[PathBuf]) -> Result<(), StemClash> {
     let stems: Vec<(String, String)> = inputs
         .iter()
         .map(|p| {
@@ -232,13 +232,29 @@ pub fn check_distinct_stems(inputs: &[PathBuf]) -> Result<(), String> {
     check_distinct(&stems)
 }
 
-fn check_distinct(stems: &[(String, String)]) -> Result<(), String> {
+/// Two graphs that would be written under one file name.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{first} and {second} would both be written as {stem}.onnx in the output directory; rename \
+     one of them"
+)]
+pub struct StemClash {
+    /// Where the first came from (its file, or `graph 'NAME'`).
+    pub first: String,
+    /// Where the second came from.
+    pub second: String,
+    /// The stem.
+    pub stem: String,
+}
+
+fn check_distinct(stems: &[(String, String)]) -> Result<(), StemClash> {
     for (i, (stem, from)) in stems.iter().enumerate() {
         if let Some((_, other)) = stems[..i].iter().find(|(s, _)| s == stem) {
-            return Err(format!(
-                "{other} and {from} would both be written as {stem}.onnx in the output \
-                 directory; rename one of them"
-            ));
+            return Err(StemClash {
+                first: other.clone(),
+                second: from.clone(),
+                stem: stem.clone(),
+            });
         }
     }
     Ok(())

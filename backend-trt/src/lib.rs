@@ -11,5 +11,6 @@ pub mod plugins;
 
 pub use lint::{Finding, lint, lint_graph};
 pub use package::{
-    Package, PackageOptions, Profile, Reference, TrtError, default_profile, write_package,
+    Package, PackageOptions, Profile, ProfileError, Reference, TrtError, default_profile,
+    write_package,
 };

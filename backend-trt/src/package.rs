@@ -24,11 +24,22 @@ pub struct Profile {
     pub max: i64,
 }
 
+/// A profile that is not `MIN:OPT:MAX` with `1 <= MIN <= OPT <= MAX`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ProfileError(pub String);
+
 impl std::str::FromStr for Profile {
-    type Err = String;
+    type Err = ProfileError;
 
     /// `MIN:OPT:MAX`, or one value for all three.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, ProfileError> {
+        Profile::parse(s).map_err(ProfileError)
+    }
+}
+
+impl Profile {
+    fn parse(s: &str) -> Result<Self, String> {
         let parts: Vec<&str> = s.split(':').collect();
         let num = |p: &str| {
             p.trim()

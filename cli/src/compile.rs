@@ -359,7 +359,12 @@ pub fn parse_symbol(s: &str) -> Result<(String, mmq_backend_trt::Profile), Strin
     if name.is_empty() {
         return Err(format!("'{s}': the symbol name is empty"));
     }
-    Ok((name.to_owned(), range.parse()?))
+    Ok((
+        name.to_owned(),
+        range
+            .parse()
+            .map_err(|e: mmq_backend_trt::ProfileError| e.to_string())?,
+    ))
 }
 
 /// Writes `bytes` to `path` atomically ([`mmq_ir::fsio::write_atomic`]).

@@ -334,11 +334,11 @@ fn html_report(report: &std::path::Path, output: &std::path::Path) -> Result<(),
 }
 
 fn parse_granularity(s: &str) -> Result<mmq_passes::quant::int8::ActGranularity, String> {
-    s.parse()
+    s.parse().map_err(|e: mmq_ir::UnknownName| e.to_string())
 }
 
 fn parse_cache_format(s: &str) -> Result<mmq_kernels::cache::CacheFormat, String> {
-    s.parse()
+    s.parse().map_err(|e: mmq_ir::UnknownName| e.to_string())
 }
 
 fn parse_level(s: &str) -> Result<mmq_passes::OptLevel, String> {

@@ -22,7 +22,16 @@ pub struct PlanOptions {
 }
 
 /// Plans the pool for the models of `m`.
-pub fn plan_module(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
+pub fn plan_module(m: &Module, options: &PlanOptions) -> Result<CachePlan, PlanModuleError> {
+    plan_models(m, options).map_err(PlanModuleError)
+}
+
+/// A module whose caches cannot be planned: what does not fit.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PlanModuleError(pub String);
+
+fn plan_models(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
     let mut kv = Vec::new();
     let mut image = None;
     for e in &m.entries {

@@ -13,7 +13,7 @@ pub struct ExportError(pub String);
 /// Checks, before any work, that the models of several `inputs` go to the directory `output`
 /// under distinct names, none of them an input.
 pub fn check_distinct_outputs(inputs: &[PathBuf], output: &Path) -> Result<(), ExportError> {
-    mmq_backend_ort::check_distinct_stems(inputs).map_err(ExportError)?;
+    mmq_backend_ort::check_distinct_stems(inputs).map_err(|e| ExportError(e.to_string()))?;
     let canonical: Vec<Option<PathBuf>> = inputs.iter().map(|p| p.canonicalize().ok()).collect();
     for p in inputs {
         let Some(stem) = p.file_stem() else { continue };
@@ -80,7 +80,8 @@ pub fn write_referencing(
             std::fs::create_dir_all(output).map_err(|e| {
                 ExportError(format!("cannot create directory {}: {e}", output.display()))
             })?;
-            let stems = mmq_backend_ort::entry_stems(m, inputs).map_err(ExportError)?;
+            let stems =
+                mmq_backend_ort::entry_stems(m, inputs).map_err(|e| ExportError(e.to_string()))?;
             let mut written = Vec::new();
             for (entry, stem) in entries.iter().zip(stems) {
                 let path = output.join(format!("{stem}.onnx"));

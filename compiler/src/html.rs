@@ -123,12 +123,17 @@ fn legend(modalities: &[&str]) -> String {
     s
 }
 
+/// JSON that is not a compile report.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotAReport(pub String);
+
 /// The page for a compile report (the JSON `--report` writes).
-pub fn render(report: &Value) -> Result<String, String> {
+pub fn render(report: &Value) -> Result<String, NotAReport> {
     if !report.is_object() || report.get("passes").is_none() {
-        return Err(
+        return Err(NotAReport(
             "not a compile report (no \"passes\"): write one with mmq compile --report".into(),
-        );
+        ));
     }
     let mut body = String::new();
     let _ = write!(

@@ -58,17 +58,19 @@ impl fmt::Display for Quant {
 }
 
 impl FromStr for Quant {
-    type Err = String;
+    type Err = mmq_ir::UnknownName;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         Quant::ALL
             .into_iter()
             .find(|q| q.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown scheme '{s}' (expected {}, or a precision map)",
+            .ok_or_else(|| mmq_ir::UnknownName {
+                what: "scheme",
+                value: s.to_owned(),
+                expected: format!(
+                    "{}, or a precision map",
                     Quant::ALL.map(Quant::name).join(", ")
-                )
+                ),
             })
     }
 }

@@ -27,12 +27,22 @@ pub struct GenerationConfig {
 /// The context length a package states when nothing says it.
 pub const DEFAULT_CONTEXT_LENGTH: u64 = 2048;
 
+/// A generation config [`GenerationConfig::from_json`] cannot read: what is wrong (the
+/// caller names the file).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
 impl GenerationConfig {
     /// Reads the settings from a Hugging Face `generation_config.json` or `config.json`:
     /// `bos_token_id`, `eos_token_id` (a number or a list), `pad_token_id`, and the context
     /// length from `max_position_embeddings`, `n_positions`, `max_sequence_length` or
     /// `max_length`.
-    pub fn from_json(text: &str) -> Result<GenerationConfig, String> {
+    pub fn from_json(text: &str) -> Result<GenerationConfig, ConfigError> {
+        GenerationConfig::read(text).map_err(ConfigError)
+    }
+
+    fn read(text: &str) -> Result<GenerationConfig, String> {
         let v: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| format!("not JSON: {e} (line {}, column {})", e.line(), e.column()))?;
         let obj = v
@@ -217,7 +227,7 @@ pub(crate) fn kv_cache(
     let (format_name, scales, scale_dtype) = match (quantized, format) {
         (false, _) => ("float".to_owned(), None, None),
         (true, Some(f)) => {
-            let scales = match f.scales(head_dim as usize)? {
+            let scales = match f.scales(head_dim as usize).map_err(|e| e.0)? {
                 CacheScales::Blocks { tokens } => ScaleLayout::Blocks {
                     tokens: tokens as u64,
                 },

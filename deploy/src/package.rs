@@ -57,7 +57,8 @@ pub fn write_package(
         )));
     }
     std::fs::create_dir_all(dir).map_err(|e| DeployError::io(dir, e))?;
-    let stems = mmq_backend_ort::entry_stems(m, inputs).map_err(DeployError::Invalid)?;
+    let stems =
+        mmq_backend_ort::entry_stems(m, inputs).map_err(|e| DeployError::Invalid(e.to_string()))?;
     let graphs: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
     let mut files = Vec::new();
     let mut stages = Vec::new();

@@ -73,3 +73,15 @@ impl fmt::Display for IrError {
 }
 
 impl std::error::Error for IrError {}
+
+/// A name that is not one of an enumeration's values (the `FromStr` of option-like enums).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} '{value}' (expected {expected})")]
+pub struct UnknownName {
+    /// What was named (`cache format`).
+    pub what: &'static str,
+    /// The name given.
+    pub value: String,
+    /// The names it takes.
+    pub expected: String,
+}

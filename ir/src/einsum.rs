@@ -54,7 +54,16 @@ pub struct Equation {
 /// Parses `equation` (whitespace ignored) for `operands` operands, with what ONNX and numpy
 /// require: one term per operand, terms of letters with at most one `...`, and an output whose
 /// labels each come from an input, once, with `...` only where an input has it.
-pub fn parse(equation: &str, operands: usize) -> Result<Equation, String> {
+pub fn parse(equation: &str, operands: usize) -> Result<Equation, EinsumError> {
+    parse_text(equation, operands).map_err(EinsumError)
+}
+
+/// An equation [`parse`] refuses: what is wrong with it (the caller names the equation).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EinsumError(pub String);
+
+fn parse_text(equation: &str, operands: usize) -> Result<Equation, String> {
     let eq: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
     let (lhs, rhs) = match eq.split_once("->") {
         Some((l, r)) => (l, Some(r)),
@@ -112,7 +121,7 @@ mod tests {
             ("ij->...i", 1, "the output has '...' and no input does"),
             ("...i...->i", 1, "'...i...' has more than one '...'"),
         ] {
-            assert_eq!(parse(eq, n).expect_err(eq), want, "{eq}");
+            assert_eq!(parse(eq, n).expect_err(eq).0, want, "{eq}");
         }
     }
 }

@@ -46,7 +46,7 @@ pub mod view;
 pub use arena::{Arena, EntityRef, SecondaryMap};
 pub use attr::{Attr, AttrValue};
 pub use constant::{Const, ConstData, ExternalFile, Storage};
-pub use diag::{Entity, IrError, Severity};
+pub use diag::{Entity, IrError, Severity, UnknownName};
 pub use dim::{Dim, DimExpr, Sym, SymbolData};
 pub use dtype::DType;
 pub use fsio::{check_output_file, check_regular_file};

@@ -36,6 +36,11 @@ pub enum CacheFormat {
     Int4,
 }
 
+/// A cache layout that does not fit a tensor: what does not divide.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CacheError(pub String);
+
 impl CacheFormat {
     /// Every format, in the order help texts list them.
     pub const ALL: [CacheFormat; 3] = [CacheFormat::Int8, CacheFormat::Fp8, CacheFormat::Int4];
@@ -91,15 +96,15 @@ impl CacheFormat {
     }
 
     /// How a cache tensor whose tokens are `width` elements wide is cut for its scales.
-    pub fn scales(self, width: usize) -> Result<CacheScales, String> {
+    pub fn scales(self, width: usize) -> Result<CacheScales, CacheError> {
         match self {
             CacheFormat::Int8 | CacheFormat::Fp8 => {
                 if width == 0 || width > KV_BLOCK_BYTES || !KV_BLOCK_BYTES.is_multiple_of(width) {
-                    return Err(format!(
+                    return Err(CacheError(format!(
                         "a token of {width} elements does not divide the {KV_BLOCK_BYTES}-byte \
                          block of the {} cache",
                         self.name()
-                    ));
+                    )));
                 }
                 Ok(CacheScales::Blocks {
                     tokens: KV_BLOCK_BYTES / width,
@@ -108,10 +113,10 @@ impl CacheFormat {
             CacheFormat::Int4 => {
                 let group = width.min(INT4_GROUP);
                 if group == 0 || !width.is_multiple_of(group) {
-                    return Err(format!(
+                    return Err(CacheError(format!(
                         "a token of {width} elements does not split into INT4 groups of \
                          {INT4_GROUP}"
-                    ));
+                    )));
                 }
                 Ok(CacheScales::Groups { group })
             }
@@ -126,17 +131,16 @@ impl fmt::Display for CacheFormat {
 }
 
 impl FromStr for CacheFormat {
-    type Err = String;
+    type Err = mmq_ir::UnknownName;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         CacheFormat::ALL
             .into_iter()
             .find(|c| c.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown cache format '{s}' (expected {})",
-                    CacheFormat::ALL.map(CacheFormat::name).join(", ")
-                )
+            .ok_or_else(|| mmq_ir::UnknownName {
+                what: "cache format",
+                value: s.to_owned(),
+                expected: CacheFormat::ALL.map(CacheFormat::name).join(", "),
             })
     }
 }
@@ -196,6 +200,7 @@ mod tests {
             "int2"
                 .parse::<CacheFormat>()
                 .unwrap_err()
+                .to_string()
                 .contains("int8, fp8, int4")
         );
     }

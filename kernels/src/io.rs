@@ -57,11 +57,34 @@ pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>, NpyError> {
 }
 
 /// Parses the bytes of an `.npz` archive (see [`read_npz`]); an error names the member.
-pub fn npz_from_bytes(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, String> {
-    npz_from_reader(std::io::Cursor::new(bytes)).map_err(|(name, m)| match name {
-        Some(n) => format!("array '{n}': {m}"),
-        None => m,
-    })
+pub fn npz_from_bytes(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, ArrayError> {
+    npz_from_reader(std::io::Cursor::new(bytes)).map_err(ArrayError::from)
+}
+
+/// In-memory `.npy` or `.npz` bytes that cannot be read, or a tensor that cannot be written as
+/// `.npy`: the archive member it concerns, if one, and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{message}", member.as_ref().map(|m| format!("array '{m}': ")).unwrap_or_default())]
+pub struct ArrayError {
+    /// The archive member.
+    pub member: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl From<NpzError> for ArrayError {
+    fn from((member, message): NpzError) -> ArrayError {
+        ArrayError { member, message }
+    }
+}
+
+impl From<String> for ArrayError {
+    fn from(message: String) -> ArrayError {
+        ArrayError {
+            member: None,
+            message,
+        }
+    }
 }
 
 /// An `.npz` problem: the member it concerns, if one, and what is wrong.
@@ -87,8 +110,8 @@ fn npz_from_reader<R: Read + std::io::Seek>(reader: R) -> Result<Vec<(String, Te
 }
 
 /// Parses the bytes of one `.npy` array (as `numpy.save` writes them).
-pub fn npy_from_bytes(bytes: &[u8]) -> Result<Tensor, String> {
-    npy_from_reader(bytes)
+pub fn npy_from_bytes(bytes: &[u8]) -> Result<Tensor, ArrayError> {
+    Ok(npy_from_reader(bytes)?)
 }
 
 /// The deepest bracket nesting a `.npy` header may have.
@@ -201,11 +224,8 @@ pub fn npz_headers(path: &Path) -> Result<Vec<NpyHeader>, NpyError> {
 }
 
 /// [`npz_headers`] of an archive's bytes; an error names the member.
-pub fn npz_headers_from_bytes(bytes: &[u8]) -> Result<Vec<NpyHeader>, String> {
-    headers_from_reader(std::io::Cursor::new(bytes)).map_err(|(name, m)| match name {
-        Some(n) => format!("array '{n}': {m}"),
-        None => m,
-    })
+pub fn npz_headers_from_bytes(bytes: &[u8]) -> Result<Vec<NpyHeader>, ArrayError> {
+    headers_from_reader(std::io::Cursor::new(bytes)).map_err(ArrayError::from)
 }
 
 fn headers_from_reader<R: Read + std::io::Seek>(reader: R) -> Result<Vec<NpyHeader>, NpzError> {
@@ -435,7 +455,11 @@ fn to_row_major(data: Data, shape: &[usize]) -> Data {
 }
 
 /// The `.npy` bytes of a tensor (what `numpy.load` reads); an error names a dtype NumPy lacks.
-pub fn npy_bytes(t: &Tensor) -> Result<Vec<u8>, String> {
+pub fn npy_bytes(t: &Tensor) -> Result<Vec<u8>, ArrayError> {
+    Ok(encode_npy(t)?)
+}
+
+fn encode_npy(t: &Tensor) -> Result<Vec<u8>, String> {
     let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
     let mut buf = Vec::new();
     fn put<T: npyz::Serialize + npyz::AutoSerialize + Clone>(
@@ -503,7 +527,7 @@ pub fn npy_bytes(t: &Tensor) -> Result<Vec<u8>, String> {
 pub fn write_npz(path: &Path, arrays: &[(&str, &Tensor)]) -> Result<(), NpyError> {
     let mut members = Vec::with_capacity(arrays.len());
     for (name, t) in arrays {
-        let bytes = npy_bytes(t).map_err(|m| error(path, Some(name), m))?;
+        let bytes = encode_npy(t).map_err(|m| error(path, Some(name), m))?;
         members.push((*name, bytes));
     }
     let result = (|| -> Result<(), String> {

@@ -393,7 +393,7 @@ fn kv_page_layout(request: &PlanRequest, first: &KvTensor) -> Result<KvPageLayou
     let scales = request
         .kv_format
         .scales(head_dim as usize)
-        .map_err(PlanError::Geometry)?;
+        .map_err(|e| PlanError::Geometry(e.0))?;
     let heads: u64 = request.kv.iter().map(|t| t.heads).sum();
     // Per page: one 512-byte code block per (tensor, head).
     let code_bits = request.kv_format.format().bits() as u64;

@@ -133,6 +133,11 @@ impl FromStr for Observer {
 }
 
 /// Calibration failed.
+/// Activations whose channels do not match what [`ChannelObserver::observe`] saw before.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ChannelMismatch(pub String);
+
 #[derive(Debug, thiserror::Error)]
 pub enum CalibError {
     /// A bad option value.
@@ -894,23 +899,23 @@ impl ChannelObserver {
 
     /// Folds `xs` (row-major, `channels` per row) in; an error when the channel count differs
     /// from the one seen first or does not divide the length.
-    pub fn observe(&mut self, xs: &[f32], channels: usize) -> Result<(), String> {
+    pub fn observe(&mut self, xs: &[f32], channels: usize) -> Result<(), ChannelMismatch> {
         let st = &mut self.stats;
         if channels == 0 || !xs.len().is_multiple_of(channels) {
-            return Err(format!(
+            return Err(ChannelMismatch(format!(
                 "{} elements do not form rows of {channels} channels",
                 xs.len()
-            ));
+            )));
         }
         if st.channels == 0 && st.rows == 0 {
             st.channels = channels;
             st.abs_max = vec![0.0; channels];
             st.abs_sum = vec![0.0; channels];
         } else if st.channels != channels {
-            return Err(format!(
+            return Err(ChannelMismatch(format!(
                 "the last axis has {channels} channels here and {} in an earlier sample",
                 st.channels
-            ));
+            )));
         }
         for row in xs.chunks_exact(channels) {
             for ((mx, sum), &x) in st.abs_max.iter_mut().zip(&mut st.abs_sum).zip(row) {

@@ -111,14 +111,16 @@ impl std::fmt::Display for ActGranularity {
 }
 
 impl std::str::FromStr for ActGranularity {
-    type Err = String;
+    type Err = mmq_ir::UnknownName;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         ActGranularity::ALL
             .into_iter()
             .find(|g| g.name() == s)
-            .ok_or_else(|| {
-                format!("unknown activation granularity '{s}' (expected per-tensor, per-token or per-patch)")
+            .ok_or_else(|| mmq_ir::UnknownName {
+                what: "activation granularity",
+                value: s.to_owned(),
+                expected: "per-tensor, per-token or per-patch".to_owned(),
             })
     }
 }

@@ -111,16 +111,15 @@ impl fmt::Display for Scheme {
 }
 
 impl FromStr for Scheme {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = mmq_ir::UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         Scheme::ALL
             .into_iter()
             .find(|x| x.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown scheme '{s}' (expected {})",
-                    Scheme::ALL.map(Scheme::name).join(", ")
-                )
+            .ok_or_else(|| mmq_ir::UnknownName {
+                what: "scheme",
+                value: s.to_owned(),
+                expected: Scheme::ALL.map(Scheme::name).join(", "),
             })
     }
 }
@@ -699,7 +698,7 @@ impl Parser<'_> {
         let scheme = match self.string(scheme_v, "scheme")?.parse::<Scheme>() {
             Ok(s) => s,
             Err(e) => {
-                self.error(scheme_span, e, "unknown scheme");
+                self.error(scheme_span, e.to_string(), "unknown scheme");
                 return None;
             }
         };

@@ -192,7 +192,7 @@ pub fn site_activations(m: &Module, sites: &[Site]) -> Vec<(GraphId, Vec<Value>)
 }
 
 /// A consumer's weight as row-major `[K, N]` (transposed from `[N, K]` when `trans`).
-pub fn weight_kn(m: &Module, c: &Consumer) -> Result<Vec<f32>, String> {
+pub(crate) fn weight_kn(m: &Module, c: &Consumer) -> Result<Vec<f32>, String> {
     let cd = &m.consts[c.weight];
     let t = Tensor::from_const(cd).map_err(|e| {
         format!(
@@ -215,7 +215,7 @@ pub fn weight_kn(m: &Module, c: &Consumer) -> Result<Vec<f32>, String> {
 }
 
 /// Largest |w| of each row `j` (input channel) over the `[K, N]` weights of `site`.
-pub fn weight_row_abs_max(m: &Module, site: &Site) -> Result<Vec<f32>, String> {
+pub(crate) fn weight_row_abs_max(m: &Module, site: &Site) -> Result<Vec<f32>, String> {
     let mut mx = vec![0f32; site.k];
     for c in &site.consumers {
         let w = weight_kn(m, c)?;
@@ -368,7 +368,7 @@ fn f32_const(m: &mut Module, name: Option<String>, shape: Vec<i64>, vals: &[f32]
 /// Scales input channel `j` of `site`'s activation by `1 / s_j` and row `j` of each of its
 /// weights by `s_j` (see the module documentation): the function the graph computes does not
 /// change (up to rounding). `s` has `site.k` finite, positive entries.
-pub fn migrate(m: &mut Module, site: &Site, s: &[f32]) -> Result<Placement, String> {
+pub(crate) fn migrate(m: &mut Module, site: &Site, s: &[f32]) -> Result<Placement, String> {
     if s.len() != site.k {
         return Err(format!(
             "{} scales for an activation of {} channels",

@@ -21,7 +21,7 @@ struct Labeled<T> {
 /// Parsed equation ([`mmq_ir::einsum::parse`]): per-input labels (ellipsis expanded) and
 /// output labels.
 fn parse(eq: &str, ranks: &[usize]) -> Result<(Vec<Vec<u32>>, Vec<u32>), String> {
-    let eq = mmq_ir::einsum::parse(eq, ranks.len())?;
+    let eq = mmq_ir::einsum::parse(eq, ranks.len()).map_err(|e| e.0)?;
     let mut ell_rank = 0usize;
     for (t, &rank) in eq.inputs.iter().zip(ranks) {
         let named = t.pre.len() + t.post.len();
