@@ -260,21 +260,12 @@ fn job(args: &CompileArgs) -> Result<(Job, String), Failure> {
         main_output: args.main_output.clone(),
         interrupt: None,
     };
-    if !args.package {
-        for (option, given) in [
-            (Opt::GenerationConfig, args.generation_config.is_some()),
-            (Opt::Tokenizer, args.tokenizer.is_some()),
-        ] {
-            if given {
-                return Err(usage(OptionError::Needs {
-                    option,
-                    does: "goes into a deployment package",
-                    needs: Opt::Package,
-                    value: None,
-                }));
-            }
-        }
-    }
+    let package = PackageRequest::from_settings(
+        args.package,
+        args.generation_config.clone(),
+        args.tokenizer.clone(),
+    )
+    .map_err(usage)?;
     let job = Job {
         inputs: args.inputs.clone(),
         output: args.output.clone(),
@@ -287,10 +278,7 @@ fn job(args: &CompileArgs) -> Result<(Job, String), Failure> {
         precision_map: args.precision_map.clone(),
         report: args.report.clone(),
         qparams: args.qparams.clone(),
-        package: args.package.then(|| PackageRequest {
-            generation_config: args.generation_config.clone(),
-            tokenizer: args.tokenizer.clone(),
-        }),
+        package,
         trt: mmq_backend_trt::PackageOptions {
             profiles: args.symbols.iter().cloned().collect(),
             ..Default::default()

@@ -45,6 +45,37 @@ pub struct PackageRequest {
     pub tokenizer: Option<PathBuf>,
 }
 
+impl PackageRequest {
+    /// The request the settings name (`package`: `--package`), or `None`; the generation
+    /// config and the tokenizer go into a package only.
+    pub fn from_settings(
+        package: bool,
+        generation_config: Option<PathBuf>,
+        tokenizer: Option<PathBuf>,
+    ) -> Result<Option<PackageRequest>, OptionError> {
+        if !package {
+            for (option, given) in [
+                (Opt::GenerationConfig, generation_config.is_some()),
+                (Opt::Tokenizer, tokenizer.is_some()),
+            ] {
+                if given {
+                    return Err(OptionError::Needs {
+                        option,
+                        does: "goes into a deployment package",
+                        needs: Opt::Package,
+                        value: None,
+                    });
+                }
+            }
+            return Ok(None);
+        }
+        Ok(Some(PackageRequest {
+            generation_config,
+            tokenizer,
+        }))
+    }
+}
+
 /// What a compilation wrote.
 #[derive(Debug)]
 pub struct Built {

@@ -167,6 +167,9 @@ def compile(
     granularity: Literal["per-tensor", "per-token", "per-patch"] | None = None,
     skip_non_finite: bool = False,
     main_output: str | None = None,
+    package: bool = False,
+    generation_config: str | os.PathLike | None = None,
+    tokenizer: str | os.PathLike | None = None,
 ) -> Any:
     """Optimizes and quantizes a model for a target; the same as ``mmq compile``.
 
@@ -212,10 +215,17 @@ def compile(
         main_output: the output the accuracy figures and ``auto`` measure
             (``--main-output``); ``None``: the first floating-point output named like logits,
             an embedding or a pooled output, else the first floating-point output.
+        package: write a deployment package into the directory ``output`` (required): the
+            compiled models, ``pipeline.json`` and, where the decoder fits onnxruntime-genai's
+            contract, ``genai_config.json`` (``--package``; ``mmq.Pipeline`` runs it).
+        generation_config: with ``package``: a Hugging Face ``generation_config.json`` or
+            ``config.json`` (bos/eos/pad ids, the context length).
+        tokenizer: with ``package``: a ``tokenizer.json`` to copy in.
 
     Returns:
-        the compiled ``onnx.ModelProto`` (``target="trt"``: the package manifest as a dict),
-        or ``(result, report)`` with ``report=True``.
+        the compiled ``onnx.ModelProto`` (``target="trt"``: the package manifest as a dict;
+        ``package=True``: its ``pipeline.json`` as a dict), or ``(result, report)`` with
+        ``report=True``.
 
     Raises:
         MmqError: the model or an option is wrong, or a pass failed.
@@ -245,12 +255,17 @@ def compile(
         ("main_output", main_output, str, True),
         ("precision_map", precision_map, (str, os.PathLike), True),
         ("output", output, (str, os.PathLike), True),
+        ("package", package, bool, False),
+        ("generation_config", generation_config, (str, os.PathLike), True),
+        ("tokenizer", tokenizer, (str, os.PathLike), True),
     ]:
         _expect(name, value, kind, optional)
     for k, v in (modality or {}).items():
         _expect(f"modality[{k!r}]", v, str)
     if target == "trt" and output is None:
         raise ValueError("target='trt' writes a package directory: pass output=DIR")
+    if package and output is None:
+        raise ValueError("package=True writes a package directory: pass output=DIR")
     profiles = {
         str(k): v if isinstance(v, str) else ":".join(str(int(x)) for x in v)
         for k, v in (symbols or {}).items()
@@ -279,6 +294,9 @@ def compile(
         "granularity": granularity,
         "skip_non_finite": skip_non_finite,
         "main_output": main_output,
+        "package": package,
+        "generation_config": None if generation_config is None else os.fspath(generation_config),
+        "tokenizer": None if tokenizer is None else os.fspath(tokenizer),
     }
     if precision_map is not None:
         text = os.fspath(precision_map)
@@ -311,8 +329,9 @@ def compile(
         )
         compile_report = json.loads(report_json)
         _log_compile(compile_report, warnings)
-        if target == "trt":
-            with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        if target == "trt" or package:
+            name = "pipeline.json" if package else "manifest.json"
+            with open(os.path.join(out, name), encoding="utf-8") as f:
                 result = json.load(f)
         else:
             result = onnx.load_model(out, load_external_data=output is None)

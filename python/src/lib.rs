@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mmq_compiler::build::{BuildError, Job};
+use mmq_compiler::build::{BuildError, Job, PackageRequest};
 use mmq_compiler::{
     Accuracy, CalibrationSource, CompileOptions, Opt, OptionError, Progress, QuantFlags, Spelling,
 };
@@ -82,6 +82,15 @@ struct Options {
     /// `--main-output`.
     #[serde(default)]
     main_output: Option<String>,
+    /// `--package`.
+    #[serde(default)]
+    package: bool,
+    /// `--generation-config`.
+    #[serde(default)]
+    generation_config: Option<PathBuf>,
+    /// `--tokenizer`.
+    #[serde(default)]
+    tokenizer: Option<PathBuf>,
 }
 
 /// How the Python keywords are written in messages: `quant="int8"`.
@@ -241,10 +250,13 @@ fn job(
         main_output: o.main_output,
         interrupt: None,
     };
+    let package = PackageRequest::from_settings(o.package, o.generation_config, o.tokenizer)
+        .map_err(option_err)?;
     let job = Job {
         inputs,
         output,
         options,
+        package,
         precision_map: o.precision_map.map(PathBuf::from),
         trt: mmq_backend_trt::PackageOptions {
             profiles,

@@ -112,6 +112,36 @@ def test_decoder_packages_generate_the_same_tokens_everywhere(mmq_bin, tmp_path,
     assert mmq.Pipeline(int4).generate(PROMPT, max_new_tokens=NEW) == want4
 
 
+def test_python_writes_the_package_the_command_writes(mmq_bin, tmp_path):
+    """`mmq.compile(..., package=True)` goes through the same build as `mmq compile --package`:
+    the same files, byte for byte, and a package both runners generate from."""
+    config = LLAMA
+    gen = tmp_path / "generation_config.json"
+    gen.write_text(json.dumps(config))
+    src = fixture("llama_gqa_kv") / "model.onnx"
+    cli = tmp_path / "cli"
+    compile_cmd(mmq_bin, src, "--package", "--quant", "int4", "--no-accuracy",
+                "--generation-config", gen, "-o", cli)
+    py = tmp_path / "py"
+    spec = mmq.compile(src, quant="int4", package=True, generation_config=gen, output=py,
+                       progress=False)
+    assert spec == json.loads((py / "pipeline.json").read_text())
+    files = sorted(p.relative_to(cli) for p in cli.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(py) for p in py.rglob("*") if p.is_file())
+    assert "genai_config.json" in {str(f) for f in files}
+    for f in files:
+        assert (cli / f).read_bytes() == (py / f).read_bytes(), f
+    want = ort_loop(py / "model.onnx", PROMPT, NEW, eos_of(config))
+    assert genai_tokens(py, PROMPT, NEW) == want
+    assert mmq.Pipeline(py).generate(PROMPT, max_new_tokens=NEW) == want
+    # The package's own settings need a package, in the keywords' words.
+    with pytest.raises(mmq.MmqError, match="^generation_config goes into a deployment package; "
+                                           "it needs package$"):
+        mmq.compile(src, generation_config=gen, output=tmp_path / "x.onnx", progress=False)
+    with pytest.raises(ValueError, match="package=True writes a package directory"):
+        mmq.compile(src, package=True)
+
+
 @pytest.mark.parametrize("name", STATIC)
 def test_packages_outside_the_genai_contract_say_why(mmq_bin, tmp_path, name):
     pkg = package(mmq_bin, tmp_path, name, LLAMA)
