@@ -310,3 +310,87 @@ pub fn cuda_tools(what: &str) -> Option<(PathBuf, PathBuf)> {
     );
     Some((nvcc, include))
 }
+
+/// One case an oracle script wrote: its name, the model it ran, its inputs and ONNX Runtime's
+/// outputs by name.
+pub struct OracleCase {
+    /// The case's name.
+    pub name: String,
+    /// The model, loaded.
+    pub module: mmq_ir::Module,
+    /// The inputs.
+    pub feeds: std::collections::HashMap<String, mmq_kernels::RtValue>,
+    /// ONNX Runtime's outputs.
+    pub want: std::collections::HashMap<String, mmq_kernels::Tensor>,
+}
+
+/// Runs the Python `script` with a scratch directory `scratch` as its argument; the script writes
+/// `CASE/model.onnx`, `CASE/inputs.npz` and `CASE/outputs.npz` (ONNX Runtime's) per case and
+/// prints the case names, one per line. Returns the cases, loaded.
+pub fn oracle_cases(scratch: &str, what: &str, script: &str) -> Vec<OracleCase> {
+    let dir = scratch_dir(scratch);
+    let names = python_ok(
+        what,
+        &[
+            std::ffi::OsStr::new("-c"),
+            std::ffi::OsStr::new(script),
+            dir.as_os_str(),
+        ],
+    );
+    names
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|name| {
+            let d = dir.join(name);
+            let model = d.join("model.onnx");
+            let module =
+                mmq_onnx::load_files(&[model.as_path()], &mmq_onnx::LoadOptions::default())
+                    .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            let read = |file: &str| {
+                mmq_kernels::io::read_npz(&d.join(file))
+                    .unwrap_or_else(|e| panic!("{name}: {file}: {e}"))
+            };
+            OracleCase {
+                name: name.to_owned(),
+                module,
+                feeds: read("inputs.npz")
+                    .into_iter()
+                    .map(|(k, t)| (k, mmq_kernels::RtValue::from(t)))
+                    .collect(),
+                want: read("outputs.npz").into_iter().collect(),
+            }
+        })
+        .collect()
+}
+
+impl OracleCase {
+    /// Runs the first graph in the interpreter and checks each of ONNX Runtime's outputs: same
+    /// shape, every element within `tol`.
+    pub fn check(&self, tol: f64) {
+        let g = self.module.entries[0].graph;
+        let got = mmq_kernels::Interpreter::new(&self.module)
+            .run(g, &self.feeds)
+            .unwrap_or_else(|e| panic!("{}: {e}", self.name));
+        for (out, want) in &self.want {
+            let t = got
+                .iter()
+                .find(|(n, _)| n == out)
+                .and_then(|(_, v)| v.as_tensor())
+                .unwrap_or_else(|| panic!("{}: no output {out}", self.name));
+            assert_eq!(t.shape, want.shape, "{}: {out}", self.name);
+            let (a, b) = (t.to_f64().expect("f64"), want.to_f64().expect("f64"));
+            let err = a
+                .iter()
+                .zip(&b)
+                .map(|(x, w)| (x - w).abs())
+                .fold(0.0, f64::max);
+            assert!(err < tol, "{}: {out}: max |mmq - ort| = {err}", self.name);
+        }
+    }
+
+    /// The op of the first node of the first graph.
+    pub fn first_op(&self) -> &mmq_ir::Op {
+        let g = self.module.entries[0].graph;
+        &self.module.nodes[self.module.graphs[g].nodes()[0]].op
+    }
+}

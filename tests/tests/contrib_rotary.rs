@@ -2,13 +2,6 @@
 //! `num_heads`, 4-D input, interleaved and half-split pairs, a partial rotary dimension, and
 //! position ids as one start position or one id per token.
 
-use std::collections::HashMap;
-use std::ffi::OsStr;
-
-use mmq_kernels::Interpreter;
-use mmq_kernels::io::read_npz;
-use mmq_kernels::{RtValue, Tensor};
-
 /// Writes each case's model, inputs and ONNX Runtime's outputs under `dir/CASE/`.
 const MAKE: &str = r#"
 import sys, pathlib
@@ -48,48 +41,15 @@ print("\n".join(cases))
 
 #[test]
 fn contrib_rotary_embedding_matches_onnx_runtime() {
-    let dir = mmq_tests::scratch_dir("contrib-rotary");
-    let cases = mmq_tests::python_ok(
-        "the RotaryEmbedding cases",
-        &[OsStr::new("-c"), OsStr::new(MAKE), dir.as_os_str()],
-    );
-    let mut checked = 0;
-    for case in cases.lines().filter(|l| !l.is_empty()) {
-        let d = dir.join(case);
-        let model = d.join("model.onnx");
-        let m = mmq_onnx::load_files(&[model.as_path()], &mmq_onnx::LoadOptions::default())
-            .expect("loads");
-        let g = m.entries[0].graph;
-        let node = m.graphs[g].nodes()[0];
+    let cases = mmq_tests::oracle_cases("contrib-rotary", "the RotaryEmbedding cases", MAKE);
+    for case in &cases {
         assert!(
-            matches!(m.nodes[node].op, mmq_ir::Op::MsRotaryEmbedding { .. }),
-            "{case}: {:?}",
-            m.nodes[node].op
+            matches!(case.first_op(), mmq_ir::Op::MsRotaryEmbedding { .. }),
+            "{}: {:?}",
+            case.name,
+            case.first_op()
         );
-        let feeds: HashMap<String, RtValue> = read_npz(&d.join("inputs.npz"))
-            .expect("inputs")
-            .into_iter()
-            .map(|(k, t)| (k, RtValue::from(t)))
-            .collect();
-        let want: HashMap<String, Tensor> = read_npz(&d.join("outputs.npz"))
-            .expect("outputs")
-            .into_iter()
-            .collect();
-        let got = Interpreter::new(&m).run(g, &feeds).expect("runs");
-        let y = got
-            .iter()
-            .find(|(n, _)| n == "y")
-            .and_then(|(_, v)| v.as_tensor())
-            .expect("y");
-        let (a, b) = (y.to_f64().expect("f64"), want["y"].to_f64().expect("f64"));
-        assert_eq!(y.shape, want["y"].shape, "{case}");
-        let err = a
-            .iter()
-            .zip(&b)
-            .map(|(x, w)| (x - w).abs())
-            .fold(0.0, f64::max);
-        assert!(err < 1e-5, "{case}: max |mmq - ort| = {err}");
-        checked += 1;
+        case.check(1e-5);
     }
-    assert_eq!(checked, 3);
+    assert_eq!(cases.len(), 3);
 }

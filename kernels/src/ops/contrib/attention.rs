@@ -1,5 +1,5 @@
-//! Contrib kernels: attention (`MultiHeadAttention`, as ONNX Runtime's contrib op schema
-//! defines it).
+//! Contrib kernels: attention (`MultiHeadAttention` and `GroupQueryAttention`, as ONNX Runtime's
+//! contrib op schemas define them).
 
 use mmq_ir::{DType, Op};
 
@@ -188,6 +188,194 @@ pub(super) fn multi_head_attention(
     }
     let y = Tensor::from_f64_as(q.dtype, vec![b, s, n * dv], &out)?;
     Ok(vec![Some(y.into())])
+}
+
+/// `GroupQueryAttention` (com.microsoft), as ONNX Runtime's CPU kernel computes it: query
+/// `[B, S, N*H]` (or Q, K and V packed in it when key and value are absent), key and value
+/// `[B, S, Nkv*H]`, past key and value `[B, Nkv, P, H]`, `seqlens_k` `[B]` (valid keys per row,
+/// less one) and `total_sequence_length`. Row `b` holds `seqlens_k[b] + 1` keys: its past is the
+/// first `seqlens_k[b] + 1 - S` positions of the past cache (none on the first run, when there
+/// is no past), and its new keys follow. Query token `i` attends causally to the keys up to its
+/// own position, within `local_window_size` when given. Outputs: `[B, S, N*H]`, and the present
+/// key and value `[B, Nkv, T, H]` with `T` the longer of `P` and `total_sequence_length` (a past
+/// as long as the present is the shared buffer onnxruntime-genai binds). Rotary embedding inside
+/// (`do_rotary`), quantized caches, `softcap` and `smooth_softmax` are not supported.
+pub(super) fn group_query_attention(
+    cx: &OpCtx<'_>,
+    op: &Op,
+    inputs: &[Option<RtValue>],
+) -> OpResult {
+    for (name, off) in [("do_rotary", 0), ("softcap", 0), ("qk_output", 0)] {
+        let on = match name {
+            "softcap" => float_attr(op, name).is_some_and(|x| x != 0.0),
+            _ => int_attr(op, name).unwrap_or(off) != off,
+        };
+        if on {
+            return Err(cx.unsupported(format!("GroupQueryAttention with {name}")));
+        }
+    }
+    if int_attr(op, "smooth_softmax").unwrap_or(-1) == 1 {
+        return Err(cx.unsupported("GroupQueryAttention with smooth_softmax"));
+    }
+    for (attr, what) in [
+        ("k_quant_type", "a quantized key cache"),
+        ("v_quant_type", "a quantized value cache"),
+    ] {
+        if op.get::<String>(attr).is_some_and(|t| t != "NONE") {
+            return Err(cx.unsupported(format!("GroupQueryAttention with {what}")));
+        }
+    }
+    let q = tensor(cx, inputs, 0)?;
+    if !matches!(q.dtype, DType::F32 | DType::F16 | DType::F64) {
+        return Err(cx.unsupported(format!("GroupQueryAttention on {}", q.dtype)));
+    }
+    let positive = |name: &str| {
+        int_attr(op, name)
+            .filter(|&n| n > 0)
+            .map(|n| n as usize)
+            .ok_or_else(|| cx.invalid(format!("{name} must be a positive integer")))
+    };
+    let (n, nkv) = (positive("num_heads")?, positive("kv_num_heads")?);
+    if n % nkv != 0 {
+        return Err(cx.invalid(format!(
+            "num_heads {n} is not a multiple of kv_num_heads {nkv}"
+        )));
+    }
+    let &[b, s, width] = q.shape.as_slice() else {
+        return Err(cx.invalid(format!("query {:?} must be 3-D [B, S, N*H]", q.shape)));
+    };
+    let qv = q.to_f64()?;
+    // Q, K and V as [B, S, heads * H] rows, unpacked when packed.
+    let (qrows, krows, vrows, d) = match (opt_tensor(inputs, 1), opt_tensor(inputs, 2)) {
+        (Some(k), Some(v)) => {
+            let d = width / n;
+            if width % n != 0 || k.shape != [b, s, nkv * d] || v.shape != k.shape {
+                return Err(cx.invalid(format!(
+                    "query {:?}, key {:?} and value {:?} do not fit {n} and {nkv} heads",
+                    q.shape, k.shape, v.shape
+                )));
+            }
+            (qv, k.to_f64()?, v.to_f64()?, d)
+        }
+        (None, None) => {
+            let d = width / (n + 2 * nkv);
+            if width % (n + 2 * nkv) != 0 {
+                return Err(cx.invalid(format!(
+                    "packed query {:?} does not split into {n} + 2 x {nkv} heads",
+                    q.shape
+                )));
+            }
+            let (qw, kw) = (n * d, nkv * d);
+            let mut parts = (Vec::new(), Vec::new(), Vec::new());
+            for row in qv.chunks_exact(width) {
+                parts.0.extend_from_slice(&row[..qw]);
+                parts.1.extend_from_slice(&row[qw..qw + kw]);
+                parts.2.extend_from_slice(&row[qw + kw..]);
+            }
+            (parts.0, parts.1, parts.2, d)
+        }
+        _ => return Err(cx.invalid("key and value are given together or not at all")),
+    };
+    let past = match (opt_tensor(inputs, 3), opt_tensor(inputs, 4)) {
+        (Some(pk), Some(pv)) => {
+            let p = pk.shape.get(2).copied().unwrap_or(0);
+            if pk.shape != [b, nkv, p, d] || pv.shape != pk.shape {
+                return Err(cx.invalid(format!(
+                    "past key {:?} and value {:?} must be [{b}, {nkv}, P, {d}]",
+                    pk.shape, pv.shape
+                )));
+            }
+            Some((pk.to_f64()?, pv.to_f64()?, p))
+        }
+        (None, None) => None,
+        _ => return Err(cx.invalid("past key and value are given together or not at all")),
+    };
+    let seqlens = tensor(cx, inputs, 5)?.to_i64()?;
+    let total = tensor(cx, inputs, 6)?.to_i64()?;
+    let (&[total], true) = (total.as_slice(), seqlens.len() == b) else {
+        return Err(cx.invalid(format!(
+            "seqlens_k must hold {b} lengths and total_sequence_length one, got {} and {}",
+            seqlens.len(),
+            total.len()
+        )));
+    };
+    let p = past.as_ref().map_or(0, |x| x.2);
+    let t = p.max(usize::try_from(total).unwrap_or(0));
+    let first_run = p == 0;
+    let window = int_attr(op, "local_window_size").unwrap_or(-1);
+    let scale = match float_attr(op, "scale") {
+        Some(x) if x != 0.0 => f64::from(x),
+        _ => 1.0 / (d as f64).sqrt(),
+    };
+    let mut present_k = vec![0.0; b * nkv * t * d];
+    let mut present_v = vec![0.0; b * nkv * t * d];
+    let mut out = vec![0.0; b * s * n * d];
+    for (bi, &len) in seqlens.iter().enumerate() {
+        let keys = usize::try_from(len + 1).unwrap_or(0);
+        let past_len = if first_run { 0 } else { keys.saturating_sub(s) };
+        if past_len + s > t {
+            return Err(cx.invalid(format!(
+                "row {bi}: {past_len} past and {s} new keys do not fit {t} positions"
+            )));
+        }
+        if past_len > p {
+            return Err(cx.invalid(format!(
+                "row {bi}: seqlens_k gives {past_len} past keys, the past holds {p}"
+            )));
+        }
+        for h in 0..nkv {
+            let dst = (bi * nkv + h) * t * d;
+            if let Some((pk, pv, _)) = &past {
+                let src = (bi * nkv + h) * p * d;
+                present_k[dst..dst + past_len * d].copy_from_slice(&pk[src..src + past_len * d]);
+                present_v[dst..dst + past_len * d].copy_from_slice(&pv[src..src + past_len * d]);
+            }
+            for si in 0..s {
+                let src = (bi * s + si) * nkv * d + h * d;
+                let at = dst + (past_len + si) * d;
+                present_k[at..at + d].copy_from_slice(&krows[src..src + d]);
+                present_v[at..at + d].copy_from_slice(&vrows[src..src + d]);
+            }
+        }
+        for hi in 0..n {
+            let kv = hi / (n / nkv);
+            let base = (bi * nkv + kv) * t * d;
+            for si in 0..s {
+                // Keys up to this token's own position, within the local window.
+                let end = (past_len + si + 1).min(t);
+                let start = if window > 0 {
+                    end.saturating_sub(window as usize)
+                } else {
+                    0
+                };
+                let qo = (bi * s + si) * n * d + hi * d;
+                let qrow = &qrows[qo..qo + d];
+                let mut scores: Vec<f64> = (start..end)
+                    .map(|j| {
+                        let krow = &present_k[base + j * d..base + (j + 1) * d];
+                        scale * qrow.iter().zip(krow).map(|(a, c)| a * c).sum::<f64>()
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let mut sum = 0.0;
+                for x in &mut scores {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+                let o = &mut out[qo..qo + d];
+                for (j, w) in (start..end).zip(&scores) {
+                    let vrow = &present_v[base + j * d..base + (j + 1) * d];
+                    for (y, x) in o.iter_mut().zip(vrow) {
+                        *y += w / sum * x;
+                    }
+                }
+            }
+        }
+    }
+    let y = Tensor::from_f64_as(q.dtype, vec![b, s, n * d], &out)?;
+    let pk = Tensor::from_f64_as(q.dtype, vec![b, nkv, t, d], &present_k)?;
+    let pv = Tensor::from_f64_as(q.dtype, vec![b, nkv, t, d], &present_v)?;
+    Ok(vec![Some(y.into()), Some(pk.into()), Some(pv.into())])
 }
 
 /// `com.microsoft.RotaryEmbedding(input, position_ids, cos_cache, sin_cache)`: the default

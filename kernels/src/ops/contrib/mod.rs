@@ -31,8 +31,9 @@ pub(crate) fn eval(cx: &OpCtx<'_>, inputs: &[Option<RtValue>]) -> Option<OpResul
         Op::MultiHeadAttention { .. } => attention::multi_head_attention(cx, op, inputs),
         Op::MatMulNBits { .. } => matmul_nbits_op(cx, op, inputs),
         Op::MsRotaryEmbedding { .. } => attention::rotary_embedding(cx, op, inputs),
-        // Typed and inferred, not run: the interpreter reports them as not implemented.
-        Op::GroupQueryAttention { .. } | Op::MsAttention { .. } => return None,
+        Op::GroupQueryAttention { .. } => attention::group_query_attention(cx, op, inputs),
+        // Typed and inferred, not run: the interpreter reports it as not implemented.
+        Op::MsAttention { .. } => return None,
         _ => return None,
     })
 }
