@@ -87,6 +87,9 @@ pub struct Built {
     pub auto_map: Option<PathBuf>,
     /// The quantization-parameter table.
     pub qparams: Option<QparamsWritten>,
+    /// The decoder layers written as `GroupQueryAttention` whose past and present share one
+    /// buffer (a package for onnxruntime-genai).
+    pub shared_kv: Option<usize>,
 }
 
 /// The models, or the package, a compilation wrote.
@@ -302,6 +305,18 @@ pub fn build(job: &Job, warn: &dyn Fn(&str)) -> Result<Built, BuildError> {
         crate::export::check_distinct_outputs(&job.inputs, &job.output)?;
     }
     let report = crate::compile(&mut module, o)?;
+    // A decoder package for onnxruntime-genai with a float KV cache: its attention in the form
+    // whose past and present share one buffer.
+    let mut shared_kv = None;
+    if package.is_some()
+        && o.target == mmq_passes::TargetRef::ORT
+        && o.kv_cache.is_none()
+        && o.level == mmq_passes::OptLevel::O2
+    {
+        let done =
+            mmq_passes::targets::ort::gqa::rewrite(&mut module).map_err(CompileError::from)?;
+        shared_kv = done.shared.then_some(done.layers);
+    }
     if o.interrupt
         .as_ref()
         .is_some_and(mmq_passes::Interrupt::is_set)
@@ -355,6 +370,7 @@ pub fn build(job: &Job, warn: &dyn Fn(&str)) -> Result<Built, BuildError> {
     };
     Ok(Built {
         report,
+        shared_kv,
         written,
         auto_map,
         qparams: qparams.map(|q| q.written),

@@ -91,7 +91,16 @@ impl Built {
         match &built.written {
             Written::Models(_) => {}
             Written::Trt(package) => stderr.push_str(&trt_text(&job.output, package)),
-            Written::Package(written) => stderr.push_str(&package_text(&job.output, written)),
+            Written::Package(written) => {
+                stderr.push_str(&package_text(&job.output, written));
+                if let Some(layers) = built.shared_kv {
+                    let _ = writeln!(
+                        stderr,
+                        "package: GroupQueryAttention in {layers} layer(s): the past and the present \
+                     share one buffer"
+                    );
+                }
+            }
         }
         stderr
     }

@@ -233,7 +233,7 @@ pub(crate) fn config(
             "min_length": 0,
             "num_beams": 1,
             "num_return_sequences": 1,
-            "past_present_share_buffer": false,
+            "past_present_share_buffer": shares_buffer(m, g, kv),
             "top_k": 1,
             "top_p": 1.0,
             "temperature": 1.0,
@@ -244,6 +244,38 @@ pub(crate) fn config(
             "diversity_penalty": 0.0,
         },
     }))
+}
+
+/// Whether every present cache is a result of a `GroupQueryAttention` that reads the past of
+/// its pair: the past may then be the present's buffer (the compiler writes that form only where
+/// nothing else reads a past's sequence length).
+fn shares_buffer(m: &Module, g: GraphId, kv: &KvCache) -> bool {
+    let value = |name: &str, of: &[mmq_ir::Value]| {
+        of.iter()
+            .copied()
+            .find(|&v| m.values[v].name.as_deref() == Some(name))
+    };
+    !kv.pairs.is_empty()
+        && kv.pairs.iter().all(|p| {
+            let (Some(past), Some(present)) = (
+                value(&p.past, &m.graphs[g].inputs),
+                value(&p.present, &m.graphs[g].outputs),
+            ) else {
+                return false;
+            };
+            match m.values[present].def {
+                mmq_ir::ValueDef::Output { node, index } => {
+                    matches!(m.nodes[node].op, mmq_ir::Op::GroupQueryAttention { .. })
+                        && m.nodes[node]
+                            .inputs
+                            .get(2 + index as usize)
+                            .copied()
+                            .flatten()
+                            == Some(past)
+                }
+                _ => false,
+            }
+        })
 }
 
 #[cfg(test)]

@@ -27,6 +27,9 @@ DECODERS = {"gpt2_kv": GPT2, "llama_gqa_kv": LLAMA}
 for family, config in (("gpt2_kv", GPT2_MATRIX), ("llama_gqa_kv", LLAMA), ("qwen2_kv", LLAMA)):
     for form in ("dynamo18_sdpa_dynamic", "dynamo23_sdpa_dynamic", "torchscript17_sdpa_dynamic"):
         DECODERS[f"matrix/{family}_{form}"] = config
+# The decoders whose attention becomes GroupQueryAttention with a shared buffer.
+SHARED = {"llama_gqa_kv", "matrix/llama_gqa_kv_dynamo18_sdpa_dynamic",
+          "matrix/qwen2_kv_dynamo18_sdpa_dynamic"}
 STATIC = ["matrix/llama_gqa_kv_dynamo20_eager_static", "matrix/gpt2_kv_torchscript17_eager_static"]
 
 
@@ -98,6 +101,12 @@ def test_decoder_packages_generate_the_same_tokens_everywhere(mmq_bin, tmp_path,
     assert spec["onnxruntime_genai"] == {"config": "genai_config.json", "reason": None}
     genai = json.loads((fp32 / "genai_config.json").read_text())
     assert genai["model"]["decoder"]["num_hidden_layers"] == len(spec["kv_cache"]["pairs"]) // 2
+    # Where the export has the form, the attention is GroupQueryAttention and the past shares
+    # the present's buffer (every token check below runs it that way in onnxruntime-genai).
+    ops = {n.op_type for n in onnx.load(str(fp32 / "model.onnx"), load_external_data=False).graph.node}
+    shared = name in SHARED
+    assert genai["search"]["past_present_share_buffer"] is shared, name
+    assert ("GroupQueryAttention" in ops) is shared, (name, sorted(ops))
     want = ort_loop(fp32 / "model.onnx", PROMPT, NEW, eos_of(config))
     assert genai_tokens(fp32, PROMPT, NEW) == want
     assert mmq.Pipeline(fp32).generate(PROMPT, max_new_tokens=NEW) == want

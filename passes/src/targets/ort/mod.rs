@@ -1,6 +1,7 @@
 //! ONNX Runtime's CPU provider: the standard ops plus the `com.microsoft` contrib ops it runs,
 //! with costs and rates measured on it.
 
+pub mod gqa;
 pub mod load_forms;
 
 use mmq_ir::{Attr, Op, OpKind};
