@@ -6,7 +6,8 @@
 //! GQA takes the mask as sequence lengths (`seqlens_k = ReduceSum(attention_mask) - 1`), causal
 //! with the keys' padding: what onnxruntime-genai's model builder assumes of a decoder. The
 //! rewrite makes the same assumption, and only where the mask depends on no input value but
-//! `attention_mask` (the past and token inputs only through their shapes). A layer that does not
+//! `attention_mask` (the past and token inputs only through their shapes) and the past's length
+//! is symbolic (a fixed-shape export is left alone). A layer that does not
 //! have the export form (`Transpose(Reshape(x))` into the attention, optionally through a
 //! `RotaryEmbedding`, and `Reshape(Transpose(y))` out of it) is left as it is.
 
@@ -246,6 +247,10 @@ fn layer(
     let (q4, kcat, vcat) = (ins[0]?, ins[1]?, ins[2]?);
     let (past_k, k4) = past_concat(m, g, kcat)?;
     let (past_v, v4) = past_concat(m, g, vcat)?;
+    // A past of static length is a fixed-shape export, outside the decoder contract.
+    if m.value_type(past_k).shape()?.get(2)?.as_known().is_some() {
+        return None;
+    }
     // The presents are graph outputs read by this attention alone.
     for p in [kcat, vcat] {
         if !outputs.contains(&p) || readers.get(&p).is_some_and(|r| r != &[n]) {
