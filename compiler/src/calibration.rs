@@ -178,15 +178,17 @@ impl CalibrationSource {
     /// than [`MAX_RANDOM_SAMPLES`] (calibration keeps them, so 2^64 of them would run until
     /// memory ran out).
     pub fn check(&self) -> Result<(), crate::OptionError> {
-        let expected = match self {
-            CalibrationSource::Random { count: 0, .. } => "need at least one sample".to_owned(),
-            CalibrationSource::Random { count, .. } if *count > MAX_RANDOM_SAMPLES => format!(
+        let &CalibrationSource::Random { count, .. } = self else {
+            return Ok(());
+        };
+        let expected = if count == 0 {
+            "need at least one sample".to_owned()
+        } else if count > MAX_RANDOM_SAMPLES {
+            format!(
                 "at most {MAX_RANDOM_SAMPLES} random samples (ranges settle within a few \
                  hundred; calibrate on more real data from files)"
-            ),
-            _ => return Ok(()),
-        };
-        let CalibrationSource::Random { count, .. } = self else {
+            )
+        } else {
             return Ok(());
         };
         Err(crate::OptionError::Value {

@@ -1019,8 +1019,9 @@ impl CompileOptions {
         | Precision::Map { int4, .. }
         | Precision::Auto { int4, .. } = &self.precision
         {
-            let block_checked = !matches!(self.precision, Precision::Map { .. });
-            if block_checked && !matches!(int4.block, 16 | 32 | 64 | 128 | 256) {
+            // A map's INT4 settings are defaults its rules may override (the map checks its own).
+            let whole_plan = !matches!(self.precision, Precision::Map { .. });
+            if whole_plan && !matches!(int4.block, 16 | 32 | 64 | 128 | 256) {
                 return Err(OptionError::Value {
                     option: Opt::Block,
                     value: int4.block.to_string(),
@@ -1045,8 +1046,7 @@ impl CompileOptions {
                     });
                 }
             }
-            let int4_anywhere = !matches!(self.precision, Precision::Map { .. });
-            if int4_anywhere && !rules.int4_matmul_nbits && !rules.plugins && !int4.symmetric {
+            if whole_plan && !rules.int4_matmul_nbits && !rules.plugins && !int4.symmetric {
                 return Err(OptionError::Target {
                     option: Opt::Asym,
                     value: None,
