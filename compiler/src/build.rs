@@ -88,9 +88,22 @@ pub struct Built {
     /// The quantization-parameter table.
     pub qparams: Option<QparamsWritten>,
     /// The decoder layers written as `GroupQueryAttention` whose past and present share one
-    /// buffer (a package for onnxruntime-genai).
-    pub shared_kv: Option<usize>,
+    /// buffer (a package for ONNX Runtime).
+    pub shared_kv: Option<SharedKv>,
 }
+
+/// A decoder package's attention in the `GroupQueryAttention` form with one buffer for each
+/// past and present.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedKv {
+    /// Its layers.
+    pub layers: usize,
+    /// With `--kv-cache int8`: the samples its static per-channel INT8 scales were calibrated on.
+    pub int8_samples: Option<usize>,
+}
+
+/// Tokens of a random calibration sample of the INT8 cache scales (after an empty past).
+pub const KV_SCALE_TOKENS: i64 = 32;
 
 /// The models, or the package, a compilation wrote.
 #[derive(Debug)]
@@ -304,18 +317,51 @@ pub fn build(job: &Job, warn: &dyn Fn(&str)) -> Result<Built, BuildError> {
     if job.inputs.len() > 1 {
         crate::export::check_distinct_outputs(&job.inputs, &job.output)?;
     }
-    let report = crate::compile(&mut module, o)?;
-    // A decoder package for onnxruntime-genai with a float KV cache: its attention in the form
-    // whose past and present share one buffer.
-    let mut shared_kv = None;
-    if package.is_some()
+    // A decoder package for ONNX Runtime at -O2, with a float or INT8 KV cache: its attention
+    // in the `GroupQueryAttention` form whose past and present share one buffer. An INT8 cache
+    // is then that op's own (int8 codes, static per-channel scales calibrated here); a decoder
+    // without the form gets `--kv-cache int8`'s blocks as any model does.
+    let gqa_form = package.is_some()
         && o.target == mmq_passes::TargetRef::ORT
-        && o.kv_cache.is_none()
         && o.level == mmq_passes::OptLevel::O2
-    {
-        let done =
-            mmq_passes::targets::ort::gqa::rewrite(&mut module).map_err(CompileError::from)?;
-        shared_kv = done.shared.then_some(done.layers);
+        && matches!(
+            o.kv_cache,
+            None | Some(mmq_kernels::cache::CacheFormat::Int8)
+        );
+    let float_kv;
+    let options = if gqa_form && o.kv_cache.is_some() {
+        float_kv = CompileOptions {
+            kv_cache: None,
+            ..o.clone()
+        };
+        &float_kv
+    } else {
+        o
+    };
+    let mut report = crate::compile(&mut module, options)?;
+    let mut shared_kv = None;
+    if gqa_form {
+        let form = mmq_passes::targets::ort::gqa::Form {
+            positions: package.as_ref().map_or(0, |p| {
+                p.generation
+                    .context_length
+                    .unwrap_or(mmq_deploy::DEFAULT_CONTEXT_LENGTH) as usize
+            }),
+        };
+        let done = mmq_passes::targets::ort::gqa::rewrite(&mut module, form)
+            .map_err(CompileError::from)?;
+        if done.shared {
+            let int8_samples = match o.kv_cache {
+                Some(_) => Some(int8_gqa_caches(&mut module, o)?),
+                None => None,
+            };
+            shared_kv = Some(SharedKv {
+                layers: done.layers,
+                int8_samples,
+            });
+        } else {
+            report = crate::quantize_kv_cache(&mut module, o, report)?;
+        }
     }
     if o.interrupt
         .as_ref()
@@ -375,6 +421,104 @@ pub fn build(job: &Job, warn: &dyn Fn(&str)) -> Result<Built, BuildError> {
         auto_map,
         qparams: qparams.map(|q| q.written),
     })
+}
+
+/// Makes the caches of the entry graphs' `GroupQueryAttention` layers INT8 with static
+/// per-channel scales, calibrated on `o`'s samples (random ones: prompts of [`KV_SCALE_TOKENS`]
+/// tokens after an empty past); returns how many samples.
+fn int8_gqa_caches(module: &mut Module, o: &CompileOptions) -> Result<usize, CompileError> {
+    use mmq_passes::targets::ort::gqa;
+    let mut count = 0;
+    let graphs: Vec<mmq_ir::GraphId> = module.entries.iter().map(|e| e.graph).collect();
+    for g in graphs {
+        let probes = gqa::cache_probes(module, g);
+        if !probes.is_empty() {
+            count = count.max(int8_graph_caches(module, g, &probes, o)?);
+        }
+    }
+    Ok(count)
+}
+
+/// [`int8_gqa_caches`] of graph `g`, whose layers `probes` are.
+fn int8_graph_caches(
+    module: &mut Module,
+    g: mmq_ir::GraphId,
+    probes: &[mmq_passes::targets::ort::gqa::CacheProbe],
+    o: &CompileOptions,
+) -> Result<usize, CompileError> {
+    use mmq_passes::quant::calibrate;
+    use mmq_passes::targets::ort::gqa;
+    let fail = |e: &dyn std::fmt::Display| {
+        CompileError::Pass(mmq_passes::PassError::Failed {
+            pass: "kv-cache".to_owned(),
+            message: format!("calibrating the INT8 cache scales: {e}"),
+        })
+    };
+    let mut values: Vec<mmq_ir::Value> = probes.iter().flat_map(|p| [p.key.0, p.value.0]).collect();
+    values.sort();
+    values.dedup();
+    let samples: Vec<calibrate::Sample> = match &o.calibration {
+        CalibrationSource::Default | CalibrationSource::Random { .. } => {
+            let (count, seed) = match o.calibration {
+                CalibrationSource::Random { count, seed } => (count, seed),
+                _ => (crate::DEFAULT_RANDOM_SAMPLES, 0),
+            };
+            calibrate::random_samples_bound(module, g, count, seed, prompt_symbols(module, g))
+                .map_err(|e| fail(&e))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| fail(&e))?
+        }
+        source => source.collect(module, g).map_err(|e| fail(&e))?,
+    };
+    let stats = calibrate::channel_stats(module, g, &values, samples.iter().cloned().map(Ok), 0)
+        .map_err(|e| fail(&e))?;
+    let mut layers = Vec::new();
+    for p in probes {
+        let channels = |(v, start): (mmq_ir::Value, usize)| {
+            stats
+                .get(&v)
+                .and_then(|s| s.abs_max.get(start..start + p.width))
+        };
+        let (Some(k), Some(v)) = (channels(p.key), channels(p.value)) else {
+            return Err(fail(&format!(
+                "no sample gave a value to layer {}",
+                module.nodes[p.node].name.as_deref().unwrap_or("?")
+            )));
+        };
+        layers.push((
+            p.node,
+            gqa::channel_scales(k, p.head_dim, p.rotary),
+            gqa::channel_scales(v, p.head_dim, None),
+        ));
+    }
+    gqa::quantize_caches(module, &layers);
+    Ok(samples.len())
+}
+
+/// The symbols a random calibration prompt binds: the past's length 0, the new tokens'
+/// [`KV_SCALE_TOKENS`], and the mask's length (when its own symbol) their sum.
+fn prompt_symbols(m: &Module, g: mmq_ir::GraphId) -> std::collections::HashMap<String, i64> {
+    let mut out = std::collections::HashMap::new();
+    let mut bind = |name: &str, dim: usize, value: i64| {
+        let input = m.graphs[g].inputs.iter().find(|&&v| {
+            m.values[v]
+                .name
+                .as_deref()
+                .is_some_and(|n| n.contains(name))
+        });
+        if let Some(&v) = input
+            && let Some(s) = m
+                .value_type(v)
+                .shape()
+                .and_then(|s| s.get(dim)?.expr()?.as_sym())
+        {
+            out.entry(m.symbols[s].name.clone()).or_insert(value);
+        }
+    };
+    bind("past", 2, 0);
+    bind("input_ids", 1, KV_SCALE_TOKENS);
+    bind("attention_mask", 1, KV_SCALE_TOKENS);
+    out
 }
 
 /// A table and the references the models read it through.

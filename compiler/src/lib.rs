@@ -297,6 +297,21 @@ pub fn compile(
     Ok(report.with_run(&run, &stages))
 }
 
+/// Runs `--kv-cache`'s pass (when asked for) on a module [`compile`] left with a float cache,
+/// adding it to `report`.
+pub fn quantize_kv_cache(
+    module: &mut Module,
+    options: &CompileOptions,
+    report: CompileReport,
+) -> Result<CompileReport, CompileError> {
+    let Some(format) = options.kv_cache else {
+        return Ok(report);
+    };
+    let pass: Box<dyn Pass> = Box::new(KvCachePass { format });
+    let (run, stages) = run_stage(module, options, vec![(Stage::Interface, pass)])?;
+    Ok(report.with_run(&run, &stages))
+}
+
 /// Runs `passes` in one pass manager; returns its report and the passes' stages.
 fn run_stage(
     module: &mut Module,

@@ -93,12 +93,20 @@ impl Built {
             Written::Trt(package) => stderr.push_str(&trt_text(&job.output, package)),
             Written::Package(written) => {
                 stderr.push_str(&package_text(&job.output, written));
-                if let Some(layers) = built.shared_kv {
+                if let Some(kv) = built.shared_kv {
                     let _ = writeln!(
                         stderr,
-                        "package: GroupQueryAttention in {layers} layer(s): the past and the present \
-                     share one buffer"
+                        "package: GroupQueryAttention in {} layer(s): the past and the present \
+                     share one buffer",
+                        kv.layers
                     );
+                    if let Some(n) = kv.int8_samples {
+                        let _ = writeln!(
+                            stderr,
+                            "package: KV cache: int8 codes read by GroupQueryAttention, static \
+                             per-channel scales calibrated on {n} sample(s)"
+                        );
+                    }
                 }
             }
         }

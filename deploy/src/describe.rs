@@ -224,7 +224,14 @@ pub(crate) fn kv_cache(
         .then(|| shape[1].as_known().and_then(|n| u64::try_from(n).ok()))
         .flatten();
     let quantized = pairs.iter().any(|p| p.past_scale.is_some());
+    let codes = ty.dtype().is_some_and(|d| !d.is_float());
     let (format_name, scales, scale_dtype) = match (quantized, format) {
+        // INT8 codes with no scales at the interface: `GroupQueryAttention`'s own cache.
+        (false, Some(f @ CacheFormat::Int8)) if codes => (
+            f.name().to_owned(),
+            Some(ScaleLayout::Channels),
+            Some("f32".to_owned()),
+        ),
         (false, _) => ("float".to_owned(), None, None),
         (true, Some(f)) => {
             let scales = match f.scales(head_dim as usize).map_err(|e| e.0)? {
@@ -247,7 +254,9 @@ pub(crate) fn kv_cache(
             return Err("the KV cache has scale inputs but no --kv-cache format was given".into());
         }
     };
+    let shared_buffer = shares_buffer(m, g, &pairs);
     Ok(Some(KvCache {
+        shared_buffer,
         stage: stage.to_owned(),
         format: format_name,
         code_dtype: ty.dtype().map_or_else(|| "?".to_owned(), |d| d.to_string()),
@@ -342,4 +351,32 @@ pub(crate) fn hidden_size(m: &Module, g: GraphId, ids: &str) -> Option<u64> {
             .flatten()
             .and_then(|h| u64::try_from(h).ok())
     })
+}
+
+/// Whether every present cache is a result of a `GroupQueryAttention` that reads the past of
+/// its pair: the past may then be the present's buffer (the compiler writes that form only where
+/// nothing else reads a past's sequence length).
+fn shares_buffer(m: &Module, g: GraphId, pairs: &[KvPair]) -> bool {
+    let gd = &m.graphs[g];
+    !pairs.is_empty()
+        && pairs.iter().all(|p| {
+            let (Some(past), Some(present)) = (
+                find(m, &gd.inputs, &p.past),
+                find(m, &gd.outputs, &p.present),
+            ) else {
+                return false;
+            };
+            match m.values[present].def {
+                mmq_ir::ValueDef::Output { node, index } => {
+                    matches!(m.nodes[node].op, mmq_ir::Op::GroupQueryAttention { .. })
+                        && m.nodes[node]
+                            .inputs
+                            .get(2 + index as usize)
+                            .copied()
+                            .flatten()
+                            == Some(past)
+                }
+                _ => false,
+            }
+        })
 }

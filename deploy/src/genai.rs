@@ -23,7 +23,7 @@ use serde_json::json;
 use mmq_ir::{GraphId, Module};
 
 use crate::describe;
-use crate::spec::{Generation, KvCache, Stage};
+use crate::spec::{Generation, KvCache, ScaleLayout, Stage};
 
 /// The pattern `names` follow with the layer number as `%d` (`past_key_values.%d.key`), if
 /// they are layers `0..n` of one pattern in order.
@@ -126,7 +126,9 @@ pub(crate) fn config(
         "the decoder has no KV cache (past…/present… pairs); onnxruntime-genai feeds one new \
          token a step",
     )?;
-    if kv.format != "float" {
+    // `GroupQueryAttention`'s own INT8 cache has no scale tensors at the interface:
+    // onnxruntime-genai allocates it from the inputs' type and feeds it as any cache.
+    if kv.format != "float" && kv.scales != Some(ScaleLayout::Channels) {
         return Err(format!(
             "its KV cache is quantized ({} codes with scale inputs), which onnxruntime-genai \
              cannot feed: run it with `mmq generate` or `mmq.Pipeline`, or compile without \
@@ -233,7 +235,7 @@ pub(crate) fn config(
             "min_length": 0,
             "num_beams": 1,
             "num_return_sequences": 1,
-            "past_present_share_buffer": shares_buffer(m, g, kv),
+            "past_present_share_buffer": kv.shared_buffer,
             "top_k": 1,
             "top_p": 1.0,
             "temperature": 1.0,
@@ -244,38 +246,6 @@ pub(crate) fn config(
             "diversity_penalty": 0.0,
         },
     }))
-}
-
-/// Whether every present cache is a result of a `GroupQueryAttention` that reads the past of
-/// its pair: the past may then be the present's buffer (the compiler writes that form only where
-/// nothing else reads a past's sequence length).
-fn shares_buffer(m: &Module, g: GraphId, kv: &KvCache) -> bool {
-    let value = |name: &str, of: &[mmq_ir::Value]| {
-        of.iter()
-            .copied()
-            .find(|&v| m.values[v].name.as_deref() == Some(name))
-    };
-    !kv.pairs.is_empty()
-        && kv.pairs.iter().all(|p| {
-            let (Some(past), Some(present)) = (
-                value(&p.past, &m.graphs[g].inputs),
-                value(&p.present, &m.graphs[g].outputs),
-            ) else {
-                return false;
-            };
-            match m.values[present].def {
-                mmq_ir::ValueDef::Output { node, index } => {
-                    matches!(m.nodes[node].op, mmq_ir::Op::GroupQueryAttention { .. })
-                        && m.nodes[node]
-                            .inputs
-                            .get(2 + index as usize)
-                            .copied()
-                            .flatten()
-                            == Some(past)
-                }
-                _ => false,
-            }
-        })
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ pub mod package;
 pub mod runner;
 pub mod spec;
 
-pub use describe::{ConfigError, GenerationConfig};
+pub use describe::{ConfigError, DEFAULT_CONTEXT_LENGTH, GenerationConfig};
 pub use package::{PackageOptions, Written, write_package};
 pub use runner::{Package, StageOutput, is_package};
 

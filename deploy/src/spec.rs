@@ -169,6 +169,10 @@ pub enum ScaleLayout {
         /// Values a group.
         group: u64,
     },
+    /// One static scale per KV head and channel (`[1, heads, 1, head_dim]`), constants of the
+    /// model: its `GroupQueryAttention` reads and writes the codes itself, and the cache has no
+    /// scale tensors at the interface.
+    Channels,
 }
 
 /// A `past…` input and the `present…` output that continues it.
@@ -205,6 +209,11 @@ pub struct KvCache {
     pub scale_dtype: Option<String>,
     /// Every pair, in input order.
     pub pairs: Vec<KvPair>,
+    /// Each past may be its present's buffer (`[batch, heads, context, head_dim]`, written in
+    /// place): every present is a `GroupQueryAttention` result of its past, and nothing else
+    /// reads a past's length.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_buffer: bool,
 }
 
 /// One quantized feature output of the vision encoder.

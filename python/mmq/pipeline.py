@@ -16,13 +16,15 @@ models and ``pipeline.json`` (stages, bindings, cache layouts, generation settin
   dtype), so a second request with the same image does not run the encoder;
 - a decoder with a KV cache reads the image features with the prompt (which holds the
   placeholder tokens the model expects for them) and none (token dim 0) at later steps;
-- the decoder's KV cache (float, or INT8 codes plus block scales with ``--kv-cache int8``) lives
-  in one 128-byte-aligned pool (``Pipeline.kv_pool``) laid out when the pipeline is opened: two
-  slots per cache tensor, each sized for the context length. ONNX Runtime's I/O binding writes a
-  step's ``present`` outputs into one slot and the next step reads them as ``past`` from there,
-  so no cache tensor is copied between steps. Element types numpy cannot address (FP8, INT4
-  caches) stay in ONNX Runtime's own buffers, handed from step to step as ``OrtValue`` (still no
-  copy).
+- the decoder's KV cache (float, or INT8 codes with ``--kv-cache int8``) lives in one
+  128-byte-aligned pool (``Pipeline.kv_pool``) laid out when the pipeline is opened, each cache
+  tensor sized for the context length. Where the package says the past shares the present's
+  buffer (``kv_cache.shared_buffer``: the decoder's ``GroupQueryAttention`` appends the new
+  tokens in place), each cache tensor has one slot, bound once as both past and present. Else
+  it has two: ONNX Runtime's I/O binding writes a step's ``present`` outputs into one slot and
+  the next step reads them as ``past`` from there. Either way no cache tensor is copied between
+  steps. Element types numpy cannot address (FP8, INT4 caches) stay in ONNX Runtime's own
+  buffers, handed from step to step as ``OrtValue`` (still no copy).
 
 Needs ``onnxruntime`` >= 1.17 (tested with 1.32, CPUExecutionProvider); batch 1.
 The reference interpreter (``mmq generate DIR``) defines the results this must agree with.
@@ -88,7 +90,7 @@ class _Slot:
         self.shape = shape  # the input's dims; ints, or None for the batch and token dims
         self.axis = axis  # the dim that grows with the tokens
         self.tokens_of = tokens_of  # tokens -> that dim's size
-        self.offsets = offsets  # the two regions' byte offsets in the pool
+        self.offsets = offsets  # the regions' byte offsets in the pool (one when shared)
 
     def shape_at(self, tokens: int) -> list[int]:
         """The tensor's shape holding ``tokens`` tokens (batch 1)."""
@@ -171,6 +173,7 @@ class Pipeline:
         inputs = {i.name: i for i in sess.get_inputs()}
         context = int(gen["context_length"])
         scales = kv.get("scales") or {}
+        shared = bool(kv.get("shared_buffer"))
         offset = 0
         pairs = []
         for p in kv["pairs"]:
@@ -203,7 +206,7 @@ class Pipeline:
                 continue
             nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
             offs = []
-            for _ in range(2):
+            for _ in range(1 if shared else 2):
                 offs.append(offset)
                 offset += -(-nbytes // _ALIGN) * _ALIGN
             self._slots.append(_Slot(past, present, dtype, dims, axis, tokens_of, offs))
@@ -212,6 +215,9 @@ class Pipeline:
         start = (-raw.ctypes.data) % _ALIGN
         self.kv_pool = raw[start : start + offset]
         self._pool_owner = raw
+        # One slot per cache tensor, bound as both past and present, only when every cache is in
+        # the pool.
+        self._shared = shared and not self._kv_other
 
     @property
     def kv_bytes(self) -> int:
@@ -367,17 +373,33 @@ class Pipeline:
         ]
         # In the outputs' order: `get_outputs` returns them in the order they were bound.
         outputs = [(n, present_slots.get(n)) for n in out_names]
+        logits_at = out_names.index(gen["logits"])
+        shared = kv is not None and self._shared
+        if shared:
+            # Each cache's one buffer, of the context length, is bound once as its past and
+            # its present; a step rebinds the token inputs alone (a rebound name keeps its
+            # place, so the outputs keep their order).
+            for name, slot in slot_inputs:
+                io.bind_input(name, "cpu", 0, slot.dtype, slot.shape_at(context),
+                              base + slot.offsets[0])
+            for name, slot in outputs:
+                if slot is None:
+                    io.bind_output(name, "cpu")
+                else:
+                    io.bind_output(name, "cpu", 0, slot.dtype, slot.shape_at(context),
+                                   base + slot.offsets[0])
         while new < max_new_tokens and len(tokens) < context:
             step = tokens[done:] if kv else tokens
             past = done if kv else 0
-            io.clear_binding_inputs()
-            io.clear_binding_outputs()
             fixed = _fixed(gen, step, past)
-            for name, slot in slot_inputs:
-                io.bind_input(name, "cpu", 0, slot.dtype, slot.shape_at(past),
-                              base + slot.offsets[which])
-            for name in other_inputs:
-                io.bind_ortvalue_input(name, other_cache[name])
+            if not shared:
+                io.clear_binding_inputs()
+                io.clear_binding_outputs()
+                for name, slot in slot_inputs:
+                    io.bind_input(name, "cpu", 0, slot.dtype, slot.shape_at(past),
+                                  base + slot.offsets[which])
+                for name in other_inputs:
+                    io.bind_ortvalue_input(name, other_cache[name])
             for name in value_inputs:
                 value = fixed[name] if name in fixed else features[name][1 if past else 0]
                 if isinstance(value, ort.OrtValue):
@@ -386,16 +408,18 @@ class Pipeline:
                     io.bind_cpu_input(name, _contiguous(value))
             total = past + len(step)
             for name, slot in outputs:
-                if slot is None:
+                if slot is None:  # ONNX Runtime allocates it (its shape changes)
                     io.bind_output(name, "cpu")
-                else:
+                elif not shared:
                     io.bind_output(name, "cpu", 0, slot.dtype, slot.shape_at(total),
                                    base + slot.offsets[1 - which])
             sess.run_with_iobinding(io)
-            outs = dict(zip(out_names, io.get_outputs()))
-            logits = outs[gen["logits"]].numpy()
-            for past_name, present_name in self._kv_other:
-                other_cache[past_name] = outs[present_name]
+            outs = io.get_outputs()
+            logits = outs[logits_at].numpy()
+            if self._kv_other:
+                by_name = dict(zip(out_names, outs))
+                for past_name, present_name in self._kv_other:
+                    other_cache[past_name] = by_name[present_name]
             which = 1 - which
             token = int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
             if kv:

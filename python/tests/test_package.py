@@ -103,10 +103,23 @@ def test_decoder_packages_generate_the_same_tokens_everywhere(mmq_bin, tmp_path,
     assert genai["model"]["decoder"]["num_hidden_layers"] == len(spec["kv_cache"]["pairs"]) // 2
     # Where the export has the form, the attention is GroupQueryAttention and the past shares
     # the present's buffer (every token check below runs it that way in onnxruntime-genai).
-    ops = {n.op_type for n in onnx.load(str(fp32 / "model.onnx"), load_external_data=False).graph.node}
+    nodes = onnx.load(str(fp32 / "model.onnx"), load_external_data=False).graph.node
+    ops = {n.op_type for n in nodes}
     shared = name in SHARED
     assert genai["search"]["past_present_share_buffer"] is shared, name
     assert ("GroupQueryAttention" in ops) is shared, (name, sorted(ops))
+    # Where the head size is a multiple of 16 (the llama fixture's; the matrix cells have 8),
+    # the rotary embedding runs inside GQA on tables of the context's positions, at the
+    # export's position_ids; INT4 then gives GQA Q, K and V packed in one projection.
+    rotary_inside = name == "llama_gqa_kv"
+    for n in nodes:
+        if n.op_type == "GroupQueryAttention":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            assert (attrs.get("do_rotary") == 1) is rotary_inside, (name, attrs)
+            assert (list(n.input[7:]) == ["rotary_const_1", "rotary_const_2", "position_ids"]) \
+                is rotary_inside, (name, list(n.input))
+    if shared:
+        assert ("RotaryEmbedding" in ops) is not rotary_inside, (name, sorted(ops))
     want = ort_loop(fp32 / "model.onnx", PROMPT, NEW, eos_of(config))
     assert genai_tokens(fp32, PROMPT, NEW) == want
     assert mmq.Pipeline(fp32).generate(PROMPT, max_new_tokens=NEW) == want
@@ -116,6 +129,9 @@ def test_decoder_packages_generate_the_same_tokens_everywhere(mmq_bin, tmp_path,
     assert (int4 / "genai_config.json").is_file()
     model = onnx.load(str(int4 / "model.onnx"), load_external_data=False)
     assert any(n.op_type == "MatMulNBits" for n in model.graph.node), name
+    packed = [list(n.input[1:3]) == ["", ""] for n in model.graph.node
+              if n.op_type == "GroupQueryAttention"]
+    assert packed == [rotary_inside] * len(packed) and bool(packed) is shared, (name, packed)
     want4 = ort_loop(int4 / "model.onnx", PROMPT, NEW, eos_of(config))
     assert genai_tokens(int4, PROMPT, NEW) == want4
     assert mmq.Pipeline(int4).generate(PROMPT, max_new_tokens=NEW) == want4
@@ -157,12 +173,62 @@ def test_packages_outside_the_genai_contract_say_why(mmq_bin, tmp_path, name):
     spec = json.loads((pkg / "pipeline.json").read_text())
     assert not (pkg / "genai_config.json").exists()
     assert "static dims" in spec["onnxruntime_genai"]["reason"]
-    # The quantized KV cache is outside it too, and the compile says so.
+    # A quantized KV cache with scale tensors at the interface (the blocks of a decoder without
+    # the GroupQueryAttention form) is outside it too, and the compile says so.
     out = tmp_path / "kv"
-    run = compile_cmd(mmq_bin, fixture("llama_gqa_kv") / "model.onnx", "--package", "-o", out,
+    run = compile_cmd(mmq_bin, fixture("gpt2_kv") / "model.onnx", "--package", "-o", out,
                       "--kv-cache", "int8")
     assert "onnxruntime-genai: no config: its KV cache is quantized (int8" in run.stderr
     assert not (out / "genai_config.json").exists()
+
+
+@pytest.mark.parametrize("name", sorted(SHARED))
+def test_int8_kv_cache_in_group_query_attention(mmq_bin, tmp_path, name):
+    """`--kv-cache int8` on a decoder that takes the GroupQueryAttention form: the op's own INT8
+    cache (int8 codes, static per-channel scales calibrated at compile time). onnxruntime-genai,
+    mmq.Pipeline (one buffer per cache, bound once) and `mmq generate` (the interpreter) run it
+    token for token as a plain ONNX Runtime loop does, with the FP32 package's first token, a
+    step-1 logits cosine >= 0.99 against it and a quarter of its KV memory."""
+    config = DECODERS[name]
+    fp32 = package(mmq_bin, tmp_path, name, config)
+    out = tmp_path / "kv8"
+    gen = tmp_path / "gen.json"
+    gen.write_text(json.dumps(config))
+    run = compile_cmd(mmq_bin, fixture(name) / "model.onnx", "--package", "-o", out,
+                      "--no-accuracy", "--generation-config", gen, "--kv-cache", "int8")
+    assert "static per-channel scales calibrated on 16 sample(s)" in run.stderr
+    kv = json.loads((out / "pipeline.json").read_text())["kv_cache"]
+    assert (kv["format"], kv["code_dtype"], kv["scales"], kv["shared_buffer"]) == (
+        "int8", "i8", {"kind": "channels"}, True)
+    assert all(p["past_scale"] is None and p["present_scale"] is None for p in kv["pairs"])
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == len(kv["pairs"]) // 2
+    for n in gqa:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        assert (attrs["k_quant_type"], attrs["v_quant_type"], attrs["kv_cache_bit_width"]) == (
+            b"PER_CHANNEL", b"PER_CHANNEL", 8)
+    for v in [*model.graph.input, *model.graph.output]:
+        if "past" in v.name or "present" in v.name:
+            assert v.type.tensor_type.elem_type == onnx.TensorProto.INT8, v.name
+    genai = json.loads((out / "genai_config.json").read_text())
+    assert genai["search"]["past_present_share_buffer"] is True
+
+    want = ort_loop(out / "model.onnx", PROMPT, NEW, eos_of(config))
+    assert genai_tokens(out, PROMPT, NEW) == want
+    p8 = mmq.Pipeline(out)
+    assert p8.generate(PROMPT, max_new_tokens=NEW) == want
+    assert mmq_generate(mmq_bin, out, PROMPT, NEW) == want
+
+    p32 = mmq.Pipeline(fp32)
+    assert p32.generate(PROMPT, max_new_tokens=NEW)[0] == want[0]
+    step1 = [
+        greedy(str(pkg / "model.onnx"), {"input_ids": np.array([PROMPT], np.int64)}, 1,
+               lambda t: {"input_ids": t})[1][0]
+        for pkg in (fp32, out)
+    ]
+    assert cosine(*step1) >= 0.99
+    assert p8.kv_bytes * 4 == p32.kv_bytes > 0
 
 
 def test_int8_kv_and_int4_image_features_against_fp32(mmq_bin, tmp_path):
@@ -188,7 +254,9 @@ def test_int8_kv_and_int4_image_features_against_fp32(mmq_bin, tmp_path):
     quant = build(tmp_path / "quant", "--kv-cache", "int8", "--image-cache", "int4")
     spec = json.loads((quant / "pipeline.json").read_text())
     assert [s["role"] for s in spec["stages"]] == ["vision_encoder", "decoder"]
-    assert spec["kv_cache"]["format"] == "int8" and spec["kv_cache"]["scales"]["kind"] == "blocks"
+    # The decoder takes the GroupQueryAttention form: its own INT8 cache, one shared buffer.
+    assert spec["kv_cache"]["format"] == "int8"
+    assert spec["kv_cache"]["scales"] == {"kind": "channels"} and spec["kv_cache"]["shared_buffer"]
     assert spec["image_cache"]["outputs"] == [
         {"name": "image_embeds", "scale": "image_embeds_scale", "group": 64}
     ]
@@ -215,8 +283,8 @@ def test_int8_kv_and_int4_image_features_against_fp32(mmq_bin, tmp_path):
     second = pq.last_stats
     assert again == got and second["image_cache_hit"] is True
     assert "vision_encoder" not in ran, ran
-    # The KV cache in the pool: INT8 codes and f32 block scales take under a third of FP32's.
-    assert 0 < pq.kv_bytes * 3 < p32.kv_bytes
+    # The KV cache in the pool: INT8 codes take a quarter of FP32's bytes.
+    assert 0 < pq.kv_bytes * 4 == p32.kv_bytes
 
     # Step-1 logits: the package's models on the same prompt and image.
     np.savez(tmp_path / "image.npz", pixel_values=pixels)

@@ -378,6 +378,7 @@ impl OracleCase {
                 .and_then(|(_, v)| v.as_tensor())
                 .unwrap_or_else(|| panic!("{}: no output {out}", self.name));
             assert_eq!(t.shape, want.shape, "{}: {out}", self.name);
+            assert_eq!(t.dtype, want.dtype, "{}: {out}", self.name);
             let (a, b) = (t.to_f64().expect("f64"), want.to_f64().expect("f64"));
             let err = a
                 .iter()

@@ -95,6 +95,18 @@ impl Emit {
         self.constant(m, DType::I64, vec![], v.to_le_bytes().to_vec())
     }
 
+    /// An i64 constant of `shape` (row-major `vals`).
+    pub fn i64_tensor(&mut self, m: &mut Module, shape: Vec<i64>, vals: &[i64]) -> Value {
+        let bytes = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.constant(m, DType::I64, shape, bytes)
+    }
+
+    /// An f32 constant of `shape` (row-major `vals`).
+    pub fn f32s(&mut self, m: &mut Module, shape: Vec<i64>, vals: &[f32]) -> Value {
+        let bytes = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.constant(m, DType::F32, shape, bytes)
+    }
+
     /// An f32 scalar constant.
     pub fn f32(&mut self, m: &mut Module, v: f32) -> Value {
         self.constant(m, DType::F32, vec![], v.to_le_bytes().to_vec())

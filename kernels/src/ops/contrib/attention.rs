@@ -205,7 +205,7 @@ pub(super) fn group_query_attention(
     op: &Op,
     inputs: &[Option<RtValue>],
 ) -> OpResult {
-    for (name, off) in [("do_rotary", 0), ("softcap", 0), ("qk_output", 0)] {
+    for (name, off) in [("softcap", 0), ("qk_output", 0)] {
         let on = match name {
             "softcap" => float_attr(op, name).is_some_and(|x| x != 0.0),
             _ => int_attr(op, name).unwrap_or(off) != off,
@@ -216,14 +216,6 @@ pub(super) fn group_query_attention(
     }
     if int_attr(op, "smooth_softmax").unwrap_or(-1) == 1 {
         return Err(cx.unsupported("GroupQueryAttention with smooth_softmax"));
-    }
-    for (attr, what) in [
-        ("k_quant_type", "a quantized key cache"),
-        ("v_quant_type", "a quantized value cache"),
-    ] {
-        if op.get::<String>(attr).is_some_and(|t| t != "NONE") {
-            return Err(cx.unsupported(format!("GroupQueryAttention with {what}")));
-        }
     }
     let q = tensor(cx, inputs, 0)?;
     if !matches!(q.dtype, DType::F32 | DType::F16 | DType::F64) {
@@ -246,7 +238,7 @@ pub(super) fn group_query_attention(
     };
     let qv = q.to_f64()?;
     // Q, K and V as [B, S, heads * H] rows, unpacked when packed.
-    let (qrows, krows, vrows, d) = match (opt_tensor(inputs, 1), opt_tensor(inputs, 2)) {
+    let (mut qrows, mut krows, vrows, d) = match (opt_tensor(inputs, 1), opt_tensor(inputs, 2)) {
         (Some(k), Some(v)) => {
             let d = width / n;
             if width % n != 0 || k.shape != [b, s, nkv * d] || v.shape != k.shape {
@@ -285,7 +277,7 @@ pub(super) fn group_query_attention(
                     pk.shape, pv.shape
                 )));
             }
-            Some((pk.to_f64()?, pv.to_f64()?, p))
+            Some((pk, pv, p))
         }
         (None, None) => None,
         _ => return Err(cx.invalid("past key and value are given together or not at all")),
@@ -302,6 +294,30 @@ pub(super) fn group_query_attention(
     let p = past.as_ref().map_or(0, |x| x.2);
     let t = p.max(usize::try_from(total).unwrap_or(0));
     let first_run = p == 0;
+    if int_attr(op, "do_rotary").unwrap_or(0) != 0 {
+        let rotary = Rotary::of(cx, op, inputs, b, s, d)?;
+        for (bi, &len) in seqlens.iter().enumerate() {
+            let keys = usize::try_from(len + 1).unwrap_or(0);
+            let past_len = if first_run { 0 } else { keys.saturating_sub(s) };
+            for si in 0..s {
+                let (cos, sin) = rotary.at(cx, bi, si, past_len, first_run)?;
+                for (rows, heads) in [(&mut qrows, n), (&mut krows, nkv)] {
+                    let row = (bi * s + si) * heads * d;
+                    for x in rows[row..row + heads * d].chunks_exact_mut(d) {
+                        rotate(x, cos, sin, rotary.interleaved);
+                    }
+                }
+            }
+        }
+    }
+    // The caches as values: codes times their scales where the cache is quantized.
+    let kq = CacheCodes::of(cx, op, inputs, "k_quant_type", 12, nkv, d)?;
+    let vq = CacheCodes::of(cx, op, inputs, "v_quant_type", 13, nkv, d)?;
+    let past = match past {
+        Some((pk, pv, p)) => Some((kq.read(cx, pk)?, vq.read(cx, pv)?, p)),
+        None => None,
+    };
+    let (krows, vrows) = (kq.round_rows(krows), vq.round_rows(vrows));
     let window = int_attr(op, "local_window_size").unwrap_or(-1);
     let scale = match float_attr(op, "scale") {
         Some(x) if x != 0.0 => f64::from(x),
@@ -373,9 +389,259 @@ pub(super) fn group_query_attention(
         }
     }
     let y = Tensor::from_f64_as(q.dtype, vec![b, s, n * d], &out)?;
-    let pk = Tensor::from_f64_as(q.dtype, vec![b, nkv, t, d], &present_k)?;
-    let pv = Tensor::from_f64_as(q.dtype, vec![b, nkv, t, d], &present_v)?;
+    let pk = kq.write(q.dtype, vec![b, nkv, t, d], &present_k)?;
+    let pv = vq.write(q.dtype, vec![b, nkv, t, d], &present_v)?;
     Ok(vec![Some(y.into()), Some(pk.into()), Some(pv.into())])
+}
+
+/// `GroupQueryAttention`'s own rotary embedding (`do_rotary`): `cos_cache` and `sin_cache`
+/// (inputs 7 and 8, `[positions, rotary_dim / 2]`) at each token's position, which is
+/// `position_ids` (input 9) where given (on a first run, its first element and the tokens after
+/// it), else the token's place after the past.
+struct Rotary {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
+    positions: Option<Vec<i64>>,
+    /// Tokens a row (`position_ids` is `[B, tokens]`).
+    tokens: usize,
+    interleaved: bool,
+}
+
+impl Rotary {
+    fn of(
+        cx: &OpCtx<'_>,
+        op: &Op,
+        inputs: &[Option<RtValue>],
+        b: usize,
+        s: usize,
+        d: usize,
+    ) -> Result<Rotary, KernelError> {
+        let (cos, sin) = (tensor(cx, inputs, 7)?, tensor(cx, inputs, 8)?);
+        let (&[_, half], true) = (cos.shape.as_slice(), sin.shape == cos.shape) else {
+            return Err(cx.invalid(format!(
+                "do_rotary needs cos_cache and sin_cache of one shape [positions, rotary_dim / 2], \
+                 got {:?} and {:?}",
+                cos.shape, sin.shape
+            )));
+        };
+        if half == 0 || 2 * half > d {
+            return Err(cx.invalid(format!(
+                "cos_cache {:?}: rotary_dim {} does not fit head size {d}",
+                cos.shape,
+                2 * half
+            )));
+        }
+        let positions = match opt_tensor(inputs, 9) {
+            Some(p) if p.shape == [b, s] => Some(p.to_i64()?),
+            Some(p) => {
+                return Err(cx.invalid(format!("position_ids {:?} must be [{b}, {s}]", p.shape)));
+            }
+            None => None,
+        };
+        Ok(Rotary {
+            cos: cos.to_f32()?,
+            sin: sin.to_f32()?,
+            half,
+            positions,
+            tokens: s,
+            interleaved: int_attr(op, "rotary_interleaved").unwrap_or(0) != 0,
+        })
+    }
+
+    /// The cos and sin rows of token `si` of row `bi`.
+    fn at(
+        &self,
+        cx: &OpCtx<'_>,
+        bi: usize,
+        si: usize,
+        past_len: usize,
+        first_run: bool,
+    ) -> Result<(&[f32], &[f32]), KernelError> {
+        let pos = match &self.positions {
+            Some(p) if first_run => p[bi * self.tokens] + si as i64,
+            Some(p) => p[bi * self.tokens + si],
+            None => (past_len + si) as i64,
+        };
+        let rows = self.cos.len() / self.half;
+        let pos = usize::try_from(pos)
+            .ok()
+            .filter(|&p| p < rows)
+            .ok_or_else(|| {
+                cx.invalid(format!("position {pos} is outside cos_cache's {rows} rows"))
+            })?;
+        let range = pos * self.half..(pos + 1) * self.half;
+        Ok((&self.cos[range.clone()], &self.sin[range]))
+    }
+}
+
+/// Rotates the pairs of `x` (halves, or neighbours when `interleaved`) by the angles whose
+/// cosines and sines are `cos` and `sin`, in f32 as ONNX Runtime does; channels past
+/// `2 * cos.len()` stay.
+fn rotate(x: &mut [f64], cos: &[f32], sin: &[f32], interleaved: bool) {
+    let half = cos.len();
+    for i in 0..half {
+        let (a, b) = if interleaved {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + half)
+        };
+        let (x1, x2) = (x[a] as f32, x[b] as f32);
+        x[a] = f64::from(x1 * cos[i] - x2 * sin[i]);
+        x[b] = f64::from(x2 * cos[i] + x1 * sin[i]);
+    }
+}
+
+/// How one cache of `GroupQueryAttention` is held: float, or INT8 codes with static scales
+/// (`PER_TENSOR`: one; `PER_CHANNEL`: one per KV head and channel, `[1, kvN, 1, H]`), as ONNX
+/// Runtime's CPU kernel holds them: a code is `x / scale` rounded half to even and saturated,
+/// and attention reads every key and value (the new ones too) through its code.
+enum CacheCodes {
+    Float,
+    Int8 {
+        scales: Vec<f32>,
+        head_dim: usize,
+        /// Values per token (`kvN * H`).
+        width: usize,
+    },
+}
+
+impl CacheCodes {
+    fn of(
+        cx: &OpCtx<'_>,
+        op: &Op,
+        inputs: &[Option<RtValue>],
+        attr: &str,
+        scale_input: usize,
+        nkv: usize,
+        d: usize,
+    ) -> Result<CacheCodes, KernelError> {
+        let kind = op.get::<String>(attr).unwrap_or_else(|| "NONE".to_owned());
+        let per_channel = match kind.as_str() {
+            "NONE" => return Ok(CacheCodes::Float),
+            "PER_TENSOR" => false,
+            "PER_CHANNEL" => true,
+            other => {
+                return Err(cx.invalid(format!(
+                    "{attr} {other:?} is none of NONE, PER_TENSOR, PER_CHANNEL"
+                )));
+            }
+        };
+        let bits = int_attr(op, "kv_cache_bit_width").unwrap_or(0);
+        if bits != 8 {
+            return Err(cx.unsupported(format!(
+                "GroupQueryAttention with a {bits}-bit quantized cache (8 bits are supported)"
+            )));
+        }
+        let Some(scale) = opt_tensor(inputs, scale_input) else {
+            return Err(cx.invalid(format!(
+                "{attr} {kind} needs its scale (input {scale_input})"
+            )));
+        };
+        let scales = scale.to_f32()?;
+        let want = if per_channel { nkv * d } else { 1 };
+        if scales.len() != want || scales.iter().any(|&x| !(x.is_finite() && x > 0.0)) {
+            return Err(cx.invalid(format!(
+                "{attr} {kind}: the scale (input {scale_input}, shape {:?}) must hold {want} \
+                 positive finite value(s)",
+                scale.shape
+            )));
+        }
+        Ok(CacheCodes::Int8 {
+            scales,
+            head_dim: d,
+            width: nkv * d,
+        })
+    }
+
+    /// The scale of element `i` of a `[B, kvN, T, H]` cache or a `[B, S, kvN * H]` row block.
+    fn scale(scales: &[f32], head_dim: usize, head: usize, channel: usize) -> f32 {
+        if scales.len() == 1 {
+            scales[0]
+        } else {
+            scales[head * head_dim + channel]
+        }
+    }
+
+    /// A past cache as values.
+    fn read(&self, cx: &OpCtx<'_>, t: &Tensor) -> Result<Vec<f64>, KernelError> {
+        match self {
+            CacheCodes::Float => t.to_f64(),
+            CacheCodes::Int8 {
+                scales, head_dim, ..
+            } => {
+                if t.dtype != DType::I8 {
+                    return Err(cx.invalid(format!(
+                        "a quantized cache holds int8 codes, the past is {}",
+                        t.dtype
+                    )));
+                }
+                let (nkv, tokens) = (t.shape[1], t.shape[2]);
+                let codes = t.to_f64()?;
+                Ok(codes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &c)| {
+                        let head = (i / (tokens * head_dim)) % nkv;
+                        let s = Self::scale(scales, *head_dim, head, i % head_dim);
+                        f64::from(c as f32 * s)
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    /// New `[B, S, kvN * H]` rows as attention reads them: through their codes when quantized.
+    fn round_rows(&self, rows: Vec<f64>) -> Vec<f64> {
+        let CacheCodes::Int8 {
+            scales,
+            head_dim,
+            width,
+        } = self
+        else {
+            return rows;
+        };
+        rows.iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                let c = i % width;
+                let s = Self::scale(scales, *head_dim, c / head_dim, c % head_dim);
+                f64::from(code(x as f32, s) as f32 * s)
+            })
+            .collect()
+    }
+
+    /// The present cache: values, or their codes.
+    fn write(
+        &self,
+        dtype: DType,
+        shape: Vec<usize>,
+        values: &[f64],
+    ) -> Result<Tensor, KernelError> {
+        match self {
+            CacheCodes::Float => Tensor::from_f64_as(dtype, shape, values),
+            CacheCodes::Int8 {
+                scales, head_dim, ..
+            } => {
+                let (nkv, tokens) = (shape[1], shape[2]);
+                let codes: Vec<f64> = values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| {
+                        let head = (i / (tokens * head_dim)) % nkv;
+                        let s = Self::scale(scales, *head_dim, head, i % head_dim);
+                        f64::from(code(x as f32, s))
+                    })
+                    .collect();
+                Tensor::from_f64_as(DType::I8, shape, &codes)
+            }
+        }
+    }
+}
+
+/// `x / scale` rounded half to even and saturated to INT8.
+fn code(x: f32, scale: f32) -> i8 {
+    (x / scale).round_ties_even().clamp(-128.0, 127.0) as i8
 }
 
 /// `com.microsoft.RotaryEmbedding(input, position_ids, cos_cache, sin_cache)`: the default

@@ -10,6 +10,16 @@
 //! is symbolic (a fixed-shape export is left alone). A layer that does not
 //! have the export form (`Transpose(Reshape(x))` into the attention, optionally through a
 //! `RotaryEmbedding`, and `Reshape(Transpose(y))` out of it) is left as it is.
+//!
+//! Where the rotary angles are computed from the `position_ids` input alone and ONNX Runtime can
+//! rotate the heads (head size a multiple of 16), the rotary embedding moves into GQA
+//! (`do_rotary`): the angles are tabulated once for every position of the context (the export's
+//! own computation, run in the interpreter on the ids `0..context`) and GQA reads them at
+//! `position_ids`. Q, K and V split from one projection (the INT4 siblings packed) then reach GQA
+//! packed, without the `Split`. That is the form onnxruntime-genai's model builder writes.
+//!
+//! [`quantize_caches`] then gives the layers GQA's own INT8 cache (`--kv-cache int8`): int8
+//! codes with static per-channel scales ([`cache_probes`] says which values calibrate them).
 
 use std::collections::{HashMap, HashSet};
 
@@ -26,8 +36,8 @@ pub struct Rewritten {
     pub layers: usize,
     /// Attention nodes left as they were.
     pub kept: usize,
-    /// Every layer was rewritten and nothing else reads a past's sequence length: the past may
-    /// be the present's buffer (else nothing was rewritten).
+    /// A graph's layers were rewritten, each of them, and nothing else reads a past's sequence
+    /// length: its pasts may be the presents' buffers.
     pub shared: bool,
 }
 
@@ -39,6 +49,11 @@ struct Layer {
     v: Value,
     /// The rotary embedding of Q and K: the node (its cos, sin and attributes).
     rotary: Option<(Node, Node)>,
+    /// The `[B, S, (H + 2 kvH) D]` projection Q, K and V are split from (`Split` along the
+    /// last axis), which GQA can take packed.
+    packed: Option<Value>,
+    /// Values per head.
+    head_dim: i64,
     past: (Value, Value),
     present: (Value, Value),
     /// The 3-D value the attention's output becomes.
@@ -47,29 +62,38 @@ struct Layer {
     scale: Option<f32>,
 }
 
-/// Rewrites the entry graph's attention layers (see the module documentation) when every layer
-/// has the form and the pasts can then share the presents' buffers; otherwise leaves `m` as it
-/// is (and says how many layers had the form).
-pub fn rewrite(m: &mut Module) -> Result<Rewritten, PassError> {
-    let mut c = m.clone();
-    let done = rewrite_all(&mut c)?;
-    if done.shared {
-        *m = c;
-        Ok(done)
-    } else {
-        Ok(Rewritten {
-            kept: done.kept + done.layers,
-            layers: 0,
-            shared: false,
-        })
-    }
+/// How [`rewrite`] writes the layers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Form {
+    /// Positions the rotary tables hold (the context length). Where the export's rotary angles
+    /// are computed from `position_ids` alone and the head size is a multiple of 16, the rotary
+    /// embedding moves into `GroupQueryAttention` (`do_rotary`, cos/sin tables of this many
+    /// positions, the `position_ids` input) and GQA takes Q, K and V packed where they are one
+    /// projection split in three; 0 keeps the rotary embedding outside.
+    pub positions: usize,
 }
 
-fn rewrite_all(m: &mut Module) -> Result<Rewritten, PassError> {
-    let Some(entry) = m.entries.first() else {
-        return Ok(Rewritten::default());
-    };
-    let g = entry.graph;
+/// Rewrites the attention layers of each entry graph (see the module documentation) where
+/// every layer of the graph has the form and its pasts can then share the presents' buffers;
+/// leaves the other graphs as they are (and says how many layers they had).
+pub fn rewrite(m: &mut Module, form: Form) -> Result<Rewritten, PassError> {
+    let mut total = Rewritten::default();
+    let graphs: Vec<GraphId> = m.entries.iter().map(|e| e.graph).collect();
+    for g in graphs {
+        let mut c = m.clone();
+        let done = rewrite_graph(&mut c, g, form)?;
+        if done.shared {
+            *m = c;
+            total.layers += done.layers;
+            total.shared = true;
+        } else {
+            total.kept += done.kept + done.layers;
+        }
+    }
+    Ok(total)
+}
+
+fn rewrite_graph(m: &mut Module, g: GraphId, form: Form) -> Result<Rewritten, PassError> {
     let Some(mask) = m.graphs[g]
         .inputs
         .iter()
@@ -119,9 +143,26 @@ fn rewrite_all(m: &mut Module) -> Result<Rewritten, PassError> {
     let total = e.cast(m, total, DType::I32);
     let total = e.op(m, Op::Squeeze { axes: None }, vec![total]);
     mmq_ir::edit::place(m, e, true);
+    // The rotary tables, once for each pair of angle values the layers share.
+    let mut tables: HashMap<(Value, Value), Option<Tables>> = HashMap::new();
     let count = layers.len();
     for l in layers {
-        emit_layer(m, g, &l, seqlens, total);
+        let inside = match l.rotary {
+            Some((qr, kr)) if form.positions > 0 && same_rotation(m, qr, kr) => {
+                let angles = (m.nodes[qr].inputs[1], m.nodes[qr].inputs[2]);
+                match angles {
+                    // ONNX Runtime rotates head sizes that are multiples of 16, and multiples
+                    // of 16 channels.
+                    (Some(cos), Some(sin)) if l.head_dim % 16 == 0 => tables
+                        .entry((cos, sin))
+                        .or_insert_with(|| rotary_tables(m, g, cos, sin, form.positions))
+                        .filter(|t| t.half % 8 == 0 && 2 * t.half <= l.head_dim),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        emit_layer(m, g, &l, seqlens, total, inside);
     }
     Dce.run(m, &PassOptions::default())?;
     let shared = kept == 0 && pasts_read_by_gqa_only(m, g);
@@ -183,32 +224,6 @@ fn past_concat(m: &Module, g: GraphId, v: Value) -> Option<(Value, Value)> {
     m.graphs[g].inputs.contains(&past).then_some((past, new))
 }
 
-/// Whether `v`'s value depends on no graph input's values but `mask`'s (shapes read through
-/// `Shape` do not count).
-fn reads_only(m: &Module, g: GraphId, v: Value, mask: Value) -> bool {
-    let mut stack = vec![v];
-    let mut seen = HashSet::new();
-    while let Some(v) = stack.pop() {
-        if !seen.insert(v) {
-            continue;
-        }
-        match m.values[v].def {
-            ValueDef::Input { .. } if v != mask && m.graphs[g].inputs.contains(&v) => return false,
-            ValueDef::Output { node, .. } => {
-                if matches!(m.nodes[node].op, Op::Shape { .. } | Op::Size {}) {
-                    continue;
-                }
-                if !m.nodes[node].op.subgraphs().is_empty() {
-                    return false;
-                }
-                stack.extend(m.nodes[node].inputs.iter().flatten());
-            }
-            _ => {}
-        }
-    }
-    true
-}
-
 /// The layer of attention node `n`, when it has the export form.
 fn layer(
     m: &Module,
@@ -237,7 +252,7 @@ fn layer(
     }
     match ins.get(3).copied().flatten() {
         Some(bias) => {
-            if !reads_only(m, g, bias, mask) {
+            if !depends_only_on(m, g, bias, mask, true) {
                 return None;
             }
         }
@@ -295,6 +310,7 @@ fn layer(
         Some((s.get(1)?.as_known()?, s.get(3)?.as_known()?))
     };
     let ((h, d), (kvh, kd)) = (dims(q4)?, dims(k4)?);
+    let packed = split_of(m, [q, k, v], [h * d, kvh * d, kvh * d]);
     (m.value_type(out).shape().map(<[_]>::len) == Some(3) && d == kd && h % kvh == 0).then_some(
         Layer {
             attention: n,
@@ -302,6 +318,8 @@ fn layer(
             k,
             v,
             rotary,
+            packed,
+            head_dim: d,
             past: (past_k, past_v),
             present: (kcat, vcat),
             out,
@@ -309,6 +327,153 @@ fn layer(
             scale: *scale,
         },
     )
+}
+
+/// The value `[q, k, v]` are split from, when they are the three results of one `Split` along
+/// the last axis of a 3-D value, of `widths`.
+fn split_of(m: &Module, qkv: [Value; 3], widths: [i64; 3]) -> Option<Value> {
+    let mut node = None;
+    for (i, v) in qkv.into_iter().enumerate() {
+        match m.values[v].def {
+            ValueDef::Output { node: n, index } if index as usize == i => {
+                if node.is_some_and(|x| x != n) {
+                    return None;
+                }
+                node = Some(n);
+            }
+            _ => return None,
+        }
+        let width = m.value_type(v).shape()?.get(2)?.as_known()?;
+        if width != widths[i] {
+            return None;
+        }
+    }
+    let n = &m.nodes[node?];
+    let Op::Split { axis, .. } = &n.op else {
+        return None;
+    };
+    let x = n.inputs.first().copied().flatten()?;
+    let rank = m.value_type(x).shape()?.len();
+    (rank == 3 && matches!(axis.unwrap_or(0), 2 | -1) && n.outputs.len() == 3).then_some(x)
+}
+
+/// Whether rotary nodes `a` and `b` rotate alike: the same angles, pairing and rotated width,
+/// with the angles given per token (`[B, S, rotary_dim / 2]`, no `position_ids` of their own).
+fn same_rotation(m: &Module, a: Node, b: Node) -> bool {
+    let (na, nb) = (&m.nodes[a], &m.nodes[b]);
+    let key = |n: &mmq_ir::NodeData| match &n.op {
+        Op::RotaryEmbedding {
+            interleaved,
+            rotary_embedding_dim,
+            ..
+        } => Some((
+            interleaved.unwrap_or(0),
+            rotary_embedding_dim.unwrap_or(0),
+            n.inputs.get(1).copied().flatten(),
+            n.inputs.get(2).copied().flatten(),
+            n.inputs.get(3).copied().flatten(),
+        )),
+        _ => None,
+    };
+    match (key(na), key(nb)) {
+        (Some(x), Some(y)) => x == y && x.2.is_some() && x.3.is_some() && x.4.is_none(),
+        _ => false,
+    }
+}
+
+/// Rotary tables for `GroupQueryAttention`: cos and sin `[positions, rotary_dim / 2]`, and the
+/// `position_ids` input the angles were computed from.
+#[derive(Clone, Copy, Debug)]
+struct Tables {
+    cos: Value,
+    sin: Value,
+    positions: Value,
+    /// Angles per position (`rotary_dim / 2`).
+    half: i64,
+}
+
+/// The angles `cos` and `sin` of graph `g` tabulated for positions `0..positions`, where they
+/// are computed from the `position_ids` input alone (`[B, S]` ids to `[B, S, rotary_dim / 2]`):
+/// the computation runs once in the interpreter on the ids `[0, 1, ..., positions - 1]`.
+fn rotary_tables(
+    m: &mut Module,
+    g: GraphId,
+    cos: Value,
+    sin: Value,
+    positions: usize,
+) -> Option<Tables> {
+    let ids = m.graphs[g]
+        .inputs
+        .iter()
+        .copied()
+        .find(|&v| m.values[v].name.as_deref() == Some("position_ids"))?;
+    if m.value_type(ids).dtype() != Some(DType::I64)
+        || m.value_type(ids).shape().map(<[_]>::len) != Some(2)
+        || !depends_only_on(m, g, cos, ids, false)
+        || !depends_only_on(m, g, sin, ids, false)
+    {
+        return None;
+    }
+    let mut c = m.clone();
+    let mut e = Emit::new(&c, g, "rotary_positions");
+    let all: Vec<i64> = (0..positions as i64).collect();
+    let table_ids = e.i64_tensor(&mut c, vec![1, positions as i64], &all);
+    c.replace_uses(ids, table_ids, g, &[]);
+    c.graphs[g].outputs = vec![cos, sin];
+    c.graphs[g].inputs.clear();
+    Dce.run(&mut c, &PassOptions::default()).ok()?;
+    let out = mmq_kernels::Interpreter::new(&c)
+        .run(g, &HashMap::new())
+        .ok()?;
+    let mut tables = Vec::new();
+    for (_, v) in out {
+        let t = v.as_tensor()?;
+        let &[1, rows, half] = t.shape.as_slice() else {
+            return None;
+        };
+        if rows != positions || t.dtype != DType::F32 {
+            return None;
+        }
+        tables.push((half as i64, t.to_f32().ok()?));
+    }
+    let [(half, cos_t), (_, sin_t)] = <[_; 2]>::try_from(tables).ok()?;
+    let mut e = Emit::new(m, g, "rotary");
+    let shape = vec![positions as i64, half];
+    let cos = e.f32s(m, shape.clone(), &cos_t);
+    let sin = e.f32s(m, shape, &sin_t);
+    Some(Tables {
+        cos,
+        sin,
+        positions: ids,
+        half,
+    })
+}
+
+/// Whether `v` of graph `g` depends on no graph input but `input`, and on no subgraph. With
+/// `shapes_free`, what is read only through `Shape` or `Size` does not count.
+fn depends_only_on(m: &Module, g: GraphId, v: Value, input: Value, shapes_free: bool) -> bool {
+    let mut stack = vec![v];
+    let mut seen = HashSet::new();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        match m.values[v].def {
+            ValueDef::Input { .. } if v != input => return false,
+            ValueDef::Output { node, .. } => {
+                let n = &m.nodes[node];
+                if shapes_free && matches!(n.op, Op::Shape { .. } | Op::Size {}) {
+                    continue;
+                }
+                if !n.op.subgraphs().is_empty() || n.graph != g {
+                    return false;
+                }
+                stack.extend(n.inputs.iter().flatten());
+            }
+            _ => {}
+        }
+    }
+    true
 }
 
 /// The rotary node `r` again, on the 3-D `x` with `heads` heads.
@@ -331,20 +496,46 @@ fn rotary_3d(m: &mut Module, g: GraphId, r: Node, x: Value, heads: i64, at: Node
     m.nodes[node].outputs[0].expect("one result")
 }
 
-/// Emits layer `l`'s `GroupQueryAttention` and moves the readers of its values onto it.
-fn emit_layer(m: &mut Module, g: GraphId, l: &Layer, seqlens: Value, total: Value) {
+/// Emits layer `l`'s `GroupQueryAttention` (the rotary embedding inside it with `inside`'s
+/// tables) and moves the readers of its values onto it.
+fn emit_layer(
+    m: &mut Module,
+    g: GraphId,
+    l: &Layer,
+    seqlens: Value,
+    total: Value,
+    inside: Option<Tables>,
+) {
     let (h, kvh) = l.heads;
-    let (q, k) = match l.rotary {
-        Some((qr, kr)) => (
-            rotary_3d(m, g, qr, l.q, h, l.attention),
-            rotary_3d(m, g, kr, l.k, kvh, l.attention),
-        ),
-        None => (l.q, l.k),
-    };
     let mut attrs = vec![
         ("kv_num_heads".to_owned(), Attr::Int(kvh)),
         ("num_heads".to_owned(), Attr::Int(h)),
     ];
+    let mut rest = Vec::new();
+    let (q, k, v) = match (l.rotary, inside) {
+        (Some((qr, _)), Some(t)) => {
+            let interleaved = match m.nodes[qr].op {
+                Op::RotaryEmbedding { interleaved, .. } => interleaved.unwrap_or(0),
+                _ => 0,
+            };
+            attrs.push(("do_rotary".to_owned(), Attr::Int(1)));
+            attrs.push(("rotary_interleaved".to_owned(), Attr::Int(interleaved)));
+            rest = vec![Some(t.cos), Some(t.sin), Some(t.positions)];
+            match l.packed {
+                Some(qkv) => (qkv, None, None),
+                None => (l.q, Some(l.k), Some(l.v)),
+            }
+        }
+        (Some((qr, kr)), None) => (
+            rotary_3d(m, g, qr, l.q, h, l.attention),
+            Some(rotary_3d(m, g, kr, l.k, kvh, l.attention)),
+            Some(l.v),
+        ),
+        (None, _) => match l.packed {
+            Some(qkv) => (qkv, None, None),
+            None => (l.q, Some(l.k), Some(l.v)),
+        },
+    };
     if let Some(s) = l.scale {
         attrs.push(("scale".to_owned(), Attr::Float(s)));
     }
@@ -364,15 +555,18 @@ fn emit_layer(m: &mut Module, g: GraphId, l: &Layer, seqlens: Value, total: Valu
         .map(|n| format!("{n}_gqa"));
     let gqa = m.cursor(g, At::Before(l.attention)).insert(NewNode {
         op: Op::from_parts("com.microsoft", "GroupQueryAttention", attrs),
-        inputs: vec![
+        inputs: [
             Some(q),
-            Some(k),
-            Some(l.v),
+            k,
+            v,
             Some(l.past.0),
             Some(l.past.1),
             Some(seqlens),
             Some(total),
-        ],
+        ]
+        .into_iter()
+        .chain(rest)
+        .collect(),
         outputs,
         name,
     });
@@ -413,4 +607,223 @@ fn pasts_read_by_gqa_only(m: &Module, g: GraphId) -> bool {
             _ => false,
         }
     })
+}
+
+/// What gives one `GroupQueryAttention` layer's static INT8 cache scales ([`quantize_caches`]):
+/// the largest |x| of each channel of its key and value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheProbe {
+    /// The layer.
+    pub node: Node,
+    /// The value whose last-axis channels `key.1 .. key.1 + width` are the key (Q, K and V
+    /// packed in one value have the key at an offset), before its rotary embedding when it has
+    /// one: the rotation mixes channel pairs, so a pair's ranges before it bound the rotated key
+    /// at every position.
+    pub key: (Value, usize),
+    /// The value's channels, likewise.
+    pub value: (Value, usize),
+    /// The rotation of the key: (rotated channels per head, interleaved pairs).
+    pub rotary: Option<(usize, bool)>,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Channels of one cache (`kvN * head_dim`).
+    pub width: usize,
+}
+
+/// The layers of graph `g`'s `GroupQueryAttention` nodes with float caches, each with the
+/// values whose channel ranges give its cache scales.
+pub fn cache_probes(m: &Module, g: GraphId) -> Vec<CacheProbe> {
+    let mut out = Vec::new();
+    for &n in m.graphs[g].nodes() {
+        let node = &m.nodes[n];
+        let Op::GroupQueryAttention {
+            num_heads: Some(nh),
+            kv_num_heads: Some(kvh),
+            k_quant_type,
+            v_quant_type,
+            do_rotary,
+            rotary_interleaved,
+            ..
+        } = &node.op
+        else {
+            continue;
+        };
+        let float = |t: &Option<String>| t.as_deref().is_none_or(|t| t == "NONE");
+        if !(float(k_quant_type) && float(v_quant_type)) || *kvh <= 0 || *nh <= 0 {
+            continue;
+        }
+        let (nh, kvh) = (*nh as usize, *kvh as usize);
+        let at = |i: usize| node.inputs.get(i).copied().flatten();
+        let last = |v: Value| -> Option<usize> {
+            let w = m.value_type(v).shape()?.get(2)?.as_known()?;
+            usize::try_from(w).ok()
+        };
+        let Some(q) = at(0) else {
+            continue;
+        };
+        let (key, value, head_dim) = match (at(1), at(2)) {
+            (Some(k), Some(v)) => match last(k) {
+                Some(w) => ((k, 0), (v, 0), w / kvh),
+                None => continue,
+            },
+            (None, None) => match last(q) {
+                Some(w) => {
+                    let d = w / (nh + 2 * kvh);
+                    ((q, nh * d), (q, (nh + kvh) * d), d)
+                }
+                None => continue,
+            },
+            _ => continue,
+        };
+        let (key, rotary) = if do_rotary.unwrap_or(0) != 0 {
+            let half = at(7)
+                .and_then(|c| m.value_type(c).shape()?.get(1)?.as_known())
+                .and_then(|h| usize::try_from(h).ok());
+            let Some(half) = half else {
+                continue;
+            };
+            (key, Some((2 * half, rotary_interleaved.unwrap_or(0) != 0)))
+        } else {
+            match m.producer(key.0).map(|p| (&p.op, p.inputs.first())) {
+                Some((
+                    Op::RotaryEmbedding {
+                        interleaved,
+                        rotary_embedding_dim,
+                        ..
+                    },
+                    Some(Some(x)),
+                )) if key.1 == 0 => {
+                    let dims = rotary_embedding_dim
+                        .filter(|&r| r > 0)
+                        .map_or(head_dim, |r| r as usize);
+                    ((*x, 0), Some((dims, interleaved.unwrap_or(0) != 0)))
+                }
+                _ => (key, None),
+            }
+        };
+        out.push(CacheProbe {
+            node: n,
+            key,
+            rotary,
+            value,
+            head_dim,
+            width: kvh * head_dim,
+        });
+    }
+    out
+}
+
+/// Per-channel INT8 scales (`abs_max / 127`) of a cache from the largest |x| of each of its
+/// `kvN * head_dim` channels. Where `rotary` says the channels are rotated in pairs, both
+/// channels of a pair get the pair's bound `sqrt(a² + b²)`: no rotation of values within the
+/// ranges leaves it. A channel never seen away from zero gets the smallest normal scale.
+pub fn channel_scales(abs_max: &[f32], head_dim: usize, rotary: Option<(usize, bool)>) -> Vec<f32> {
+    let mut bound = abs_max.to_vec();
+    if let Some((dims, interleaved)) = rotary {
+        let dims = dims.min(head_dim) & !1;
+        for head in abs_max.chunks_exact(head_dim).enumerate() {
+            let (h, a) = head;
+            for i in 0..dims / 2 {
+                let (x, y) = if interleaved {
+                    (2 * i, 2 * i + 1)
+                } else {
+                    (i, i + dims / 2)
+                };
+                let r = a[x].hypot(a[y]);
+                bound[h * head_dim + x] = r;
+                bound[h * head_dim + y] = r;
+            }
+        }
+    }
+    bound
+        .into_iter()
+        .map(|b| (b / 127.0).max(f32::MIN_POSITIVE))
+        .collect()
+}
+
+/// Makes the caches of the given `GroupQueryAttention` layers INT8 codes with static
+/// per-channel scales (`[1, kvN, 1, H]` constants; ONNX Runtime's `k_quant_type` /
+/// `v_quant_type` `PER_CHANNEL`, `kv_cache_bit_width` 8): the pasts and presents become int8.
+/// Each entry is (layer, key scales, value scales), `kvN * H` each.
+pub fn quantize_caches(m: &mut Module, layers: &[(Node, Vec<f32>, Vec<f32>)]) {
+    for (n, kscale, vscale) in layers {
+        let n = *n;
+        let g = m.nodes[n].graph;
+        let Op::GroupQueryAttention {
+            kv_num_heads: Some(kvh),
+            ..
+        } = m.nodes[n].op
+        else {
+            continue;
+        };
+        let head_dim = (kscale.len() as i64) / kvh.max(1);
+        let mut e = Emit::new(m, g, "kv_scale");
+        let shape = vec![1, kvh, 1, head_dim];
+        let ks = e.f32s(m, shape.clone(), kscale);
+        let vs = e.f32s(m, shape, vscale);
+        mmq_ir::edit::place(m, e, true);
+        let mut attrs: Vec<(String, Attr)> = m.nodes[n]
+            .op
+            .attrs()
+            .into_iter()
+            .filter(|(k, _)| !matches!(*k, "k_quant_type" | "v_quant_type" | "kv_cache_bit_width"))
+            .map(|(k, a)| (k.to_owned(), a))
+            .collect();
+        attrs.extend([
+            (
+                "k_quant_type".to_owned(),
+                Attr::String("PER_CHANNEL".into()),
+            ),
+            (
+                "v_quant_type".to_owned(),
+                Attr::String("PER_CHANNEL".into()),
+            ),
+            ("kv_cache_bit_width".to_owned(), Attr::Int(8)),
+        ]);
+        m.nodes[n].op = Op::from_parts("com.microsoft", "GroupQueryAttention", attrs);
+        let mut inputs = m.nodes[n].inputs.clone();
+        inputs.resize(14, None);
+        inputs[12] = Some(ks);
+        inputs[13] = Some(vs);
+        let caches: Vec<Value> = [inputs[3], inputs[4]]
+            .into_iter()
+            .flatten()
+            .chain(m.nodes[n].outputs.iter().skip(1).copied().flatten())
+            .collect();
+        m.set_operands(n, inputs);
+        for v in caches {
+            let ty = match m.value_type(v).shape() {
+                Some(s) => mmq_ir::Type::tensor(DType::I8, s.to_vec()),
+                None => continue,
+            };
+            m.set_type(v, ty);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::channel_scales;
+
+    #[test]
+    fn rotated_pairs_share_the_bound_no_rotation_exceeds() {
+        // Two heads of 4 channels; half rotation pairs (0, 2) and (1, 3).
+        let abs = [3.0, 1.0, 4.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+        let s = channel_scales(&abs, 4, Some((4, false)));
+        let pair = |a: f32, b: f32| a.hypot(b) / 127.0;
+        assert_eq!(s[0], pair(3.0, 4.0));
+        assert_eq!(s[2], pair(3.0, 4.0));
+        assert_eq!(s[1], pair(1.0, 0.0));
+        assert_eq!(s[3], pair(1.0, 0.0));
+        assert_eq!(s[4], pair(1.0, 1.0));
+        // Interleaved pairs (0, 1) and (2, 3); a rotation of 2 channels leaves the rest alone.
+        let s = channel_scales(&abs, 4, Some((2, true)));
+        assert_eq!(s[0], pair(3.0, 1.0));
+        assert_eq!(s[1], pair(3.0, 1.0));
+        assert_eq!(s[2], 4.0 / 127.0);
+        // No rotation: each channel its own; a channel never away from zero stays positive.
+        let s = channel_scales(&abs, 4, None);
+        assert_eq!(s[2], 4.0 / 127.0);
+        assert_eq!(s[3], f32::MIN_POSITIVE);
+    }
 }
