@@ -15,7 +15,8 @@ writes OUT/hf (the checkpoint, tokenizer, config) and OUT/torch/model.onnx (+ .d
     mmq compile OUT/torch/model.onnx --package --quant int4 --kv-cache int8 -o OUT/mmq_int4_kv8 \\
         --generation-config OUT/hf/config.json
     python tools/genai_bench.py --fp32 OUT/builder_fp32 --package builder-int4=OUT/builder_int4 \\
-        --package mmq-int4=OUT/mmq_int4 --pipeline mmq-int4-kv8=OUT/mmq_int4_kv8
+        --package mmq-int4=OUT/mmq_int4 --package mmq-int4-kv8=OUT/mmq_int4_kv8 \\
+        --pipeline mmq-int4-pipe=OUT/mmq_int4 --pipeline mmq-int4-kv8-pipe=OUT/mmq_int4_kv8
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@
         [--pipeline NAME=DIR] [--prompt 128] [--new 128] [--threads 1,2] [--repeat 3]
 
 Every DIR holds a genai_config.json (an onnxruntime-genai model builder output, or an
-`mmq compile --package` output); `--pipeline` packages run with `mmq.Pipeline` instead (an INT8
-KV cache is outside onnxruntime-genai's contract). Each measurement runs in a fresh process
+`mmq compile --package` output); `--pipeline` packages run with `mmq.Pipeline` instead (any
+package, those without a genai_config.json too: an INT8 KV cache in blocks). Each measurement runs in a fresh process
 (for its peak memory): a prompt of --prompt token ids (fixed seed), then exactly --new greedy
 tokens (end-of-sequence suppressed). Reported per package and thread count: the median over
 --repeat runs of decode tokens/s and prefill seconds, the peak RSS, and the cosine of the step-1
