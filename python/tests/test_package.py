@@ -137,6 +137,63 @@ def test_decoder_packages_generate_the_same_tokens_everywhere(mmq_bin, tmp_path,
     assert mmq.Pipeline(int4).generate(PROMPT, max_new_tokens=NEW) == want4
 
 
+def with_qkv_bias(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
+    """`model` with a random bias added after every attention block's Q, K and V projections
+    (the three `MatMul`s of a constant weight that read one activation), as Qwen2 has."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name: t for t in model.graph.initializer}
+    by_input: dict[str, list] = {}
+    for n in model.graph.node:
+        if n.op_type == "MatMul" and n.input[1] in inits:
+            by_input.setdefault(n.input[0], []).append(n)
+    biased = {id(n) for group in by_input.values() if len(group) == 3 for n in group}
+    nodes = []
+    for n in model.graph.node:
+        nodes.append(n)
+        if id(n) in biased:
+            out = n.output[0]
+            width = inits[n.input[1]].dims[1]
+            model.graph.initializer.append(onnx.numpy_helper.from_array(
+                (rng.standard_normal(width) * 0.5).astype(np.float32), out + "_bias"))
+            n.output[0] = out + "_unbiased"
+            nodes.append(onnx.helper.make_node("Add", [out + "_unbiased", out + "_bias"], [out]))
+    assert len(biased) == 6, len(biased)  # the fixture's two layers
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+@pytest.mark.parametrize("quant", ["fp32", "int4"])
+def test_group_query_attention_form_computes_what_the_export_computes(mmq_bin, tmp_path, quant):
+    """The package's GroupQueryAttention form, with the rotary embedding inside it (tables of the
+    context's positions) and Q, K and V biased (Qwen2-style; with INT4 packed in one projection,
+    the biases concatenated), against the same compilation written as a plain model (the
+    export's attention): ONNX Runtime's logits agree at every step of a greedy decode."""
+    src = tmp_path / "biased.onnx"
+    onnx.save(with_qkv_bias(onnx.load(fixture("llama_gqa_kv") / "model.onnx"), 3), src)
+    gen = tmp_path / "gen.json"
+    gen.write_text(json.dumps(LLAMA))
+    extra = ["--quant", "int4"] if quant == "int4" else []
+    compile_cmd(mmq_bin, src, "-O2", "--no-accuracy", "-o", tmp_path / "plain.onnx", *extra)
+    pkg = tmp_path / "pkg"
+    compile_cmd(mmq_bin, src, "--package", "--no-accuracy", "--generation-config", gen,
+                "-o", pkg, *extra)
+    model = pkg / json.loads((pkg / "pipeline.json").read_text())["stages"][0]["file"]
+    nodes = onnx.load(str(model), load_external_data=False).graph.node
+    gqa = [n for n in nodes if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2 and all(n.input[9] == "position_ids" for n in gqa)
+    assert all((list(n.input[1:3]) == ["", ""]) is (quant == "int4") for n in gqa)
+    assert not any(n.op_type in ("Split", "RotaryEmbedding") for n in nodes
+                   if quant == "int4" and n.output[0] in {g.input[0] for g in gqa})
+
+    prefill = {"input_ids": np.array([PROMPT], np.int64)}
+    tokens, want = greedy(str(tmp_path / "plain.onnx"), prefill, NEW, lambda t: {"input_ids": t})
+    _, got = greedy(str(model), prefill, NEW, lambda t: {"input_ids": t},
+                    forced=tokens)
+    for step, (a, b) in enumerate(zip(want, got)):
+        assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max(), (step, np.abs(a - b).max())
+
+
 def test_python_writes_the_package_the_command_writes(mmq_bin, tmp_path):
     """`mmq.compile(..., package=True)` goes through the same build as `mmq compile --package`:
     the same files, byte for byte, and a package both runners generate from."""

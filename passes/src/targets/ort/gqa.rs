@@ -50,8 +50,8 @@ struct Layer {
     /// The rotary embedding of Q and K: the node (its cos, sin and attributes).
     rotary: Option<(Node, Node)>,
     /// The `[B, S, (H + 2 kvH) D]` projection Q, K and V are split from (`Split` along the
-    /// last axis), which GQA can take packed.
-    packed: Option<Value>,
+    /// last axis), which GQA can take packed, with the biases each adds after the split.
+    packed: Option<Packed>,
     /// Values per head.
     head_dim: i64,
     past: (Value, Value),
@@ -329,9 +329,62 @@ fn layer(
     )
 }
 
-/// The value `[q, k, v]` are split from, when they are the three results of one `Split` along
-/// the last axis of a 3-D value, of `widths`.
-fn split_of(m: &Module, qkv: [Value; 3], widths: [i64; 3]) -> Option<Value> {
+/// Q, K and V as one projection: `x` split in three along the last axis, each part plus its
+/// bias where `bias` (f32, Q's, K's and V's concatenated).
+#[derive(Clone, Debug)]
+struct Packed {
+    x: Value,
+    bias: Option<Vec<f32>>,
+}
+
+/// `v` as `Add(part, bias)` with `bias` a 1-D f32 constant: (part, the bias's values).
+fn biased(m: &Module, v: Value) -> Option<(Value, Vec<f32>)> {
+    let n = m.producer(v).filter(|n| matches!(n.op, Op::Add {}))?;
+    let (a, b) = (n.inputs.first().copied()??, n.inputs.get(1).copied()??);
+    let constant = |c: Value| -> Option<Vec<f32>> {
+        let data = &m.consts[m.const_source(c)?];
+        if data.dtype != DType::F32 || data.shape.len() != 1 {
+            return None;
+        }
+        let bytes = data.read_bytes()?.ok()?;
+        Some(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        )
+    };
+    match (constant(b), constant(a)) {
+        (Some(bias), _) => Some((a, bias)),
+        (None, Some(bias)) => Some((b, bias)),
+        (None, None) => None,
+    }
+}
+
+/// Q, K and V (`qkv`, of `widths`) as one projection, when they are the three results of one
+/// `Split` along the last axis of a 3-D value, each with or each without a bias added.
+fn split_of(m: &Module, qkv: [Value; 3], widths: [i64; 3]) -> Option<Packed> {
+    let parts: Vec<(Value, Vec<f32>)> = qkv.iter().filter_map(|&v| biased(m, v)).collect();
+    let (qkv, bias) = match parts.len() {
+        3 => {
+            let mut bias = Vec::new();
+            for ((_, b), &w) in parts.iter().zip(&widths) {
+                if b.len() as i64 != w {
+                    return None;
+                }
+                bias.extend_from_slice(b);
+            }
+            ([parts[0].0, parts[1].0, parts[2].0], Some(bias))
+        }
+        0 => (qkv, None),
+        _ => return None,
+    };
+    let x = split_input(m, qkv, widths)?;
+    Some(Packed { x, bias })
+}
+
+/// The 3-D value `qkv` are the three results of, by one `Split` of its last axis into `widths`.
+fn split_input(m: &Module, qkv: [Value; 3], widths: [i64; 3]) -> Option<Value> {
     let mut node = None;
     for (i, v) in qkv.into_iter().enumerate() {
         match m.values[v].def {
@@ -476,6 +529,22 @@ fn depends_only_on(m: &Module, g: GraphId, v: Value, input: Value, shapes_free: 
     true
 }
 
+/// The packed projection GQA reads: `p.x`, plus the concatenated biases where the parts had them
+/// (one `Add` before node `at`).
+fn packed_value(m: &mut Module, g: GraphId, p: &Packed, at: Node) -> Value {
+    let Some(bias) = &p.bias else {
+        return p.x;
+    };
+    let mut e = Emit::new(m, g, "qkv_bias");
+    let b = e.f32s(m, vec![bias.len() as i64], bias);
+    mmq_ir::edit::place(m, e, true);
+    let ty = m.value_type(p.x).clone();
+    let add = m
+        .cursor(g, At::Before(at))
+        .insert(NewNode::new(Op::Add {}, vec![Some(p.x), Some(b)]).outputs(vec![Some((None, ty))]));
+    m.nodes[add].outputs[0].expect("one result")
+}
+
 /// The rotary node `r` again, on the 3-D `x` with `heads` heads.
 fn rotary_3d(m: &mut Module, g: GraphId, r: Node, x: Value, heads: i64, at: Node) -> Value {
     let mut attrs: Vec<(String, Attr)> = m.nodes[r]
@@ -521,8 +590,8 @@ fn emit_layer(
             attrs.push(("do_rotary".to_owned(), Attr::Int(1)));
             attrs.push(("rotary_interleaved".to_owned(), Attr::Int(interleaved)));
             rest = vec![Some(t.cos), Some(t.sin), Some(t.positions)];
-            match l.packed {
-                Some(qkv) => (qkv, None, None),
+            match &l.packed {
+                Some(p) => (packed_value(m, g, p, l.attention), None, None),
                 None => (l.q, Some(l.k), Some(l.v)),
             }
         }
@@ -531,8 +600,8 @@ fn emit_layer(
             Some(rotary_3d(m, g, kr, l.k, kvh, l.attention)),
             Some(l.v),
         ),
-        (None, _) => match l.packed {
-            Some(qkv) => (qkv, None, None),
+        (None, _) => match &l.packed {
+            Some(p) => (packed_value(m, g, p, l.attention), None, None),
             None => (l.q, Some(l.k), Some(l.v)),
         },
     };
