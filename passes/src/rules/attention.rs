@@ -797,5 +797,31 @@ pub(crate) fn rules() -> Vec<Rw> {
         // the kernel's rounding.
         rule("attn-mha-unscaled-bias", MHA_1_BIAS, vec![for_ort()],
              |eg, _, s| build_mha(eg, s, true, false, false)),
+        // Grouped-query heads repeated by the graph before a standard (opset-23) `Attention`
+        // on 4-D tensors, as the dynamo exporter writes it at opset 23: the `Attention` reads
+        // the unrepeated key and value, whose heads it groups itself (query head `i` reads
+        // key/value head `i / (N/G)`, the order the repeat made). Exact; the repeat, a copy of
+        // the whole cache per step, goes away.
+        rule_any("attn-unrepeat-kv", &[
+                "(Attention ?q ?k ?v ?att)".into(),
+                "(Attention ?q ?k ?v ?mask ?att)".into(),
+            ],
+            vec![for_ort()],
+            |eg, root, s| {
+                let (kc, g) = repeated_heads(eg, at(s, "?k"))?;
+                let (vc, gv) = repeated_heads(eg, at(s, "?v"))?;
+                let o = op(eg, s, "?att")?.clone();
+                if g != gv
+                    || !matches!(o, Op::Attention { q_num_heads: None, kv_num_heads: None, .. })
+                {
+                    return None;
+                }
+                let t = eg[root].data.ty.clone()?;
+                let inputs = [Some(at(s, "?q")), Some(kc), Some(vc), bound(s, "?mask")];
+                let n = if inputs[3].is_some() { 4 } else { 3 };
+                let y = add_op(eg, o, &inputs[..n], 1);
+                set_ty(eg, y, t);
+                Some(y)
+            }),
     ]
 }
