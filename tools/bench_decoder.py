@@ -4,7 +4,7 @@ LLaMA-style checkpoint with random weights saved locally with `transformers`, a 
 (onnxruntime-genai's model builder needs one), and `torch.onnx`'s export of the same checkpoint
 with the KV cache at the interface (the exporter code of tools/gen_fixtures.py).
 
-    .venv-fixtures/bin/python tools/bench_decoder.py OUT
+    .venv-fixtures/bin/python tools/bench_decoder.py OUT [--arch llama|qwen2]
 
 writes OUT/hf (the checkpoint, tokenizer, config) and OUT/torch/model.onnx (+ .data). Then:
 
@@ -32,11 +32,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gen_fixtures as gf  # noqa: E402
 import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+from transformers import (  # noqa: E402
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 CONFIG = dict(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
               num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
               bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+# `--arch qwen2`: the same sizes with Q/K/V biases, 4 layers, a 512-token context.
+ARCHS = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM,
+              dict(num_hidden_layers=4, max_position_embeddings=512)),
+}
 WORDS = ["the", "a", "model", "token", "cache", "key", "value", "attention", "layer", "head",
          "onnx", "runtime", "benchmark", "decode", "prefill", "random", "weight", "matrix",
          "vector", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world"]
@@ -68,19 +80,30 @@ def tokenizer(out: Path) -> None:
 
 
 def main() -> int:
-    out = Path(sys.argv[1])
+    args = sys.argv[1:]
+    arch = "llama"
+    if "--arch" in args:
+        i = args.index("--arch")
+        arch = args[i + 1]
+        del args[i : i + 2]
+    if len(args) != 1 or arch not in ARCHS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = Path(args[0])
+    config_cls, model_cls, changes = ARCHS[arch]
+    config = dict(CONFIG, **changes)
     hf = out / "hf"
     rng = gf.seed_everything(0)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.float32).eval()
+    model = model_cls(config_cls(**config)).to(torch.float32).eval()
     model.save_pretrained(hf)
     tokenizer(hf)
     gf.set_attn_impl(model.config)
     (out / "torch").mkdir(parents=True, exist_ok=True)
     gf.export_causal_lm_with_past(
-        "bench_llama", out / "torch", model, CONFIG["num_hidden_layers"],
-        CONFIG["num_key_value_heads"], CONFIG["hidden_size"] // CONFIG["num_attention_heads"],
-        CONFIG["vocab_size"], with_position_ids=True, rng=rng, external_data=True,
+        f"bench_{arch}", out / "torch", model, config["num_hidden_layers"],
+        config["num_key_value_heads"], config["hidden_size"] // config["num_attention_heads"],
+        config["vocab_size"], with_position_ids=True, rng=rng, external_data=True,
     )
     return 0
 
