@@ -28,8 +28,9 @@ for family, config in (("gpt2_kv", GPT2_MATRIX), ("llama_gqa_kv", LLAMA), ("qwen
     for form in ("dynamo18_sdpa_dynamic", "dynamo23_sdpa_dynamic", "torchscript17_sdpa_dynamic"):
         DECODERS[f"matrix/{family}_{form}"] = config
 # The decoders whose attention becomes GroupQueryAttention with a shared buffer.
-SHARED = {"llama_gqa_kv"} | {f"matrix/{family}_{form}" for family in ("llama_gqa_kv", "qwen2_kv")
-                            for form in ("dynamo18_sdpa_dynamic", "dynamo23_sdpa_dynamic")}
+SHARED = {"gpt2_kv", "llama_gqa_kv", "matrix/gpt2_kv_dynamo18_sdpa_dynamic"} | {
+    f"matrix/{family}_{form}" for family in ("llama_gqa_kv", "qwen2_kv")
+    for form in ("dynamo18_sdpa_dynamic", "dynamo23_sdpa_dynamic")}
 STATIC = ["matrix/llama_gqa_kv_dynamo20_eager_static", "matrix/gpt2_kv_torchscript17_eager_static"]
 
 
@@ -118,7 +119,8 @@ def test_decoder_packages_generate_the_same_tokens_everywhere(mmq_bin, tmp_path,
             assert (attrs.get("do_rotary") == 1) is rotary_inside, (name, attrs)
             assert (list(n.input[7:]) == ["rotary_const_1", "rotary_const_2", "position_ids"]) \
                 is rotary_inside, (name, list(n.input))
-    if shared:
+    gpt2 = "gpt2" in name  # no rotary embedding; Q, K and V split from one projection
+    if shared and not gpt2:
         assert ("RotaryEmbedding" in ops) is not rotary_inside, (name, sorted(ops))
     want = ort_loop(fp32 / "model.onnx", PROMPT, NEW, eos_of(config))
     assert genai_tokens(fp32, PROMPT, NEW) == want
@@ -131,7 +133,8 @@ def test_decoder_packages_generate_the_same_tokens_everywhere(mmq_bin, tmp_path,
     assert any(n.op_type == "MatMulNBits" for n in model.graph.node), name
     packed = [list(n.input[1:3]) == ["", ""] for n in model.graph.node
               if n.op_type == "GroupQueryAttention"]
-    assert packed == [rotary_inside] * len(packed) and bool(packed) is shared, (name, packed)
+    assert packed == [rotary_inside or gpt2] * len(packed) and bool(packed) is shared, \
+        (name, packed)
     want4 = ort_loop(int4 / "model.onnx", PROMPT, NEW, eos_of(config))
     assert genai_tokens(int4, PROMPT, NEW) == want4
     assert mmq.Pipeline(int4).generate(PROMPT, max_new_tokens=NEW) == want4
@@ -186,12 +189,29 @@ def test_group_query_attention_form_computes_what_the_export_computes(mmq_bin, t
     assert not any(n.op_type in ("Split", "RotaryEmbedding") for n in nodes
                    if quant == "int4" and n.output[0] in {g.input[0] for g in gqa})
 
+    same_logits(tmp_path / "plain.onnx", model)
+
+
+def same_logits(plain: Path, package_model: Path) -> None:
+    """ONNX Runtime's logits of `package_model` at every step of `plain`'s greedy decode (teacher
+    forced on its tokens) equal `plain`'s within 1e-4 of their largest."""
     prefill = {"input_ids": np.array([PROMPT], np.int64)}
-    tokens, want = greedy(str(tmp_path / "plain.onnx"), prefill, NEW, lambda t: {"input_ids": t})
-    _, got = greedy(str(model), prefill, NEW, lambda t: {"input_ids": t},
-                    forced=tokens)
+    tokens, want = greedy(str(plain), prefill, NEW, lambda t: {"input_ids": t})
+    _, got = greedy(str(package_model), prefill, NEW, lambda t: {"input_ids": t}, forced=tokens)
     for step, (a, b) in enumerate(zip(want, got)):
         assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max(), (step, np.abs(a - b).max())
+
+
+@pytest.mark.parametrize("name", sorted(SHARED))
+def test_every_group_query_attention_package_computes_what_its_export_computes(
+        mmq_bin, tmp_path, name):
+    """Each decoder's GroupQueryAttention package (FP32) against the same model compiled at -O2
+    as a plain model: the same logits at every step of a greedy decode. GPT-2's positions come
+    from its past's length, which the package reads from the mask instead."""
+    src = fixture(name) / "model.onnx"
+    compile_cmd(mmq_bin, src, "-O2", "--no-accuracy", "-o", tmp_path / "plain.onnx")
+    pkg = package(mmq_bin, tmp_path, name, DECODERS[name])
+    same_logits(tmp_path / "plain.onnx", pkg / "model.onnx")
 
 
 def test_python_writes_the_package_the_command_writes(mmq_bin, tmp_path):
@@ -233,7 +253,9 @@ def test_packages_outside_the_genai_contract_say_why(mmq_bin, tmp_path, name):
     # A quantized KV cache with scale tensors at the interface (the blocks of a decoder without
     # the GroupQueryAttention form) is outside it too, and the compile says so.
     out = tmp_path / "kv"
-    run = compile_cmd(mmq_bin, fixture("gpt2_kv") / "model.onnx", "--package", "-o", out,
+    without_form = "matrix/gpt2_kv_torchscript17_sdpa_dynamic"
+    assert without_form not in SHARED
+    run = compile_cmd(mmq_bin, fixture(without_form) / "model.onnx", "--package", "-o", out,
                       "--kv-cache", "int8")
     assert "onnxruntime-genai: no config: its KV cache is quantized (int8" in run.stderr
     assert not (out / "genai_config.json").exists()

@@ -94,12 +94,7 @@ pub fn rewrite(m: &mut Module, form: Form) -> Result<Rewritten, PassError> {
 }
 
 fn rewrite_graph(m: &mut Module, g: GraphId, form: Form) -> Result<Rewritten, PassError> {
-    let Some(mask) = m.graphs[g]
-        .inputs
-        .iter()
-        .copied()
-        .find(|&v| m.values[v].name.as_deref() == Some("attention_mask"))
-    else {
+    let Some(mask) = input_named(m, g, "attention_mask") else {
         return Ok(Rewritten::default());
     };
     let readers = readers(m, g);
@@ -107,10 +102,12 @@ fn rewrite_graph(m: &mut Module, g: GraphId, form: Form) -> Result<Rewritten, Pa
     let mut layers = Vec::new();
     let mut kept = 0;
     for &n in m.graphs[g].nodes() {
-        if !matches!(m.nodes[n].op, Op::Attention { .. }) {
-            continue;
-        }
-        match layer(m, g, n, mask, &readers, &outputs) {
+        let found = match m.nodes[n].op {
+            Op::Attention { .. } => layer(m, g, n, mask, &readers, &outputs),
+            Op::MultiHeadAttention { .. } => mha_layer(m, g, n, mask, &outputs),
+            _ => continue,
+        };
+        match found {
             Some(l) => layers.push(l),
             None => kept += 1,
         }
@@ -164,6 +161,7 @@ fn rewrite_graph(m: &mut Module, g: GraphId, form: Form) -> Result<Rewritten, Pa
         };
         emit_layer(m, g, &l, seqlens, total, inside);
     }
+    past_lengths_from_mask(m, g, mask);
     Dce.run(m, &PassOptions::default())?;
     let shared = kept == 0 && pasts_read_by_gqa_only(m, g);
     Ok(Rewritten {
@@ -171,6 +169,15 @@ fn rewrite_graph(m: &mut Module, g: GraphId, form: Form) -> Result<Rewritten, Pa
         kept,
         shared,
     })
+}
+
+/// Graph `g`'s input named `name`.
+fn input_named(m: &Module, g: GraphId, name: &str) -> Option<Value> {
+    m.graphs[g]
+        .inputs
+        .iter()
+        .copied()
+        .find(|&v| m.values[v].name.as_deref() == Some(name))
 }
 
 /// The nodes reading each value of graph `g`.
@@ -222,6 +229,75 @@ fn past_concat(m: &Module, g: GraphId, v: Value) -> Option<(Value, Value)> {
     }
     let (past, new) = (ins[0]?, ins[1]?);
     m.graphs[g].inputs.contains(&past).then_some((past, new))
+}
+
+/// The layer of `com.microsoft.MultiHeadAttention` node `n`, when it has the export form GPT-2
+/// decoders compile to: the 3-D query, the key and value `Concat(past, Transpose(Reshape(x)))`
+/// (presents read by this node alone), an attention bias computed from `mask` alone, no other
+/// input, a 3-D result; no rotary embedding.
+fn mha_layer(
+    m: &Module,
+    g: GraphId,
+    n: Node,
+    mask: Value,
+    outputs: &HashSet<Value>,
+) -> Option<Layer> {
+    let node = &m.nodes[n];
+    let Op::MultiHeadAttention {
+        num_heads: Some(h),
+        scale,
+        unidirectional,
+        ..
+    } = &node.op
+    else {
+        return None;
+    };
+    let at = |i: usize| node.inputs.get(i).copied().flatten();
+    if unidirectional.unwrap_or(0) != 0
+        || [3, 4]
+            .into_iter()
+            .chain(6..node.inputs.len())
+            .any(|i| at(i).is_some())
+        || node.outputs.iter().skip(1).any(Option::is_some)
+        || !at(5).is_some_and(|b| depends_only_on(m, g, b, mask, true))
+    {
+        return None;
+    }
+    let (q, kcat, vcat) = (at(0)?, at(1)?, at(2)?);
+    let (past_k, k4) = past_concat(m, g, kcat)?;
+    let (past_v, v4) = past_concat(m, g, vcat)?;
+    if m.value_type(past_k).shape()?.get(2)?.as_known().is_some() {
+        return None;
+    }
+    // The presents are graph outputs this attention reads (their other readers are the
+    // exporter's shape plumbing, which reads them only through `Shape`).
+    for p in [kcat, vcat] {
+        if !outputs.contains(&p) {
+            return None;
+        }
+    }
+    let (k, v) = (behind(m, k4)?, behind(m, v4)?);
+    let out = node.outputs.first().copied().flatten()?;
+    let shape = m.value_type(past_k).shape()?;
+    let (kvh, d) = (shape.get(1)?.as_known()?, shape.get(3)?.as_known()?);
+    let width = m.value_type(q).shape()?.get(2)?.as_known()?;
+    if outputs.contains(&out) || width != h * d || h % kvh != 0 {
+        return None;
+    }
+    Some(Layer {
+        attention: n,
+        q,
+        k,
+        v,
+        rotary: None,
+        packed: split_of(m, [q, k, v], [h * d, kvh * d, kvh * d]),
+        head_dim: d,
+        past: (past_k, past_v),
+        present: (kcat, vcat),
+        out,
+        heads: (*h, kvh),
+        scale: *scale,
+    })
 }
 
 /// The layer of attention node `n`, when it has the export form.
@@ -455,11 +531,7 @@ fn rotary_tables(
     sin: Value,
     positions: usize,
 ) -> Option<Tables> {
-    let ids = m.graphs[g]
-        .inputs
-        .iter()
-        .copied()
-        .find(|&v| m.values[v].name.as_deref() == Some("position_ids"))?;
+    let ids = input_named(m, g, "position_ids")?;
     if m.value_type(ids).dtype() != Some(DType::I64)
         || m.value_type(ids).shape().map(<[_]>::len) != Some(2)
         || !depends_only_on(m, g, cos, ids, false)
@@ -644,6 +716,62 @@ fn emit_layer(
         if let Some(new) = new {
             m.replace_uses(old, new, g, &[]);
         }
+    }
+}
+
+/// Where graph `g` reads a past's length (`Shape(past)[2]`, as GPT-2 exports without a
+/// `position_ids` input do for their positions), it reads `mask`'s length less the new tokens'
+/// (`input_ids`' dim 1) instead: the same number under the decoder contract (the mask covers
+/// the past and the new tokens), and one that stays right when the past is a buffer of the
+/// context's length.
+fn past_lengths_from_mask(m: &mut Module, g: GraphId, mask: Value) {
+    let Some(ids) = input_named(m, g, "input_ids") else {
+        return;
+    };
+    let pasts: HashSet<Value> = m.graphs[g]
+        .nodes()
+        .iter()
+        .filter(|&&n| matches!(m.nodes[n].op, Op::GroupQueryAttention { .. }))
+        .flat_map(|&n| [3, 4].map(|i| m.nodes[n].inputs.get(i).copied().flatten()))
+        .flatten()
+        .collect();
+    let lengths: Vec<Node> = m.graphs[g]
+        .nodes()
+        .iter()
+        .copied()
+        .filter(|&n| {
+            let node = &m.nodes[n];
+            matches!(
+                node.op,
+                Op::Shape {
+                    start: Some(2 | -2),
+                    end: Some(3 | -1),
+                }
+            ) && node
+                .inputs
+                .first()
+                .copied()
+                .flatten()
+                .is_some_and(|v| pasts.contains(&v))
+                && m.value_type(node.inputs[0].unwrap_or_else(|| unreachable!()))
+                    .shape()
+                    .is_some_and(|s| s.len() == 4)
+        })
+        .collect();
+    for n in lengths {
+        let Some(old) = m.nodes[n].outputs.first().copied().flatten() else {
+            continue;
+        };
+        let mut e = Emit::new(m, g, "past_length");
+        let dim1 = || Op::Shape {
+            start: Some(1),
+            end: Some(2),
+        };
+        let total = e.op(m, dim1(), vec![mask]);
+        let new = e.op(m, dim1(), vec![ids]);
+        let len = e.binary(m, Op::Sub {}, total, new);
+        mmq_ir::edit::place(m, e, true);
+        m.replace_uses(old, len, g, &[]);
     }
 }
 
