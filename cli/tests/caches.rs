@@ -130,6 +130,30 @@ fn plan_cache_errors_say_why() {
     );
     assert_eq!(code, 2);
     assert!(stderr.contains("unknown unit"), "{stderr}");
+    // A package's GroupQueryAttention INT8 cache is planned from the model before it.
+    let (code, _, stderr) = run_in(
+        &dir,
+        &[
+            "compile",
+            &fixture("llama_gqa_kv"),
+            "--package",
+            "--kv-cache",
+            "int8",
+            "-q",
+            "-o",
+            "pkg",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = run_in(&dir, &["plan-cache", "pkg/model.onnx", "--budget", "1MiB"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains(
+            "KV input 'past_key_values.0.key' already holds int8 codes (a package's \
+             GroupQueryAttention cache"
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]

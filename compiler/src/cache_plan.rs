@@ -36,6 +36,25 @@ fn plan_models(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
     let mut image = None;
     for e in &m.entries {
         let (pairs, _) = kv_pairs(m, e.graph);
+        // A package's GroupQueryAttention cache: int8 codes whose scales are constants of the
+        // model. Its pages are the float model's, planned from that model.
+        let gd = &m.graphs[e.graph];
+        if pairs.is_empty()
+            && let Some(&past) = gd.inputs.iter().find(|&&v| {
+                m.values[v]
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.contains("past"))
+                    && m.value_type(v).dtype() == Some(mmq_ir::DType::I8)
+            })
+        {
+            return Err(format!(
+                "KV input '{}' already holds int8 codes (a package's GroupQueryAttention cache, \
+                 its per-channel scales inside the model); plan the cache from the model before \
+                 `--kv-cache` (`mmq plan-cache MODEL.onnx`)",
+                m.values[past].name.as_deref().unwrap_or("?")
+            ));
+        }
         for p in pairs {
             let ty = m.value_type(p.past);
             let name = m.values[p.past].name.clone().unwrap_or_default();
