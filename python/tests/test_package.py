@@ -28,8 +28,8 @@ for family, config in (("gpt2_kv", GPT2_MATRIX), ("llama_gqa_kv", LLAMA), ("qwen
     for form in ("dynamo18_sdpa_dynamic", "dynamo23_sdpa_dynamic", "torchscript17_sdpa_dynamic"):
         DECODERS[f"matrix/{family}_{form}"] = config
 # The decoders whose attention becomes GroupQueryAttention with a shared buffer.
-SHARED = {"gpt2_kv", "llama_gqa_kv", "matrix/gpt2_kv_dynamo18_sdpa_dynamic"} | {
-    f"matrix/{family}_{form}" for family in ("llama_gqa_kv", "qwen2_kv")
+SHARED = {"gpt2_kv", "llama_gqa_kv"} | {
+    f"matrix/{family}_{form}" for family in ("gpt2_kv", "llama_gqa_kv", "qwen2_kv")
     for form in ("dynamo18_sdpa_dynamic", "dynamo23_sdpa_dynamic")}
 STATIC = ["matrix/llama_gqa_kv_dynamo20_eager_static", "matrix/gpt2_kv_torchscript17_eager_static"]
 

@@ -387,22 +387,22 @@ fn layer(
     };
     let ((h, d), (kvh, kd)) = (dims(q4)?, dims(k4)?);
     let packed = split_of(m, [q, k, v], [h * d, kvh * d, kvh * d]);
-    (m.value_type(out).shape().map(<[_]>::len) == Some(3) && d == kd && h % kvh == 0).then_some(
-        Layer {
-            attention: n,
-            q,
-            k,
-            v,
-            rotary,
-            packed,
-            head_dim: d,
-            past: (past_k, past_v),
-            present: (kcat, vcat),
-            out,
-            heads: (h, kvh),
-            scale: *scale,
-        },
-    )
+    // The result `[B, S, H*D]`, or `[B*S, H*D]` for a `Gemm` (GPT-2 at opset 23).
+    let rank = m.value_type(out).shape().map(<[_]>::len);
+    (matches!(rank, Some(2 | 3)) && d == kd && h % kvh == 0).then_some(Layer {
+        attention: n,
+        q,
+        k,
+        v,
+        rotary,
+        packed,
+        head_dim: d,
+        past: (past_k, past_v),
+        present: (kcat, vcat),
+        out,
+        heads: (h, kvh),
+        scale: *scale,
+    })
 }
 
 /// Q, K and V as one projection: `x` split in three along the last axis, each part plus its
@@ -685,11 +685,22 @@ fn emit_layer(
         let name = m.values[v].name.take();
         Some((name, m.value_type(v).clone()))
     };
-    let outputs = vec![
-        result(m, l.out),
-        result(m, l.present.0),
-        result(m, l.present.1),
-    ];
+    // A 2-D result (`[B*S, H*D]`) is GQA's `[B, S, H*D]` reshaped.
+    let flat = m.value_type(l.out).shape().map(<[_]>::len) == Some(2);
+    let y = if flat {
+        let dims = m.value_type(q).shape().map(|s| s[..2].to_vec());
+        let ty = match (dims, m.value_type(q).dtype()) {
+            (Some(mut d), Some(dt)) => {
+                d.push(mmq_ir::Dim::known(h * l.head_dim));
+                mmq_ir::Type::tensor(dt, d)
+            }
+            _ => mmq_ir::Type::Unknown,
+        };
+        Some((None, ty))
+    } else {
+        result(m, l.out)
+    };
+    let outputs = vec![y, result(m, l.present.0), result(m, l.present.1)];
     let name = m.nodes[l.attention]
         .name
         .clone()
@@ -711,7 +722,18 @@ fn emit_layer(
         outputs,
         name,
     });
-    let made = m.nodes[gqa].outputs.clone();
+    let mut made = m.nodes[gqa].outputs.clone();
+    if let (true, Some(y)) = (flat, made[0]) {
+        let mut e = Emit::new(m, g, "gqa_flat");
+        let shape = e.i64s(m, &[-1, h * l.head_dim]);
+        mmq_ir::edit::place(m, e, true);
+        let out = result(m, l.out);
+        let r = m.cursor(g, At::Before(l.attention)).insert(
+            NewNode::new(Op::Reshape { allowzero: None }, vec![Some(y), Some(shape)])
+                .outputs(vec![out]),
+        );
+        made[0] = m.nodes[r].outputs[0];
+    }
     for (old, new) in [l.out, l.present.0, l.present.1].into_iter().zip(made) {
         if let Some(new) = new {
             m.replace_uses(old, new, g, &[]);
