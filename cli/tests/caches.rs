@@ -130,7 +130,8 @@ fn plan_cache_errors_say_why() {
     );
     assert_eq!(code, 2);
     assert!(stderr.contains("unknown unit"), "{stderr}");
-    // A package's GroupQueryAttention INT8 cache is planned from the model before it.
+    // A package's GroupQueryAttention INT8 cache: pages of codes only (its scales are static,
+    // in the model), and no other format.
     let (code, _, stderr) = run_in(
         &dir,
         &[
@@ -145,13 +146,30 @@ fn plan_cache_errors_say_why() {
         ],
     );
     assert_eq!(code, 0, "{stderr}");
-    let (code, _, stderr) = run_in(&dir, &["plan-cache", "pkg/model.onnx", "--budget", "1MiB"]);
+    let (code, text, stderr) = run_in(&dir, &["plan-cache", "pkg/model.onnx", "--budget", "1MiB"]);
+    assert_eq!(code, 0, "{stderr}");
+    for want in [
+        "256 pages of 32 tokens, 4096 bytes each",
+        "codes: 8 blocks of 512 bytes at +0; scales static (per head and channel, in the model)",
+        "128.00 bytes per token (64.00 per layer), fp32 512 (4.00x smaller)",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    let (code, _, stderr) = run_in(
+        &dir,
+        &[
+            "plan-cache",
+            "pkg/model.onnx",
+            "--budget",
+            "1MiB",
+            "--kv",
+            "fp8",
+        ],
+    );
     assert_eq!(code, 1);
     assert!(
-        stderr.contains(
-            "KV input 'past_key_values.0.key' already holds int8 codes (a package's \
-             GroupQueryAttention cache"
-        ),
+        stderr
+            .contains("already holds int8 codes (a package's GroupQueryAttention cache), not fp8"),
         "{stderr}"
     );
 }

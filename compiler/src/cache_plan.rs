@@ -34,26 +34,28 @@ pub struct PlanModuleError(pub String);
 fn plan_models(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
     let mut kv = Vec::new();
     let mut image = None;
+    let mut static_scales = false;
     for e in &m.entries {
         let (pairs, _) = kv_pairs(m, e.graph);
         // A package's GroupQueryAttention cache: int8 codes whose scales are constants of the
-        // model. Its pages are the float model's, planned from that model.
-        let gd = &m.graphs[e.graph];
-        if pairs.is_empty()
-            && let Some(&past) = gd.inputs.iter().find(|&&v| {
-                m.values[v]
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.contains("past"))
-                    && m.value_type(v).dtype() == Some(mmq_ir::DType::I8)
-            })
-        {
-            return Err(format!(
-                "KV input '{}' already holds int8 codes (a package's GroupQueryAttention cache, \
-                 its per-channel scales inside the model); plan the cache from the model before \
-                 `--kv-cache` (`mmq plan-cache MODEL.onnx`)",
-                m.values[past].name.as_deref().unwrap_or("?")
-            ));
+        // model, pages of codes only.
+        let gqa = gqa_int8_pairs(m, e.graph);
+        if !gqa.is_empty() {
+            if options.kv_format != CacheFormat::Int8 {
+                return Err(format!(
+                    "the KV cache already holds int8 codes (a package's GroupQueryAttention \
+                     cache), not {}",
+                    options.kv_format
+                ));
+            }
+            static_scales = true;
+        }
+        for (name, heads, head_dim) in gqa {
+            kv.push(KvTensor {
+                name,
+                heads,
+                head_dim,
+            });
         }
         for p in pairs {
             let ty = m.value_type(p.past);
@@ -94,9 +96,57 @@ fn plan_models(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
     plan(PlanRequest {
         kv,
         kv_format: options.kv_format,
+        kv_static_scales: static_scales,
         image,
         images: options.images,
         budget: options.budget,
     })
     .map_err(|e| e.to_string())
+}
+
+/// The `past…` inputs of graph `g` that a `GroupQueryAttention` reads as its INT8 cache
+/// (`k_quant_type` / `v_quant_type` `PER_CHANNEL`, int8 codes): (name, heads, head_dim).
+fn gqa_int8_pairs(m: &Module, g: mmq_ir::GraphId) -> Vec<(String, u64, u64)> {
+    let mut out = Vec::new();
+    for &n in m.graphs[g].nodes() {
+        let node = &m.nodes[n];
+        let mmq_ir::Op::GroupQueryAttention {
+            k_quant_type,
+            v_quant_type,
+            ..
+        } = &node.op
+        else {
+            continue;
+        };
+        if k_quant_type.as_deref() != Some("PER_CHANNEL")
+            || v_quant_type.as_deref() != Some("PER_CHANNEL")
+        {
+            continue;
+        }
+        for v in [3, 4]
+            .into_iter()
+            .filter_map(|i| node.inputs.get(i).copied().flatten())
+        {
+            let ty = m.value_type(v);
+            let dims: Option<Vec<u64>> = ty.shape().map(|s| {
+                s.iter()
+                    .map(|d| {
+                        d.as_known()
+                            .and_then(|x| u64::try_from(x).ok())
+                            .unwrap_or(0)
+                    })
+                    .collect()
+            });
+            if let (Some(mmq_ir::DType::I8), Some(&[_, heads, _, head_dim])) =
+                (ty.dtype(), dims.as_deref())
+            {
+                out.push((
+                    m.values[v].name.clone().unwrap_or_default(),
+                    heads,
+                    head_dim,
+                ));
+            }
+        }
+    }
+    out
 }

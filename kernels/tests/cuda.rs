@@ -636,6 +636,7 @@ fn cache_pool_keeps_the_plan_offsets_on_the_device() {
     let p = plan(PlanRequest {
         kv,
         kv_format: CacheFormat::Int8,
+        kv_static_scales: false,
         image: None,
         images: 0,
         budget: 1 << 16,

@@ -54,6 +54,10 @@ pub struct PlanRequest {
     pub kv: Vec<KvTensor>,
     /// The KV code format.
     pub kv_format: CacheFormat,
+    /// The KV scales are static, constants of the model (ONNX Runtime's `GroupQueryAttention`
+    /// INT8 cache, one scale per head and channel): a page holds codes only.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub kv_static_scales: bool,
     /// The image-feature tensor, if the model has one.
     pub image: Option<ImageTensor>,
     /// Image slots to reserve.
@@ -85,9 +89,9 @@ pub struct KvPageLayout {
     /// Bytes between consecutive code blocks.
     pub code_stride: u64,
     /// The scale table: f32 `[tensors, heads]` (blocks) or binary16 `[tensors, heads, tokens,
-    /// head_dim / group]` (groups).
+    /// head_dim / group]` (groups); empty where the scales are static.
     pub scales: Region,
-    /// `"f32"` or `"f16"`.
+    /// `"f32"` or `"f16"`; `"static"` where the scales are constants of the model.
     pub scale_dtype: &'static str,
 }
 
@@ -262,9 +266,17 @@ impl CachePlan {
     /// The KV lines of [`CachePlan::summary`].
     fn kv_summary(&self, p: &KvPageLayout) -> String {
         let r = &self.request;
+        let scales = if r.kv_static_scales {
+            "scales static (per head and channel, in the model)".to_owned()
+        } else {
+            format!(
+                "scales ({}) at +{}, {} bytes",
+                p.scale_dtype, p.scales.offset, p.scales.bytes
+            )
+        };
         let mut s = format!(
             "kv: {} tensors ({} heads in all, head_dim {}), {} pages of {} tokens, {} bytes each \
-             at offset {}\n  codes: {} blocks of {} bytes at +{}; scales ({}) at +{}, {} bytes\n",
+             at offset {}\n  codes: {} blocks of {} bytes at +{}; {scales}\n",
             r.kv.len(),
             r.kv.iter().map(|t| t.heads).sum::<u64>(),
             r.kv[0].head_dim,
@@ -275,9 +287,6 @@ impl CachePlan {
             p.codes.bytes / p.code_stride,
             p.code_stride,
             p.codes.offset,
-            p.scale_dtype,
-            p.scales.offset,
-            p.scales.bytes
         );
         s += &format!(
             "  {:.2} bytes per token ({:.2} per layer), fp32 {} ({:.2}x smaller); {} tokens fit\n",
@@ -330,11 +339,13 @@ impl CachePlan {
                     p.code_stride,
                 ));
             }
-            out.push((
-                format!("page {i} scales"),
-                at + p.scales.offset,
-                p.scales.bytes,
-            ));
+            if p.scales.bytes > 0 {
+                out.push((
+                    format!("page {i} scales"),
+                    at + p.scales.offset,
+                    p.scales.bytes,
+                ));
+            }
         }
         out
     }
@@ -403,6 +414,7 @@ fn kv_page_layout(request: &PlanRequest, first: &KvTensor) -> Result<KvPageLayou
         bytes: heads * PAGE_CODE_BYTES,
     };
     let (scale_bytes, scale_dtype) = match scales {
+        _ if request.kv_static_scales => (0, "static"),
         CacheScales::Blocks { .. } => (heads * 4, "f32"),
         CacheScales::Groups { group } => (heads * tokens * (head_dim / group as u64) * 2, "f16"),
     };
@@ -445,6 +457,7 @@ mod tests {
                 })
                 .collect(),
             kv_format: format,
+            kv_static_scales: false,
             image: Some(ImageTensor {
                 name: "image_embeds".into(),
                 tokens: 16 + heads,
@@ -496,6 +509,37 @@ mod tests {
             }
         }
         assert!(checked > 300, "{checked} plans checked");
+    }
+
+    #[test]
+    fn static_scales_leave_a_page_of_codes_only() {
+        // GroupQueryAttention's INT8 cache: the same code blocks, no scale table.
+        let p = plan(PlanRequest {
+            images: 0,
+            image: None,
+            kv_static_scales: true,
+            ..request(CacheFormat::Int8, 2, 16, 2, 1 << 20)
+        })
+        .unwrap();
+        let page = p.kv_page.as_ref().expect("a KV page");
+        assert_eq!(
+            (page.tokens, page.bytes, page.codes.bytes),
+            (32, 4096, 4096)
+        );
+        assert_eq!((page.scales.bytes, page.scale_dtype), (0, "static"));
+        // 4 tensors x 2 heads x 16 values, one byte each: 128 bytes a token, 4x fewer than fp32.
+        assert_eq!(p.kv_bytes_per_token, 128.0);
+        assert_eq!(p.fp32_bytes_per_token, 512);
+        assert_eq!(p.kv_pages, 256);
+        assert!(
+            p.regions()
+                .iter()
+                .all(|(what, _, _)| !what.contains("scales"))
+        );
+        assert!(
+            p.summary()
+                .contains("scales static (per head and channel, in the model)")
+        );
     }
 
     #[test]

@@ -347,6 +347,7 @@ mod tests {
         let p = plan(PlanRequest {
             kv,
             kv_format: CacheFormat::Int8,
+            kv_static_scales: false,
             image: Some(ImageTensor {
                 name: "image_embeds".into(),
                 tokens: 16,
