@@ -26,6 +26,42 @@ pub fn plan_module(m: &Module, options: &PlanOptions) -> Result<CachePlan, PlanM
     plan_models(m, options).map_err(PlanModuleError)
 }
 
+/// The pool of a deployment package whose caches the planner lays out as the package holds
+/// them: `GroupQueryAttention`'s INT8 KV cache (pages of codes) and INT4 image features, sized
+/// for one sequence of `context` tokens and one image. `None` where the package keeps a cache
+/// the plan would not describe (a float KV cache, or `--kv-cache`'s blocks, whose layout at the
+/// interface is the package's own), where it has no cache to plan, or where planning fails.
+pub fn package_plan(
+    m: &Module,
+    options: &crate::CompileOptions,
+    context: u64,
+) -> Option<CachePlan> {
+    let gqa = m
+        .entries
+        .iter()
+        .any(|e| !gqa_int8_pairs(m, e.graph).is_empty());
+    let other_kv = m.entries.iter().any(|e| !kv_pairs(m, e.graph).0.is_empty())
+        || (options.kv_cache.is_some() && !gqa);
+    if other_kv || !(gqa || options.image_cache.is_some()) {
+        return None;
+    }
+    let mut o = PlanOptions {
+        kv_format: CacheFormat::Int8,
+        images: u64::from(options.image_cache.is_some()),
+        budget: u64::MAX / 4,
+        modality: options.modality.clone(),
+    };
+    // The layout first, then the budget that holds `context` tokens besides the image slots.
+    let layout = plan_models(m, &o).ok()?;
+    let images = layout.kv_offset;
+    let pages = match &layout.kv_page {
+        Some(p) => context.div_ceil(p.tokens) * p.bytes,
+        None => 0,
+    };
+    o.budget = images + pages;
+    plan_models(m, &o).ok()
+}
+
 /// A module whose caches cannot be planned: what does not fit.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

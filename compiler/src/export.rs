@@ -207,7 +207,15 @@ pub fn write_package(
         image_cache: options.image_cache,
         generation: settings.generation.clone(),
         tokenizer: settings.tokenizer.clone(),
-        cache_plan: None,
+        cache_plan: crate::cache_plan::package_plan(
+            m,
+            options,
+            settings
+                .generation
+                .context_length
+                .unwrap_or(mmq_deploy::DEFAULT_CONTEXT_LENGTH),
+        )
+        .and_then(|p| serde_json::to_value(p).ok()),
         modality: options.modality.clone(),
     };
     mmq_deploy::write_package(m, inputs, output, &package).map_err(|e| ExportError(e.to_string()))

@@ -56,7 +56,8 @@ pub struct PipelineSpec {
     pub kv_cache: Option<KvCache>,
     /// The vision encoder's quantized features, when `--image-cache` made them.
     pub image_cache: Option<ImageCache>,
-    /// The cache pool's layout (`mmq plan-cache`'s plan), when one was asked for.
+    /// The cache pool's layout (`mmq plan-cache`'s plan), where the package's caches are ones
+    /// the planner lays out as the models hold them.
     pub cache_plan: Option<serde_json::Value>,
     /// How to generate tokens, when a stage is a decoder.
     pub generation: Option<Generation>,

@@ -100,6 +100,7 @@ def test_decoder_packages_generate_the_same_tokens_everywhere(mmq_bin, tmp_path,
     fp32 = package(mmq_bin, tmp_path, name, config, "-O2")
     spec = json.loads((fp32 / "pipeline.json").read_text())
     assert spec["onnxruntime_genai"] == {"config": "genai_config.json", "reason": None}
+    assert spec["cache_plan"] is None  # a float cache: no quantized pool to plan
     genai = json.loads((fp32 / "genai_config.json").read_text())
     assert genai["model"]["decoder"]["num_hidden_layers"] == len(spec["kv_cache"]["pairs"]) // 2
     # Where the export has the form, the attention is GroupQueryAttention and the past shares
@@ -276,7 +277,14 @@ def test_int8_kv_cache_in_group_query_attention(mmq_bin, tmp_path, name):
     run = compile_cmd(mmq_bin, fixture(name) / "model.onnx", "--package", "-o", out,
                       "--no-accuracy", "--generation-config", gen, "--kv-cache", "int8")
     assert "static per-channel scales calibrated on 16 sample(s)" in run.stderr
-    kv = json.loads((out / "pipeline.json").read_text())["kv_cache"]
+    spec = json.loads((out / "pipeline.json").read_text())
+    kv = spec["kv_cache"]
+    # The package's plan lays out the same cache: pages of codes, scales in the model, room for
+    # the context (one sequence).
+    plan = spec["cache_plan"]
+    assert plan["kv_page"]["scale_dtype"] == "static" and plan["kv_page"]["scales"]["bytes"] == 0
+    context = json.loads((out / "genai_config.json").read_text())["model"]["context_length"]
+    assert plan["token_capacity"] >= context > plan["token_capacity"] - plan["kv_page"]["tokens"]
     assert (kv["format"], kv["code_dtype"], kv["scales"], kv["shared_buffer"]) == (
         "int8", "i8", {"kind": "channels"}, True)
     assert all(p["past_scale"] is None and p["present_scale"] is None for p in kv["pairs"])
@@ -393,6 +401,8 @@ def test_a_merged_export_splits_into_a_runnable_package(mmq_bin, tmp_path):
     run = compile_cmd(mmq_bin, fixture("llava") / "model.onnx", "--package", "-o", out,
                       "--image-cache", "int4")
     assert "modality-split: graph 'main_graph' split" in run.stderr
+    plan = json.loads((out / "pipeline.json").read_text())["cache_plan"]
+    assert (plan["image_slots"], plan["image_slot"]["bytes"], plan["kv_page"]) == (1, 640, None)
     inputs = dict(np.load(fixture("llava") / "inputs.npz"))
     ref = np.load(fixture("llava") / "outputs.npz")["logits"]
     got = mmq.Pipeline(out).run(inputs)
