@@ -172,6 +172,32 @@ fn plan_cache_errors_say_why() {
             .contains("already holds int8 codes (a package's GroupQueryAttention cache), not fp8"),
         "{stderr}"
     );
+    // A model compiled with `--kv-cache int4`: its codes and scales at the interface.
+    let (code, _, stderr) = run_in(
+        &dir,
+        &[
+            "compile",
+            &fixture("llama_gqa_kv"),
+            "--kv-cache",
+            "int4",
+            "-q",
+            "-o",
+            "kv4.onnx",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (code, text, stderr) = run_in(
+        &dir,
+        &["plan-cache", "kv4.onnx", "--budget", "1MiB", "--kv", "int4"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(text.contains("scales (f16) at +"), "{text}");
+    let (code, _, stderr) = run_in(&dir, &["plan-cache", "kv4.onnx", "--budget", "1MiB"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("KV input 'past_key_values.0.key' already holds int4 codes, not int8"),
+        "{stderr}"
+    );
 }
 
 #[test]

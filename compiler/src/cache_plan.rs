@@ -26,11 +26,10 @@ pub fn plan_module(m: &Module, options: &PlanOptions) -> Result<CachePlan, PlanM
     plan_models(m, options).map_err(PlanModuleError)
 }
 
-/// The pool of a deployment package whose caches the planner lays out as the package holds
-/// them: `GroupQueryAttention`'s INT8 KV cache (pages of codes) and INT4 image features, sized
-/// for one sequence of `context` tokens and one image. `None` where the package keeps a cache
-/// the plan would not describe (a float KV cache, or `--kv-cache`'s blocks, whose layout at the
-/// interface is the package's own), where it has no cache to plan, or where planning fails.
+/// The pool of a deployment package's quantized caches, as its models hold them: `--kv-cache`'s
+/// blocks, `GroupQueryAttention`'s INT8 pages of codes, INT4 image features; sized for one
+/// sequence of `context` tokens and one image. `None` where the KV cache is float (there is no
+/// quantized pool to describe), where there is no cache to plan, or where planning fails.
 pub fn package_plan(
     m: &Module,
     options: &crate::CompileOptions,
@@ -40,13 +39,20 @@ pub fn package_plan(
         .entries
         .iter()
         .any(|e| !gqa_int8_pairs(m, e.graph).is_empty());
-    let other_kv = m.entries.iter().any(|e| !kv_pairs(m, e.graph).0.is_empty())
-        || (options.kv_cache.is_some() && !gqa);
-    if other_kv || !(gqa || options.image_cache.is_some()) {
+    let blocks = options.kv_cache.filter(|_| {
+        m.entries
+            .iter()
+            .any(|e| !block_pairs(m, e.graph).is_empty())
+    });
+    let float_kv = m
+        .entries
+        .iter()
+        .any(|e| !float_pairs(m, e.graph).is_empty());
+    if float_kv || !(gqa || blocks.is_some() || options.image_cache.is_some()) {
         return None;
     }
     let mut o = PlanOptions {
-        kv_format: CacheFormat::Int8,
+        kv_format: blocks.unwrap_or(CacheFormat::Int8),
         images: u64::from(options.image_cache.is_some()),
         budget: u64::MAX / 4,
         modality: options.modality.clone(),
@@ -72,7 +78,7 @@ fn plan_models(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
     let mut image = None;
     let mut static_scales = false;
     for e in &m.entries {
-        let (pairs, _) = kv_pairs(m, e.graph);
+        let pairs = float_pairs(m, e.graph);
         // A package's GroupQueryAttention cache: int8 codes whose scales are constants of the
         // model, pages of codes only.
         let gqa = gqa_int8_pairs(m, e.graph);
@@ -85,6 +91,20 @@ fn plan_models(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
                 ));
             }
             static_scales = true;
+        }
+        // `--kv-cache`'s codes at the interface, each with its `…_scale` input.
+        for (name, heads, head_dim, format) in block_pairs(m, e.graph) {
+            if format != options.kv_format {
+                return Err(format!(
+                    "KV input '{name}' already holds {format} codes, not {}",
+                    options.kv_format
+                ));
+            }
+            kv.push(KvTensor {
+                name,
+                heads,
+                head_dim,
+            });
         }
         for (name, heads, head_dim) in gqa {
             kv.push(KvTensor {
@@ -138,6 +158,61 @@ fn plan_models(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
         budget: options.budget,
     })
     .map_err(|e| e.to_string())
+}
+
+/// The float KV pairs of graph `g` ([`kv_pairs`]) but quantized codes (FP8) and their scales
+/// (`…_scale`).
+fn float_pairs(m: &Module, g: mmq_ir::GraphId) -> Vec<mmq_passes::quant::cache::KvPair> {
+    use mmq_ir::DType;
+    let (mut pairs, _) = kv_pairs(m, g);
+    pairs.retain(|p| {
+        let name = m.values[p.past].name.as_deref().unwrap_or_default();
+        let dtype = m.value_type(p.past).dtype();
+        !name.ends_with("_scale")
+            && matches!(
+                dtype,
+                Some(DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+            )
+    });
+    pairs
+}
+
+/// The `past…` inputs of graph `g` that hold `--kv-cache`'s codes (`[batch, heads, tokens,
+/// head_dim]`, int8, FP8 or INT4, each with its `…_scale` input): (name, heads, head_dim,
+/// format).
+fn block_pairs(m: &Module, g: mmq_ir::GraphId) -> Vec<(String, u64, u64, CacheFormat)> {
+    let inputs = &m.graphs[g].inputs;
+    let named = |n: &str| {
+        inputs
+            .iter()
+            .any(|&v| m.values[v].name.as_deref() == Some(n))
+    };
+    let mut out = Vec::new();
+    for &v in inputs {
+        let Some(name) = m.values[v].name.as_deref() else {
+            continue;
+        };
+        if !name.contains("past") || name.ends_with("_scale") || !named(&format!("{name}_scale")) {
+            continue;
+        }
+        let ty = m.value_type(v);
+        let format = match ty.dtype() {
+            Some(mmq_ir::DType::I8) => CacheFormat::Int8,
+            Some(mmq_ir::DType::F8E4M3FN) => CacheFormat::Fp8,
+            Some(mmq_ir::DType::I4) => CacheFormat::Int4,
+            _ => continue,
+        };
+        let known = |i: usize| {
+            ty.shape()
+                .filter(|s| s.len() == 4)
+                .and_then(|s| s[i].as_known())
+                .and_then(|x| u64::try_from(x).ok())
+        };
+        if let (Some(heads), Some(head_dim)) = (known(1), known(3)) {
+            out.push((name.to_owned(), heads, head_dim, format));
+        }
+    }
+    out
 }
 
 /// The `past…` inputs of graph `g` that a `GroupQueryAttention` reads as its INT8 cache

@@ -260,6 +260,9 @@ def test_packages_outside_the_genai_contract_say_why(mmq_bin, tmp_path, name):
                       "--kv-cache", "int8")
     assert "onnxruntime-genai: no config: its KV cache is quantized (int8" in run.stderr
     assert not (out / "genai_config.json").exists()
+    # Its plan lays out the blocks: 512-byte code blocks and an f32 scale per block.
+    page = json.loads((out / "pipeline.json").read_text())["cache_plan"]["kv_page"]
+    assert (page["code_stride"], page["scale_dtype"]) == (512, "f32")
 
 
 @pytest.mark.parametrize("name", sorted(SHARED))
