@@ -470,7 +470,8 @@ fn int8_graph_caches(
         }
         source => source.collect(module, g).map_err(|e| fail(&e))?,
     };
-    let stats = calibrate::channel_stats(module, g, &values, samples.iter().cloned().map(Ok), 0)
+    let count = samples.len();
+    let stats = calibrate::channel_stats(module, g, &values, samples.into_iter().map(Ok), 0)
         .map_err(|e| fail(&e))?;
     let mut layers = Vec::new();
     for p in probes {
@@ -492,7 +493,7 @@ fn int8_graph_caches(
         ));
     }
     gqa::quantize_caches(module, &layers);
-    Ok(samples.len())
+    Ok(count)
 }
 
 /// The symbols a random calibration prompt binds: the past's length 0, the new tokens'

@@ -35,37 +35,29 @@ pub fn package_plan(
     options: &crate::CompileOptions,
     context: u64,
 ) -> Option<CachePlan> {
-    let gqa = m
-        .entries
-        .iter()
-        .any(|e| !gqa_int8_pairs(m, e.graph).is_empty());
-    let blocks = options.kv_cache.filter(|_| {
-        m.entries
-            .iter()
-            .any(|e| !block_pairs(m, e.graph).is_empty())
-    });
-    let float_kv = m
-        .entries
-        .iter()
-        .any(|e| !float_pairs(m, e.graph).is_empty());
-    if float_kv || !(gqa || blocks.is_some() || options.image_cache.is_some()) {
+    let caches = caches(m, &options.modality).ok()?;
+    let held = |h: fn(&Held) -> bool| caches.kv.iter().any(|(_, x)| h(x));
+    if held(|h| matches!(h, Held::Float))
+        || !(held(|h| !matches!(h, Held::Float)) || options.image_cache.is_some())
+    {
         return None;
     }
-    let mut o = PlanOptions {
-        kv_format: blocks.unwrap_or(CacheFormat::Int8),
-        images: u64::from(options.image_cache.is_some()),
-        budget: u64::MAX / 4,
-        modality: options.modality.clone(),
-    };
+    let kv_format = caches
+        .kv
+        .iter()
+        .find_map(|(_, h)| match h {
+            Held::Blocks(f) => Some(*f),
+            _ => None,
+        })
+        .unwrap_or(CacheFormat::Int8);
+    let images = u64::from(options.image_cache.is_some());
     // The layout first, then the budget that holds `context` tokens besides the image slots.
-    let layout = plan_models(m, &o).ok()?;
-    let images = layout.kv_offset;
-    let pages = match &layout.kv_page {
-        Some(p) => context.div_ceil(p.tokens) * p.bytes,
-        None => 0,
-    };
-    o.budget = images + pages;
-    plan_models(m, &o).ok()
+    let layout = plan(request(&caches, kv_format, images, u64::MAX / 4).ok()?).ok()?;
+    let pages = layout
+        .kv_page
+        .as_ref()
+        .map_or(0, |p| context.div_ceil(p.tokens) * p.bytes);
+    plan(request(&caches, kv_format, images, layout.kv_offset + pages).ok()?).ok()
 }
 
 /// A module whose caches cannot be planned: what does not fit.
@@ -73,47 +65,84 @@ pub fn package_plan(
 #[error("{0}")]
 pub struct PlanModuleError(pub String);
 
+/// How a model holds a KV tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// Float: the pool holds it quantized in the requested format.
+    Float,
+    /// `--kv-cache`'s codes of this format, with their `…_scale` input.
+    Blocks(CacheFormat),
+    /// `GroupQueryAttention`'s INT8 codes, its scales static in the model.
+    Static,
+}
+
+/// The caches of the models' entry graphs: the KV tensors in input order, and the first image
+/// feature output.
+struct Caches {
+    kv: Vec<(KvTensor, Held)>,
+    image: Option<ImageTensor>,
+}
+
 fn plan_models(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
-    let mut kv = Vec::new();
-    let mut image = None;
+    let caches = caches(m, &options.modality)?;
+    let r = request(&caches, options.kv_format, options.images, options.budget)?;
+    plan(r).map_err(|e| e.to_string())
+}
+
+/// The plan's request for `caches`, the KV tensors in `format` (the one their codes have where
+/// the models hold codes).
+fn request(
+    caches: &Caches,
+    format: CacheFormat,
+    images: u64,
+    budget: u64,
+) -> Result<PlanRequest, String> {
     let mut static_scales = false;
-    for e in &m.entries {
-        let pairs = float_pairs(m, e.graph);
-        // A package's GroupQueryAttention cache: int8 codes whose scales are constants of the
-        // model, pages of codes only.
-        let gqa = gqa_int8_pairs(m, e.graph);
-        if !gqa.is_empty() {
-            if options.kv_format != CacheFormat::Int8 {
+    for (t, held) in &caches.kv {
+        match held {
+            Held::Blocks(f) if *f != format => {
+                return Err(format!(
+                    "KV input '{}' already holds {f} codes, not {format}",
+                    t.name
+                ));
+            }
+            Held::Static if format != CacheFormat::Int8 => {
                 return Err(format!(
                     "the KV cache already holds int8 codes (a package's GroupQueryAttention \
-                     cache), not {}",
-                    options.kv_format
+                     cache), not {format}"
                 ));
             }
-            static_scales = true;
+            Held::Static => static_scales = true,
+            _ => {}
         }
+    }
+    Ok(PlanRequest {
+        kv: caches.kv.iter().map(|(t, _)| t.clone()).collect(),
+        kv_format: format,
+        kv_static_scales: static_scales,
+        image: caches.image.clone(),
+        images,
+        budget,
+    })
+}
+
+/// The caches of `m`'s entry graphs.
+fn caches(m: &Module, modality: &[(String, Modality)]) -> Result<Caches, String> {
+    let mut kv = Vec::new();
+    let mut image = None;
+    for e in &m.entries {
         // `--kv-cache`'s codes at the interface, each with its `…_scale` input.
-        for (name, heads, head_dim, format) in block_pairs(m, e.graph) {
-            if format != options.kv_format {
-                return Err(format!(
-                    "KV input '{name}' already holds {format} codes, not {}",
-                    options.kv_format
-                ));
-            }
-            kv.push(KvTensor {
-                name,
-                heads,
-                head_dim,
-            });
+        for (t, format) in block_pairs(m, e.graph) {
+            kv.push((t, Held::Blocks(format)));
         }
-        for (name, heads, head_dim) in gqa {
-            kv.push(KvTensor {
-                name,
-                heads,
-                head_dim,
-            });
-        }
-        for p in pairs {
+        // A package's GroupQueryAttention cache: int8 codes whose scales are constants of the
+        // model, pages of codes only.
+        kv.extend(
+            gqa_int8_pairs(m, e.graph)
+                .into_iter()
+                .map(|t| (t, Held::Static)),
+        );
+        for p in float_pairs(m, e.graph) {
             let ty = m.value_type(p.past);
             let name = m.values[p.past].name.clone().unwrap_or_default();
             let shape = ty.shape().unwrap_or_default();
@@ -123,13 +152,14 @@ fn plan_models(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
                 .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
                 .try_fold(1u64, |acc, d| d.map(|d| acc * d))
                 .ok_or_else(|| format!("KV input '{name}': the head count is not static"))?;
-            kv.push(KvTensor {
+            let t = KvTensor {
                 name,
                 heads,
                 head_dim: p.width as u64,
-            });
+            };
+            kv.push((t, Held::Float));
         }
-        let labels = modality::analyze(m, e.graph, &options.modality).map_err(|e| e.to_string())?;
+        let labels = modality::analyze(m, e.graph, modality).map_err(|e| e.to_string())?;
         for &o in &m.graphs[e.graph].outputs {
             if labels.value(o) != Modality::Vision || image.is_some() {
                 continue;
@@ -149,15 +179,7 @@ fn plan_models(m: &Module, options: &PlanOptions) -> Result<CachePlan, String> {
             }
         }
     }
-    plan(PlanRequest {
-        kv,
-        kv_format: options.kv_format,
-        kv_static_scales: static_scales,
-        image,
-        images: options.images,
-        budget: options.budget,
-    })
-    .map_err(|e| e.to_string())
+    Ok(Caches { kv, image })
 }
 
 /// The float KV pairs of graph `g` ([`kv_pairs`]) but quantized codes (FP8) and their scales
@@ -177,10 +199,23 @@ fn float_pairs(m: &Module, g: mmq_ir::GraphId) -> Vec<mmq_passes::quant::cache::
     pairs
 }
 
-/// The `past…` inputs of graph `g` that hold `--kv-cache`'s codes (`[batch, heads, tokens,
-/// head_dim]`, int8, FP8 or INT4, each with its `…_scale` input): (name, heads, head_dim,
-/// format).
-fn block_pairs(m: &Module, g: mmq_ir::GraphId) -> Vec<(String, u64, u64, CacheFormat)> {
+/// Cache input `v` as a KV tensor, when it is `[batch, heads, tokens, head_dim]` with static
+/// heads and head size.
+fn cache_tensor(m: &Module, v: mmq_ir::Value) -> Option<KvTensor> {
+    let known = |i: usize| {
+        let s = m.value_type(v).shape().filter(|s| s.len() == 4)?;
+        u64::try_from(s[i].as_known()?).ok()
+    };
+    Some(KvTensor {
+        name: m.values[v].name.clone().unwrap_or_default(),
+        heads: known(1)?,
+        head_dim: known(3)?,
+    })
+}
+
+/// The `past…` inputs of graph `g` that hold `--kv-cache`'s codes (int8, FP8 or INT4, each with
+/// its `…_scale` input), with their format.
+fn block_pairs(m: &Module, g: mmq_ir::GraphId) -> Vec<(KvTensor, CacheFormat)> {
     let inputs = &m.graphs[g].inputs;
     let named = |n: &str| {
         inputs
@@ -195,29 +230,20 @@ fn block_pairs(m: &Module, g: mmq_ir::GraphId) -> Vec<(String, u64, u64, CacheFo
         if !name.contains("past") || name.ends_with("_scale") || !named(&format!("{name}_scale")) {
             continue;
         }
-        let ty = m.value_type(v);
-        let format = match ty.dtype() {
+        let format = match m.value_type(v).dtype() {
             Some(mmq_ir::DType::I8) => CacheFormat::Int8,
             Some(mmq_ir::DType::F8E4M3FN) => CacheFormat::Fp8,
             Some(mmq_ir::DType::I4) => CacheFormat::Int4,
             _ => continue,
         };
-        let known = |i: usize| {
-            ty.shape()
-                .filter(|s| s.len() == 4)
-                .and_then(|s| s[i].as_known())
-                .and_then(|x| u64::try_from(x).ok())
-        };
-        if let (Some(heads), Some(head_dim)) = (known(1), known(3)) {
-            out.push((name.to_owned(), heads, head_dim, format));
-        }
+        out.extend(cache_tensor(m, v).map(|t| (t, format)));
     }
     out
 }
 
 /// The `past…` inputs of graph `g` that a `GroupQueryAttention` reads as its INT8 cache
-/// (`k_quant_type` / `v_quant_type` `PER_CHANNEL`, int8 codes): (name, heads, head_dim).
-fn gqa_int8_pairs(m: &Module, g: mmq_ir::GraphId) -> Vec<(String, u64, u64)> {
+/// (`k_quant_type` / `v_quant_type` `PER_CHANNEL`, int8 codes).
+fn gqa_int8_pairs(m: &Module, g: mmq_ir::GraphId) -> Vec<KvTensor> {
     let mut out = Vec::new();
     for &n in m.graphs[g].nodes() {
         let node = &m.nodes[n];
@@ -234,30 +260,13 @@ fn gqa_int8_pairs(m: &Module, g: mmq_ir::GraphId) -> Vec<(String, u64, u64)> {
         {
             continue;
         }
-        for v in [3, 4]
-            .into_iter()
-            .filter_map(|i| node.inputs.get(i).copied().flatten())
-        {
-            let ty = m.value_type(v);
-            let dims: Option<Vec<u64>> = ty.shape().map(|s| {
-                s.iter()
-                    .map(|d| {
-                        d.as_known()
-                            .and_then(|x| u64::try_from(x).ok())
-                            .unwrap_or(0)
-                    })
-                    .collect()
-            });
-            if let (Some(mmq_ir::DType::I8), Some(&[_, heads, _, head_dim])) =
-                (ty.dtype(), dims.as_deref())
-            {
-                out.push((
-                    m.values[v].name.clone().unwrap_or_default(),
-                    heads,
-                    head_dim,
-                ));
-            }
-        }
+        out.extend(
+            [3, 4]
+                .into_iter()
+                .filter_map(|i| node.inputs.get(i).copied().flatten())
+                .filter(|&v| m.value_type(v).dtype() == Some(mmq_ir::DType::I8))
+                .filter_map(|v| cache_tensor(m, v)),
+        );
     }
     out
 }

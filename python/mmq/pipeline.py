@@ -160,6 +160,7 @@ class Pipeline:
         self.kv_pool = np.zeros(0, np.uint8)
         self._slots: list[_Slot] = []
         self._kv_other: list[tuple[str, str]] = []  # (past, present) kept as OrtValues
+        self._shared = False  # one region per cache tensor, bound as past and present
         self._layout_kv()
 
     # ------------------------------------------------------------------ layout
@@ -173,13 +174,12 @@ class Pipeline:
         inputs = {i.name: i for i in sess.get_inputs()}
         context = int(gen["context_length"])
         scales = kv.get("scales") or {}
-        shared = bool(kv.get("shared_buffer"))
-        offset = 0
         pairs = []
         for p in kv["pairs"]:
             pairs.append((p["past"], p["present"], False))
             if p.get("past_scale"):
                 pairs.append((p["past_scale"], p["present_scale"], True))
+        found = []  # (slot arguments but the offsets, bytes)
         for past, present, is_scale in pairs:
             info = inputs[past]
             dtype = _NUMPY.get(info.type)
@@ -205,19 +205,22 @@ class Pipeline:
                 self._kv_other.append((past, present))
                 continue
             nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            found.append(((past, present, dtype, dims, axis, tokens_of), nbytes))
+        # One region per cache tensor, bound as both past and present, where the package says the
+        # past shares the present's buffer and every cache is in the pool; else two.
+        self._shared = bool(kv.get("shared_buffer")) and not self._kv_other
+        offset = 0
+        for args, nbytes in found:
             offs = []
-            for _ in range(1 if shared else 2):
+            for _ in range(1 if self._shared else 2):
                 offs.append(offset)
                 offset += -(-nbytes // _ALIGN) * _ALIGN
-            self._slots.append(_Slot(past, present, dtype, dims, axis, tokens_of, offs))
+            self._slots.append(_Slot(*args, offs))
         # One pool, its start aligned too.
         raw = np.zeros(offset + _ALIGN, np.uint8)
         start = (-raw.ctypes.data) % _ALIGN
         self.kv_pool = raw[start : start + offset]
         self._pool_owner = raw
-        # One slot per cache tensor, bound as both past and present, only when every cache is in
-        # the pool.
-        self._shared = shared and not self._kv_other
 
     @property
     def kv_bytes(self) -> int:

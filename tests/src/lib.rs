@@ -395,3 +395,27 @@ impl OracleCase {
         &self.module.nodes[self.module.graphs[g].nodes()[0]].op
     }
 }
+
+/// [`oracle_cases`], each checked to load as a `kind` node and to give ONNX Runtime's outputs
+/// within `tol` ([`OracleCase::check`]); `count` cases in all.
+pub fn check_oracle_cases(
+    scratch: &str,
+    what: &str,
+    script: &str,
+    kind: mmq_ir::OpKind,
+    count: usize,
+    tol: f64,
+) {
+    let cases = oracle_cases(scratch, what, script);
+    for case in &cases {
+        assert_eq!(
+            case.first_op().kind(),
+            kind,
+            "{}: {:?}",
+            case.name,
+            case.first_op()
+        );
+        case.check(tol);
+    }
+    assert_eq!(cases.len(), count);
+}

@@ -104,15 +104,12 @@ print("\n".join(cases))
 
 #[test]
 fn contrib_group_query_attention_matches_onnx_runtime() {
-    let cases = mmq_tests::oracle_cases("contrib-gqa", "the GroupQueryAttention cases", MAKE);
-    for case in &cases {
-        assert!(
-            matches!(case.first_op(), mmq_ir::Op::GroupQueryAttention { .. }),
-            "{}: {:?}",
-            case.name,
-            case.first_op()
-        );
-        case.check(1e-5);
-    }
-    assert_eq!(cases.len(), 10);
+    mmq_tests::check_oracle_cases(
+        "contrib-gqa",
+        "the GroupQueryAttention cases",
+        MAKE,
+        mmq_ir::OpKind::GroupQueryAttention,
+        10,
+        1e-5,
+    );
 }

@@ -41,15 +41,12 @@ print("\n".join(cases))
 
 #[test]
 fn contrib_rotary_embedding_matches_onnx_runtime() {
-    let cases = mmq_tests::oracle_cases("contrib-rotary", "the RotaryEmbedding cases", MAKE);
-    for case in &cases {
-        assert!(
-            matches!(case.first_op(), mmq_ir::Op::MsRotaryEmbedding { .. }),
-            "{}: {:?}",
-            case.name,
-            case.first_op()
-        );
-        case.check(1e-5);
-    }
-    assert_eq!(cases.len(), 3);
+    mmq_tests::check_oracle_cases(
+        "contrib-rotary",
+        "the RotaryEmbedding cases",
+        MAKE,
+        mmq_ir::OpKind::MsRotaryEmbedding,
+        3,
+        1e-5,
+    );
 }

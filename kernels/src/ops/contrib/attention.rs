@@ -198,24 +198,28 @@ pub(super) fn multi_head_attention(
 /// is no past), and its new keys follow. Query token `i` attends causally to the keys up to its
 /// own position, within `local_window_size` when given. Outputs: `[B, S, N*H]`, and the present
 /// key and value `[B, Nkv, T, H]` with `T` the longer of `P` and `total_sequence_length` (a past
-/// as long as the present is the shared buffer onnxruntime-genai binds). Rotary embedding inside
-/// (`do_rotary`), quantized caches, `softcap` and `smooth_softmax` are not supported.
+/// as long as the present is the shared buffer onnxruntime-genai binds). Also the rotary
+/// embedding inside (`do_rotary`, [`Rotary`]) and INT8 caches with static scales
+/// ([`CacheCodes`]); not `softcap`, `qk_output`, `smooth_softmax` or 4-bit caches.
 pub(super) fn group_query_attention(
     cx: &OpCtx<'_>,
     op: &Op,
     inputs: &[Option<RtValue>],
 ) -> OpResult {
-    for (name, off) in [("softcap", 0), ("qk_output", 0)] {
-        let on = match name {
-            "softcap" => float_attr(op, name).is_some_and(|x| x != 0.0),
-            _ => int_attr(op, name).unwrap_or(off) != off,
-        };
+    for (name, on) in [
+        (
+            "softcap",
+            float_attr(op, "softcap").is_some_and(|x| x != 0.0),
+        ),
+        ("qk_output", int_attr(op, "qk_output").unwrap_or(0) != 0),
+        (
+            "smooth_softmax",
+            int_attr(op, "smooth_softmax").unwrap_or(-1) == 1,
+        ),
+    ] {
         if on {
             return Err(cx.unsupported(format!("GroupQueryAttention with {name}")));
         }
-    }
-    if int_attr(op, "smooth_softmax").unwrap_or(-1) == 1 {
-        return Err(cx.unsupported("GroupQueryAttention with smooth_softmax"));
     }
     let q = tensor(cx, inputs, 0)?;
     if !matches!(q.dtype, DType::F32 | DType::F16 | DType::F64) {
@@ -294,11 +298,17 @@ pub(super) fn group_query_attention(
     let p = past.as_ref().map_or(0, |x| x.2);
     let t = p.max(usize::try_from(total).unwrap_or(0));
     let first_run = p == 0;
+    // Each row's past keys: its keys (`seqlens_k + 1`) less the new ones, none on a first run.
+    let past_lens: Vec<usize> = seqlens
+        .iter()
+        .map(|&len| {
+            let keys = usize::try_from(len + 1).unwrap_or(0);
+            if first_run { 0 } else { keys.saturating_sub(s) }
+        })
+        .collect();
     if int_attr(op, "do_rotary").unwrap_or(0) != 0 {
         let rotary = Rotary::of(cx, op, inputs, b, s, d)?;
-        for (bi, &len) in seqlens.iter().enumerate() {
-            let keys = usize::try_from(len + 1).unwrap_or(0);
-            let past_len = if first_run { 0 } else { keys.saturating_sub(s) };
+        for (bi, &past_len) in past_lens.iter().enumerate() {
             for si in 0..s {
                 let (cos, sin) = rotary.at(cx, bi, si, past_len, first_run)?;
                 for (rows, heads) in [(&mut qrows, n), (&mut krows, nkv)] {
@@ -326,9 +336,7 @@ pub(super) fn group_query_attention(
     let mut present_k = vec![0.0; b * nkv * t * d];
     let mut present_v = vec![0.0; b * nkv * t * d];
     let mut out = vec![0.0; b * s * n * d];
-    for (bi, &len) in seqlens.iter().enumerate() {
-        let keys = usize::try_from(len + 1).unwrap_or(0);
-        let past_len = if first_run { 0 } else { keys.saturating_sub(s) };
+    for (bi, &past_len) in past_lens.iter().enumerate() {
         if past_len + s > t {
             return Err(cx.invalid(format!(
                 "row {bi}: {past_len} past and {s} new keys do not fit {t} positions"
@@ -498,11 +506,10 @@ fn rotate(x: &mut [f64], cos: &[f32], sin: &[f32], interleaved: bool) {
 /// and attention reads every key and value (the new ones too) through its code.
 enum CacheCodes {
     Float,
+    /// The scale of each KV head's channel (`kvN * H`; a per-tensor scale repeated).
     Int8 {
         scales: Vec<f32>,
         head_dim: usize,
-        /// Values per token (`kvN * H`).
-        width: usize,
     },
 }
 
@@ -548,66 +555,44 @@ impl CacheCodes {
             )));
         }
         Ok(CacheCodes::Int8 {
-            scales,
+            scales: scales.repeat(nkv * d / want),
             head_dim: d,
-            width: nkv * d,
         })
     }
 
-    /// The scale of element `i` of a `[B, kvN, T, H]` cache or a `[B, S, kvN * H]` row block.
-    fn scale(scales: &[f32], head_dim: usize, head: usize, channel: usize) -> f32 {
-        if scales.len() == 1 {
-            scales[0]
-        } else {
-            scales[head * head_dim + channel]
-        }
+    /// The scale of element `i` of a `[B, kvN, T, H]` cache of `tokens` positions.
+    fn cache_scale(scales: &[f32], head_dim: usize, tokens: usize, i: usize) -> f32 {
+        let head = (i / (tokens * head_dim)) % (scales.len() / head_dim);
+        scales[head * head_dim + i % head_dim]
     }
 
     /// A past cache as values.
     fn read(&self, cx: &OpCtx<'_>, t: &Tensor) -> Result<Vec<f64>, KernelError> {
-        match self {
-            CacheCodes::Float => t.to_f64(),
-            CacheCodes::Int8 {
-                scales, head_dim, ..
-            } => {
-                if t.dtype != DType::I8 {
-                    return Err(cx.invalid(format!(
-                        "a quantized cache holds int8 codes, the past is {}",
-                        t.dtype
-                    )));
-                }
-                let (nkv, tokens) = (t.shape[1], t.shape[2]);
-                let codes = t.to_f64()?;
-                Ok(codes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &c)| {
-                        let head = (i / (tokens * head_dim)) % nkv;
-                        let s = Self::scale(scales, *head_dim, head, i % head_dim);
-                        f64::from(c as f32 * s)
-                    })
-                    .collect())
-            }
+        let CacheCodes::Int8 { scales, head_dim } = self else {
+            return t.to_f64();
+        };
+        if t.dtype != DType::I8 {
+            return Err(cx.invalid(format!(
+                "a quantized cache holds int8 codes, the past is {}",
+                t.dtype
+            )));
         }
+        let tokens = t.shape[2];
+        Ok(t.to_f64()?
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| f64::from(c as f32 * Self::cache_scale(scales, *head_dim, tokens, i)))
+            .collect())
     }
 
     /// New `[B, S, kvN * H]` rows as attention reads them: through their codes when quantized.
     fn round_rows(&self, rows: Vec<f64>) -> Vec<f64> {
-        let CacheCodes::Int8 {
-            scales,
-            head_dim,
-            width,
-        } = self
-        else {
+        let CacheCodes::Int8 { scales, .. } = self else {
             return rows;
         };
         rows.iter()
-            .enumerate()
-            .map(|(i, &x)| {
-                let c = i % width;
-                let s = Self::scale(scales, *head_dim, c / head_dim, c % head_dim);
-                f64::from(code(x as f32, s) as f32 * s)
-            })
+            .zip(scales.iter().cycle())
+            .map(|(&x, &s)| f64::from(code(x as f32, s) as f32 * s))
             .collect()
     }
 
@@ -618,24 +603,21 @@ impl CacheCodes {
         shape: Vec<usize>,
         values: &[f64],
     ) -> Result<Tensor, KernelError> {
-        match self {
-            CacheCodes::Float => Tensor::from_f64_as(dtype, shape, values),
-            CacheCodes::Int8 {
-                scales, head_dim, ..
-            } => {
-                let (nkv, tokens) = (shape[1], shape[2]);
-                let codes: Vec<f64> = values
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &x)| {
-                        let head = (i / (tokens * head_dim)) % nkv;
-                        let s = Self::scale(scales, *head_dim, head, i % head_dim);
-                        f64::from(code(x as f32, s))
-                    })
-                    .collect();
-                Tensor::from_f64_as(DType::I8, shape, &codes)
-            }
-        }
+        let CacheCodes::Int8 { scales, head_dim } = self else {
+            return Tensor::from_f64_as(dtype, shape, values);
+        };
+        let tokens = shape[2];
+        let codes: Vec<f64> = values
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                f64::from(code(
+                    x as f32,
+                    Self::cache_scale(scales, *head_dim, tokens, i),
+                ))
+            })
+            .collect();
+        Tensor::from_f64_as(DType::I8, shape, &codes)
     }
 }
 

@@ -422,13 +422,9 @@ fn biased(m: &Module, v: Value) -> Option<(Value, Vec<f32>)> {
         if data.dtype != DType::F32 || data.shape.len() != 1 {
             return None;
         }
-        let bytes = data.read_bytes()?.ok()?;
-        Some(
-            bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-        )
+        let mut values = vec![0.0; data.num_elements()];
+        data.read_f32(0, &mut values, &mut Vec::new()).ok()?;
+        Some(values)
     };
     match (constant(b), constant(a)) {
         (Some(bias), _) => Some((a, bias)),
