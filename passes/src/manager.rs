@@ -190,7 +190,8 @@ pub enum Phase {
 ///   `rewrite(fuse-act,fuse-quant)`, const-fold, canonicalize, dce.
 ///
 /// The target adds its legalization first ([`crate::Target::legalize`], at every level), its
-/// load forms at the end of `-O2` ([`crate::Target::load_forms`]) and its lowering
+/// decode and load forms at the end of `-O2` ([`crate::Target::decode_forms`],
+/// [`crate::Target::load_forms`]) and its lowering
 /// ([`Phase::Lower`]); its other choices happen inside the rewrite passes (cost model,
 /// available fused ops), which read [`PassOptions::target`].
 pub fn pipeline(target: TargetRef, level: OptLevel, phase: Phase) -> PassManager {
@@ -218,6 +219,7 @@ pub fn pipeline(target: TargetRef, level: OptLevel, phase: Phase) -> PassManager
                 passes.push(Box::new(Canonicalize));
                 passes.push(Box::new(Dce));
                 if phase == Phase::Float {
+                    passes.extend(target.decode_forms());
                     passes.extend(target.load_forms());
                 }
             }
@@ -226,6 +228,7 @@ pub fn pipeline(target: TargetRef, level: OptLevel, phase: Phase) -> PassManager
             if o2 {
                 passes.push(rewrite(&[FuseAct]));
                 passes.push(Box::new(Dce));
+                passes.extend(target.decode_forms());
                 passes.extend(target.load_forms());
             }
         }
@@ -485,7 +488,10 @@ mod tests {
                 .collect()
         };
         let float = names(TargetRef::ORT, OptLevel::O2, Phase::Float);
-        assert_eq!(float.last().map(String::as_str), Some("residual-sum"));
+        assert_eq!(
+            float[float.len() - 2..],
+            ["decode-skip-norms", "residual-sum"]
+        );
         let before = names(TargetRef::ORT, OptLevel::O2, Phase::BeforeQuant);
         assert!(
             before.contains(&"rewrite(fuse-quant)".to_owned()),
@@ -494,12 +500,17 @@ mod tests {
         assert!(
             !before
                 .iter()
-                .any(|n| n.contains("fuse-act") || n == "residual-sum"),
+                .any(|n| n.contains("fuse-act") || n.ends_with("-norms") || n == "residual-sum"),
             "{before:?}"
         );
         assert_eq!(
             names(TargetRef::ORT, OptLevel::O2, Phase::AfterQuant),
-            ["rewrite(fuse-act)", "dce", "residual-sum"]
+            [
+                "rewrite(fuse-act)",
+                "dce",
+                "decode-skip-norms",
+                "residual-sum"
+            ]
         );
         assert!(names(TargetRef::ORT, OptLevel::O1, Phase::AfterQuant).is_empty());
         assert!(names(TargetRef::ORT, OptLevel::O2, Phase::Lower).is_empty());
@@ -571,8 +582,8 @@ mod tests {
         let report = pm.run(&mut m, &PassOptions::default()).expect("runs");
         assert_eq!(
             report.passes.len(),
-            10,
-            "the nine passes of -O2 and the target's load forms"
+            11,
+            "the nine passes of -O2 and the target's decode and load forms"
         );
         assert!(mmq_ir::verify::verify(&m).is_ok());
     }

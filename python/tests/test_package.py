@@ -215,6 +215,29 @@ def test_every_group_query_attention_package_computes_what_its_export_computes(
     same_logits(tmp_path / "plain.onnx", pkg / "model.onnx")
 
 
+@pytest.mark.parametrize("name", sorted(DECODERS))
+def test_decoders_at_o2_read_their_residual_norms_fused_and_compute_what_the_export_computes(
+        mmq_bin, tmp_path, name):
+    """A decoder reading a KV cache runs a token a step: at -O2 for ONNX Runtime its residual
+    Add + SimplifiedLayerNormalization (or RMSNormalization) pairs are one
+    SkipSimplifiedLayerNormalization each (the decode forms), every norm but the first; GPT-2's LayerNormalization is left alone. The
+    compiled decoder's logits equal the export's at every step of a greedy decode."""
+    src = fixture(name) / "model.onnx"
+    out = tmp_path / "o2.onnx"
+    compile_cmd(mmq_bin, src, "-O2", "--no-accuracy", "-o", out)
+    ops = [n.op_type for n in onnx.load(str(out), load_external_data=False).graph.node]
+    layers = sum(i.name.startswith("past_key_values.") for i in onnx.load(
+        str(src), load_external_data=False).graph.input) // 2
+    if "gpt2" in name:
+        assert "SkipSimplifiedLayerNormalization" not in ops, name
+    else:
+        assert ops.count("SkipSimplifiedLayerNormalization") == 2 * layers, (name, ops)
+        # The first norm reads the embedding alone (opset 23 writes RMSNormalization).
+        assert ops.count("SimplifiedLayerNormalization") + ops.count("RMSNormalization") == 1, \
+            (name, ops)
+    same_logits(src, out)
+
+
 def test_python_writes_the_package_the_command_writes(mmq_bin, tmp_path):
     """`mmq.compile(..., package=True)` goes through the same build as `mmq compile --package`:
     the same files, byte for byte, and a package both runners generate from."""

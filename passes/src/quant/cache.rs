@@ -83,6 +83,27 @@ pub fn present_name(past: &str) -> Vec<String> {
     out
 }
 
+/// The position among top-level graph `g`'s outputs of the one that continues its input named
+/// `past` ([`present_name`]'s conventions).
+pub fn continuing_output(m: &Module, g: GraphId, past: &str) -> Option<usize> {
+    let outputs = &m.graphs[g].outputs;
+    present_name(past).into_iter().find_map(|p| {
+        outputs
+            .iter()
+            .position(|&o| m.values[o].name.as_deref() == Some(p.as_str()))
+    })
+}
+
+/// Whether top-level graph `g` reads a KV cache: an input named `past…` that an output continues,
+/// whatever its form (float, codes, or a buffer the present shares).
+pub fn reads_kv_cache(m: &Module, g: GraphId) -> bool {
+    m.graphs[g].inputs.iter().any(|&v| {
+        m.values[v].name.as_deref().is_some_and(|name| {
+            name.to_ascii_lowercase().contains("past") && continuing_output(m, g, name).is_some()
+        })
+    })
+}
+
 /// The static width of a `[..., tokens, width]` float tensor type.
 fn cache_width(ty: &Type) -> Option<(DType, usize, usize)> {
     let dtype = ty.dtype()?;
@@ -105,12 +126,7 @@ pub fn kv_pairs(m: &Module, g: GraphId) -> (Vec<KvPair>, Vec<String>) {
         if !name.to_ascii_lowercase().contains("past") {
             continue;
         }
-        let found = present_name(name).into_iter().find_map(|p| {
-            gd.outputs
-                .iter()
-                .position(|&o| m.values[o].name.as_deref() == Some(p.as_str()))
-        });
-        let Some(present_index) = found else {
+        let Some(present_index) = continuing_output(m, g, name) else {
             notes.push(format!("input '{name}': no output continues it (present…)"));
             continue;
         };

@@ -99,6 +99,13 @@ pub trait Target: Send + Sync + std::panic::RefUnwindSafe {
         None
     }
 
+    /// The pass that runs at the end of `-O2` (before [`Target::load_forms`]): op forms for the
+    /// graphs that run a token a step (decoders reading a KV cache), where what an op costs at
+    /// one row decides rather than the per-kind cost; `None` when nothing differs.
+    fn decode_forms(&self) -> Option<Box<dyn crate::pass::Pass>> {
+        None
+    }
+
     /// The pass that runs first, writing ops the target lacks (opset-23 `Attention`,
     /// `RMSNormalization`, `RotaryEmbedding`) in ops it runs; `None` when it runs them all.
     fn legalize(&self) -> Option<Box<dyn crate::pass::Pass>> {

@@ -9,8 +9,6 @@
 //! slower. [`ResidualSum`] writes such an `Add` as `Sum`, the same sum with the same
 //! broadcasting, which the fusion does not match.
 
-use std::collections::{HashMap, HashSet};
-
 use mmq_ir::{Module, Op, Type, Value, ValueDef};
 
 use crate::pass::{Pass, PassError, PassOptions, PassReport};
@@ -26,16 +24,7 @@ impl Pass for ResidualSum {
     }
 
     fn run(&self, m: &mut Module, _opts: &PassOptions) -> Result<PassReport, PassError> {
-        let mut uses: HashMap<Value, usize> = HashMap::new();
-        let mut outputs: HashSet<Value> = HashSet::new();
-        for (_, g) in m.graphs.iter() {
-            outputs.extend(g.outputs.iter().copied());
-            for &n in g.nodes() {
-                for &v in m.nodes[n].inputs.iter().flatten() {
-                    *uses.entry(v).or_default() += 1;
-                }
-            }
-        }
+        let (uses, outputs) = super::readers(m);
         let mut adds = Vec::new();
         for (_, g) in m.graphs.iter() {
             for &n in g.nodes() {

@@ -1,10 +1,13 @@
 //! ONNX Runtime's CPU provider: the standard ops plus the `com.microsoft` contrib ops it runs,
 //! with costs and rates measured on it.
 
+pub mod decode_forms;
 pub mod gqa;
 pub mod load_forms;
 
-use mmq_ir::{Attr, Op, OpKind};
+use std::collections::{HashMap, HashSet};
+
+use mmq_ir::{Attr, Module, Op, OpKind, Value};
 
 use super::{Int4Rates, OpName, PlaceRates, QdqRules, Target, standard_cost};
 use crate::quant::fp16::Fp16Form;
@@ -40,6 +43,22 @@ pub const CPU_INT4_RATES: Int4Rates = Int4Rates {
     nbits_weight: 1.0 / 67_062.0,
     nbits_mac: 1.0 / 58_266.0,
 };
+
+/// How many operands read each value of `m` (in every graph), and the values that are graph
+/// outputs.
+fn readers(m: &Module) -> (HashMap<Value, usize>, HashSet<Value>) {
+    let mut readers: HashMap<Value, usize> = HashMap::new();
+    let mut outputs: HashSet<Value> = HashSet::new();
+    for (_, g) in m.graphs.iter() {
+        outputs.extend(g.outputs.iter().copied());
+        for &n in g.nodes() {
+            for &v in m.nodes[n].inputs.iter().flatten() {
+                *readers.entry(v).or_default() += 1;
+            }
+        }
+    }
+    (readers, outputs)
+}
 
 /// A `com.microsoft` op.
 fn contrib(op_type: &str, attrs: Vec<(&str, Attr)>) -> Op {
@@ -133,6 +152,12 @@ impl Target for Ort {
     /// ([`load_forms`]).
     fn load_forms(&self) -> Option<Box<dyn crate::pass::Pass>> {
         Some(Box::new(load_forms::ResidualSum))
+    }
+
+    /// Residual `Add` + `SimplifiedLayerNormalization` pairs fused into
+    /// `SkipSimplifiedLayerNormalization` in graphs that read a KV cache ([`decode_forms`]).
+    fn decode_forms(&self) -> Option<Box<dyn crate::pass::Pass>> {
+        Some(Box::new(decode_forms::SkipNorms))
     }
 
     /// The CPU provider has few float16 kernels: float16 weights widened by a `Cast` it folds
