@@ -6,8 +6,9 @@
 //! the ORT cost model keeps the pair. A decoder's steps read one row each: there the fused kernel
 //! costs what the pair costs (6.3 against 6.4 µs at 1 x 512, one thread) and each step dispatches
 //! one node fewer per norm, which is the form ONNX Runtime's model builder writes. Measured on
-//! a decoder of 8 layers (`docs/benchmarks.md`, fourth run), the 16 fused norms moved its decode
-//! speed from 0.99x to 1.00x of the builder's at one thread and from 1.02x to 1.04x at two.
+//! an INT4 decoder of 8 layers (`docs/benchmarks.md`, fourth run), the 16 fused norms moved its
+//! decode speed from 0.98x to 1.00x of the builder's at one thread and from 1.03x to 1.04x at
+//! two.
 //! [`SkipNorms`] fuses the pairs in the graphs that read a KV cache
 //! ([`crate::quant::cache::reads_kv_cache`]) and leaves every other graph to the cost model.
 
