@@ -4,9 +4,11 @@ LLaMA-style checkpoint with random weights saved locally with `transformers`, a 
 (onnxruntime-genai's model builder needs one), and `torch.onnx`'s export of the same checkpoint
 with the KV cache at the interface (the exporter code of tools/gen_fixtures.py).
 
-    .venv-fixtures/bin/python tools/bench_decoder.py OUT [--arch llama|qwen2]
+    .venv-fixtures/bin/python tools/bench_decoder.py OUT [--arch llama|qwen2] [--torchscript]
 
-writes OUT/hf (the checkpoint, tokenizer, config) and OUT/torch/model.onnx (+ .data). Then:
+writes OUT/hf (the checkpoint, tokenizer, config) and OUT/torch/model.onnx (+ .data); with
+`--torchscript`, also the TorchScript exporter's export (opset 17) as OUT/torchscript/model.onnx.
+Then:
 
     python -m onnxruntime_genai.models.builder -i OUT/hf -o OUT/builder_int4 -p int4 -e cpu
     python -m onnxruntime_genai.models.builder -i OUT/hf -o OUT/builder_fp32 -p fp32 -e cpu
@@ -81,6 +83,8 @@ def tokenizer(out: Path) -> None:
 
 def main() -> int:
     args = sys.argv[1:]
+    torchscript = "--torchscript" in args
+    args = [a for a in args if a != "--torchscript"]
     arch = "llama"
     if "--arch" in args:
         i = args.index("--arch")
@@ -100,11 +104,17 @@ def main() -> int:
     tokenizer(hf)
     gf.set_attn_impl(model.config)
     (out / "torch").mkdir(parents=True, exist_ok=True)
+    shape = (config["num_hidden_layers"], config["num_key_value_heads"],
+             config["hidden_size"] // config["num_attention_heads"], config["vocab_size"])
     gf.export_causal_lm_with_past(
-        f"bench_{arch}", out / "torch", model, config["num_hidden_layers"],
-        config["num_key_value_heads"], config["hidden_size"] // config["num_attention_heads"],
-        config["vocab_size"], with_position_ids=True, rng=rng, external_data=True,
+        f"bench_{arch}", out / "torch", model, *shape, with_position_ids=True, rng=rng,
+        external_data=True,
     )
+    if torchscript:
+        gf.export_causal_lm_with_past(
+            f"bench_{arch}_torchscript", out / "torchscript", model, *shape,
+            with_position_ids=True, rng=rng, external_data=True, prefer_dynamo=False,
+        )
     return 0
 
 

@@ -472,6 +472,7 @@ def export_causal_lm_with_past(
     rng: np.random.Generator,
     external_data: bool = False,
     check_alt_shapes: bool = True,
+    prefer_dynamo: bool = True,
 ) -> None:
     wrapper = CausalLMWithPast(model, with_position_ids).eval()
     shape = dict(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, vocab=vocab,
@@ -487,6 +488,7 @@ def export_causal_lm_with_past(
         dynamic_shapes=dynamic_shapes,
         dynamic_axes=axes,
         external_data=external_data,
+        prefer_dynamo=prefer_dynamo,
     )
     save_npz(out_dir / "inputs.npz", feeds)
     save_npz(out_dir / "outputs.npz", outs)

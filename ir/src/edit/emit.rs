@@ -19,14 +19,23 @@ pub struct Emit {
 }
 
 impl Emit {
-    /// Emits into `graph`, naming with `prefix`.
+    /// Emits into `graph`, naming with `prefix`: its names (`prefix_what_N`) continue after the
+    /// ones an earlier `Emit` of the same prefix gave the module's values.
     pub fn new(m: &Module, graph: GraphId, prefix: &str) -> Self {
+        let start = format!("{prefix}_");
+        let next = m
+            .values
+            .iter()
+            .filter_map(|(_, v)| v.name.as_deref()?.strip_prefix(start.as_str()))
+            .filter_map(|rest| rest.rsplit_once('_')?.1.parse::<usize>().ok())
+            .max()
+            .unwrap_or(0);
         Emit {
             graph,
             prefix: prefix.to_owned(),
             opset: m.onnx_opset(graph).unwrap_or(0),
             nodes: Vec::new(),
-            next: 0,
+            next,
         }
     }
 

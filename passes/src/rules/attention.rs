@@ -280,7 +280,9 @@ fn build_guarded(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
     // The scores: `MatMul(q, kt) · c` (any of the class's `Mul` spellings whose left operand
     // is the product and whose right one a scalar scale), else the bare product.
     // Several spellings may hold (the scale split over Q and Kᵀ, then merged); prefer one
-    // whose Kᵀ is a plain transpose, which the fused op reads without a copy.
+    // whose Kᵀ is a plain transpose, which the fused op reads without a copy, and of those one
+    // whose Q is not itself scaled (the whole scale merged after the product: the fused op's
+    // `scale`, and the Q that decoder forms look behind, as a rotary embedding's result).
     let candidates: Vec<(Vec<Id>, Id)> = nodes_of(eg, x, OpKind::Mul)
         .filter(|(mul, _)| {
             let mut t = s2.clone();
@@ -297,9 +299,19 @@ fn build_guarded(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
         })
         .collect();
     let plain_kt = |c: &(Vec<Id>, Id)| node_parts(eg, c.0[1], OpKind::Transpose).is_some();
+    let unscaled_q = |c: &(Vec<Id>, Id)| {
+        !nodes_of(eg, c.0[0], OpKind::Mul).any(|(mul, _)| {
+            let mut t = s2.clone();
+            mul.len() == 2 && {
+                t.insert(var("?c"), mul[1]);
+                is_scale(eg, &t, "?c")
+            }
+        })
+    };
     let scaled_form = candidates
         .iter()
-        .find(|c| plain_kt(c))
+        .find(|c| plain_kt(c) && unscaled_q(c))
+        .or_else(|| candidates.iter().find(|c| plain_kt(c)))
         .or(candidates.first())
         .cloned();
     let scaled = match scaled_form {

@@ -76,6 +76,7 @@ pub(crate) fn rules() -> Vec<Rw> {
         rule("reshape-noop", "(Reshape ?x ?s ?a)", vec![], forward("?x")),
         rule("expand-noop", "(Expand ?x ?s ?a)", vec![], forward("?x")),
         rule("cast-noop", "(Cast ?x ?a)", vec![], forward("?x")),
+        rule("concat-single", "(Concat ?x ?a)", vec![], forward("?x")),
         rule("transpose-transpose", "(Transpose (Transpose ?x ?a1) ?a2)", vec![],
              |eg, root, s| {
                  let rank = ty(eg, s, "?x")?.shape()?.len();

@@ -104,7 +104,7 @@ fn rewrite_graph(m: &mut Module, g: GraphId, form: Form) -> Result<Rewritten, Pa
     for &n in m.graphs[g].nodes() {
         let found = match m.nodes[n].op {
             Op::Attention { .. } => layer(m, g, n, mask, &readers, &outputs),
-            Op::MultiHeadAttention { .. } => mha_layer(m, g, n, mask, &outputs),
+            Op::MultiHeadAttention { .. } => mha_layer(m, g, n, mask, &readers, &outputs),
             _ => continue,
         };
         match found {
@@ -234,12 +234,13 @@ fn past_concat(m: &Module, g: GraphId, v: Value) -> Option<(Value, Value)> {
 /// The layer of `com.microsoft.MultiHeadAttention` node `n`, when it has the export form GPT-2
 /// decoders compile to: the 3-D query, the key and value `Concat(past, Transpose(Reshape(x)))`
 /// (presents read by this node alone), an attention bias computed from `mask` alone, no other
-/// input, a 3-D result; no rotary embedding.
+/// input, a 3-D result (with or without a NaN guard, [`unguarded`]); no rotary embedding.
 fn mha_layer(
     m: &Module,
     g: GraphId,
     n: Node,
     mask: Value,
+    readers: &HashMap<Value, Vec<Node>>,
     outputs: &HashSet<Value>,
 ) -> Option<Layer> {
     let node = &m.nodes[n];
@@ -277,7 +278,8 @@ fn mha_layer(
         }
     }
     let (k, v) = (behind(m, k4)?, behind(m, v4)?);
-    let out = node.outputs.first().copied().flatten()?;
+    let y = node.outputs.first().copied().flatten()?;
+    let out = unguarded(m, readers, y).unwrap_or(y);
     let shape = m.value_type(past_k).shape()?;
     let (kvh, d) = (shape.get(1)?.as_known()?, shape.get(3)?.as_known()?);
     let width = m.value_type(q).shape()?.get(2)?.as_known()?;
@@ -298,6 +300,32 @@ fn mha_layer(
         heads: (*h, kvh),
         scale: *scale,
     })
+}
+
+/// The result of the NaN guard `Where(IsNaN(y), 0, y)` on attention result `y`, when the guard
+/// alone reads `y` (the TorchScript exporter's SDPA fills masked scores with `-inf`, so a fully
+/// masked row is NaN, which the guard zeroes; `attn-mha-guarded` keeps it after the fused op).
+/// GQA drops it: under the decoder contract every row attends at least its own token.
+fn unguarded(m: &Module, readers: &HashMap<Value, Vec<Node>>, y: Value) -> Option<Value> {
+    let [a, b] = readers.get(&y)?.as_slice() else {
+        return None;
+    };
+    let (nan, guard) = match (&m.nodes[*a].op, &m.nodes[*b].op) {
+        (Op::IsNaN {}, Op::Where {}) => (*a, *b),
+        (Op::Where {}, Op::IsNaN {}) => (*b, *a),
+        _ => return None,
+    };
+    let is_nan = m.nodes[nan].outputs.first().copied().flatten()?;
+    let ins = &m.nodes[guard].inputs;
+    let zero = m.const_source(ins.get(1).copied().flatten()?)?;
+    let data = &m.consts[zero];
+    let mut values = vec![0.0; data.num_elements()];
+    data.read_f32(0, &mut values, &mut Vec::new()).ok()?;
+    let zeros = !values.is_empty() && values.iter().all(|&x| x == 0.0);
+    let guarded = ins.first().copied().flatten() == Some(is_nan)
+        && ins.get(2).copied().flatten() == Some(y)
+        && readers.get(&is_nan).is_some_and(|r| r == &[guard]);
+    (zeros && guarded).then(|| m.nodes[guard].outputs.first().copied().flatten())?
 }
 
 /// The layer of attention node `n`, when it has the export form.
@@ -365,8 +393,10 @@ fn layer(
         (None, None) => None,
         _ => return None,
     };
-    // Out: Reshape(Transpose(y)) back to [B, S, heads*D], each read by the next alone.
+    // Out: Reshape(Transpose(y)) back to [B, S, heads*D], each read by the next alone, with
+    // or without a NaN guard in between.
     let y = node.outputs.first().copied().flatten()?;
+    let y = unguarded(m, readers, y).unwrap_or(y);
     let [t] = readers.get(&y)?.as_slice() else {
         return None;
     };
@@ -737,11 +767,11 @@ fn emit_layer(
     }
 }
 
-/// Where graph `g` reads a past's length (`Shape(past)[2]`, as GPT-2 exports without a
-/// `position_ids` input do for their positions), it reads `mask`'s length less the new tokens'
-/// (`input_ids`' dim 1) instead: the same number under the decoder contract (the mask covers
-/// the past and the new tokens), and one that stays right when the past is a buffer of the
-/// context's length.
+/// Where graph `g` reads a past's length (`Shape(past)[2:3]`, or `Gather(Shape(past), 2)` as
+/// the TorchScript exporter writes it; GPT-2 exports without a `position_ids` input read it for
+/// their positions), it reads `mask`'s length less the new tokens' (`input_ids`' dim 1)
+/// instead: the same number under the decoder contract (the mask covers the past and the new
+/// tokens), and one that stays right when the past is a buffer of the context's length.
 fn past_lengths_from_mask(m: &mut Module, g: GraphId, mask: Value) {
     let Some(ids) = input_named(m, g, "input_ids") else {
         return;
@@ -753,30 +783,12 @@ fn past_lengths_from_mask(m: &mut Module, g: GraphId, mask: Value) {
         .flat_map(|&n| [3, 4].map(|i| m.nodes[n].inputs.get(i).copied().flatten()))
         .flatten()
         .collect();
-    let lengths: Vec<Node> = m.graphs[g]
+    let lengths: Vec<(Node, bool)> = m.graphs[g]
         .nodes()
         .iter()
-        .copied()
-        .filter(|&n| {
-            let node = &m.nodes[n];
-            matches!(
-                node.op,
-                Op::Shape {
-                    start: Some(2 | -2),
-                    end: Some(3 | -1),
-                }
-            ) && node
-                .inputs
-                .first()
-                .copied()
-                .flatten()
-                .is_some_and(|v| pasts.contains(&v))
-                && m.value_type(node.inputs[0].unwrap_or_else(|| unreachable!()))
-                    .shape()
-                    .is_some_and(|s| s.len() == 4)
-        })
+        .filter_map(|&n| past_length_read(m, n, &pasts).map(|scalar| (n, scalar)))
         .collect();
-    for n in lengths {
+    for (n, scalar) in lengths {
         let Some(old) = m.nodes[n].outputs.first().copied().flatten() else {
             continue;
         };
@@ -787,9 +799,55 @@ fn past_lengths_from_mask(m: &mut Module, g: GraphId, mask: Value) {
         };
         let total = e.op(m, dim1(), vec![mask]);
         let new = e.op(m, dim1(), vec![ids]);
-        let len = e.binary(m, Op::Sub {}, total, new);
+        let mut len = e.binary(m, Op::Sub {}, total, new);
+        if scalar {
+            len = e.op(m, Op::Squeeze { axes: None }, vec![len]);
+        }
         mmq_ir::edit::place(m, e, true);
         m.replace_uses(old, len, g, &[]);
+    }
+}
+
+/// Whether node `n` reads the length of one of the 4-D `pasts`: `Some(false)` for
+/// `Shape(past)[2:3]` (`[1]`), `Some(true)` for `Gather(Shape(past), 2)` (a scalar).
+fn past_length_read(m: &Module, n: Node, pasts: &HashSet<Value>) -> Option<bool> {
+    let node = &m.nodes[n];
+    let of_past = |shape: &mmq_ir::NodeData| {
+        shape
+            .inputs
+            .first()
+            .copied()
+            .flatten()
+            .filter(|v| pasts.contains(v))
+            .and_then(|v| m.value_type(v).shape().map(<[_]>::len))
+            == Some(4)
+    };
+    match node.op {
+        Op::Shape {
+            start: Some(2 | -2),
+            end: Some(3 | -1),
+        } => of_past(node).then_some(false),
+        Op::Gather {
+            axis: None | Some(0),
+        } => {
+            let shape = def_of(m, node.inputs.first().copied()??, mmq_ir::OpKind::Shape)?;
+            let whole = matches!(
+                m.nodes[shape].op,
+                Op::Shape {
+                    start: None | Some(0),
+                    end: None
+                }
+            );
+            let index = &m.consts[m.const_source(node.inputs.get(1).copied()??)?];
+            let two = index.dtype == DType::I64
+                && index.shape.is_empty()
+                && index
+                    .raw_bytes()
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .is_some_and(|b| matches!(i64::from_le_bytes(b), 2 | -2));
+            (whole && two && of_past(&m.nodes[shape])).then_some(true)
+        }
+        _ => None,
     }
 }
 
