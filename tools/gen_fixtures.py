@@ -57,6 +57,8 @@ from transformers import (  # noqa: E402
     LlamaConfig,
     LlamaForCausalLM,
     LlamaModel,
+    MistralConfig,
+    MistralForCausalLM,
     ViTConfig,
     ViTModel,
 )
@@ -350,9 +352,10 @@ def fresh_dir(out_root: Path, name: str) -> Path:
 # --------------------------------------------------------------------------
 
 
-def build_cache(config, flat_past: tuple) -> DynamicCache:
-    """Build a DynamicCache from (key0, value0, key1, value1, ...)."""
-    cache = DynamicCache(config=config)
+def build_cache(config, flat_past: tuple, full: bool = False) -> DynamicCache:
+    """Build a DynamicCache from (key0, value0, key1, value1, ...); with `full`, of plain
+    full-length layers (a sliding-window model keeps every key and masks the window)."""
+    cache = DynamicCache() if full else DynamicCache(config=config)
     for layer in range(len(flat_past) // 2):
         cache.update(flat_past[2 * layer], flat_past[2 * layer + 1], layer)
     return cache
@@ -373,10 +376,11 @@ class CausalLMWithPast(nn.Module):
     """Flat-tensor wrapper: (input_ids, attention_mask, [position_ids], k0, v0, ...)
     -> (logits, present k0, present v0, ...)."""
 
-    def __init__(self, model: nn.Module, with_position_ids: bool):
+    def __init__(self, model: nn.Module, with_position_ids: bool, full_cache: bool = False):
         super().__init__()
         self.model = model
         self.with_position_ids = with_position_ids
+        self.full_cache = full_cache
         # Recent transformers releases renamed `past_key_values` to `cache`.
         params = inspect.signature(model.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -386,7 +390,7 @@ class CausalLMWithPast(nn.Module):
             position_ids, past = rest[0], rest[1:]
         else:
             position_ids, past = None, rest
-        cache = build_cache(self.model.config, past)
+        cache = build_cache(self.model.config, past, self.full_cache)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -473,8 +477,9 @@ def export_causal_lm_with_past(
     external_data: bool = False,
     check_alt_shapes: bool = True,
     prefer_dynamo: bool = True,
+    full_cache: bool = False,
 ) -> None:
-    wrapper = CausalLMWithPast(model, with_position_ids).eval()
+    wrapper = CausalLMWithPast(model, with_position_ids, full_cache).eval()
     shape = dict(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, vocab=vocab,
                  with_position_ids=with_position_ids)
     args = kv_args(rng, batch=2, seq=3, past_seq=5, pad_first=True, **shape)
@@ -698,6 +703,24 @@ def gen_llama_gqa_kv(out_root: Path) -> None:
     model = LlamaForCausalLM(tiny_llama_config())
     export_causal_lm_with_past(name, out_dir, model, n_layers=2, n_kv_heads=2, head_dim=16,
                                vocab=256, with_position_ids=True, rng=rng)
+
+
+def gen_mistral_sw_kv(out_root: Path) -> None:
+    """Mistral with a sliding window of 4 keys, shorter than the fixtures' sequences: the
+    export's mask holds the window, and the cache at the interface keeps every key."""
+    name = "mistral_sw_kv"
+    rng = seed_everything(7)
+    out_dir = fresh_dir(out_root, name)
+    cfg = MistralConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        sliding_window=4, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
+        eos_token_id=2, pad_token_id=0,
+    )
+    set_attn_impl(cfg)
+    model = MistralForCausalLM(cfg)
+    export_causal_lm_with_past(name, out_dir, model, n_layers=2, n_kv_heads=2, head_dim=16,
+                               vocab=256, with_position_ids=True, rng=rng, full_cache=True)
 
 
 class VisionProjector(nn.Module):
@@ -1008,6 +1031,7 @@ FIXTURES = {
     "clip": gen_clip,
     "gpt2_kv": gen_gpt2_kv,
     "llama_gqa_kv": gen_llama_gqa_kv,
+    "mistral_sw_kv": gen_mistral_sw_kv,
     "llava": gen_llava,
     "qat_cnn": gen_qat_cnn,
     "pipeline": gen_pipeline,

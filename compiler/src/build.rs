@@ -90,6 +90,9 @@ pub struct Built {
     /// The decoder layers written as `GroupQueryAttention` whose past and present share one
     /// buffer (a package for ONNX Runtime).
     pub shared_kv: Option<SharedKv>,
+    /// A package decoder that reads a KV cache but did not take that form: its attention
+    /// layers left as they were (0 where none was fused into an attention op).
+    pub unshared_kv: Option<usize>,
 }
 
 /// A decoder package's attention in the `GroupQueryAttention` form with one buffer for each
@@ -340,6 +343,7 @@ pub fn build(job: &Job, warn: &dyn Fn(&str)) -> Result<Built, BuildError> {
     };
     let mut report = crate::compile(&mut module, options)?;
     let mut shared_kv = None;
+    let mut unshared_kv = None;
     if gqa_form {
         let form = mmq_passes::targets::ort::gqa::Form {
             positions: package.as_ref().map_or(0, |p| {
@@ -360,6 +364,13 @@ pub fn build(job: &Job, warn: &dyn Fn(&str)) -> Result<Built, BuildError> {
                 int8_samples,
             });
         } else {
+            let roots: Vec<_> = module.entries.iter().map(|e| e.graph).collect();
+            if roots
+                .into_iter()
+                .any(|g| mmq_passes::quant::cache::reads_kv_cache(&module, g))
+            {
+                unshared_kv = Some(done.kept);
+            }
             report = crate::quantize_kv_cache(&mut module, o, report)?;
         }
     }
@@ -417,6 +428,7 @@ pub fn build(job: &Job, warn: &dyn Fn(&str)) -> Result<Built, BuildError> {
     Ok(Built {
         report,
         shared_kv,
+        unshared_kv,
         written,
         auto_map,
         qparams: qparams.map(|q| q.written),

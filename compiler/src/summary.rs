@@ -93,6 +93,21 @@ impl Built {
             Written::Trt(package) => stderr.push_str(&trt_text(&job.output, package)),
             Written::Package(written) => {
                 stderr.push_str(&package_text(&job.output, written));
+                if let Some(kept) = built.unshared_kv {
+                    let why = match kept {
+                        0 => "the decoder's attention was not fused into one op".to_owned(),
+                        n => format!(
+                            "{n} attention layer(s) lack the form it reads (a standard \
+                             Attention, or GPT-2's MultiHeadAttention, over Concat(past, new), \
+                             its mask a causal band computed from attention_mask alone)"
+                        ),
+                    };
+                    let _ = writeln!(
+                        stderr,
+                        "package: GroupQueryAttention: not applied: {why} (docs/deploy.md); \
+                         each past and present is its own buffer"
+                    );
+                }
                 if let Some(kv) = built.shared_kv {
                     let _ = writeln!(
                         stderr,

@@ -23,7 +23,7 @@ NEW = 8
 GPT2 = {"bos_token_id": 0, "eos_token_id": 0, "n_positions": 128}
 GPT2_MATRIX = {"bos_token_id": 0, "eos_token_id": 0, "n_positions": 32}
 LLAMA = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "max_position_embeddings": 256}
-DECODERS = {"gpt2_kv": GPT2, "llama_gqa_kv": LLAMA}
+DECODERS = {"gpt2_kv": GPT2, "llama_gqa_kv": LLAMA, "mistral_sw_kv": LLAMA}
 for family, config in (("gpt2_kv", GPT2_MATRIX), ("llama_gqa_kv", LLAMA), ("qwen2_kv", LLAMA)):
     for form in ("dynamo18_sdpa_dynamic", "dynamo23_sdpa_dynamic", "torchscript17_sdpa_dynamic"):
         DECODERS[f"matrix/{family}_{form}"] = config
@@ -113,10 +113,13 @@ def test_decoder_packages_generate_the_same_tokens_everywhere(mmq_bin, tmp_path,
     # Where the head size is a multiple of 16 (the llama fixture's; the matrix cells have 8),
     # the rotary embedding runs inside GQA on tables of the context's positions, at the
     # export's position_ids; INT4 then gives GQA Q, K and V packed in one projection.
-    rotary_inside = name == "llama_gqa_kv"
+    rotary_inside = name in ("llama_gqa_kv", "mistral_sw_kv")
     for n in nodes:
         if n.op_type == "GroupQueryAttention":
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            # Mistral's sliding window (4 keys), read from the export's mask.
+            assert attrs.get("local_window_size") == (4 if name == "mistral_sw_kv" else None), \
+                (name, attrs)
             assert (attrs.get("do_rotary") == 1) is rotary_inside, (name, attrs)
             assert (list(n.input[7:]) == ["rotary_const_1", "rotary_const_2", "position_ids"]) \
                 is rotary_inside, (name, list(n.input))
@@ -270,10 +273,16 @@ def test_python_writes_the_package_the_command_writes(mmq_bin, tmp_path):
 
 @pytest.mark.parametrize("name", STATIC)
 def test_packages_outside_the_genai_contract_say_why(mmq_bin, tmp_path, name):
-    pkg = package(mmq_bin, tmp_path, name, LLAMA)
+    pkg = tmp_path / "static"
+    run = compile_cmd(mmq_bin, fixture(name) / "model.onnx", "--package", "-o", pkg,
+                      "--no-accuracy")
     spec = json.loads((pkg / "pipeline.json").read_text())
     assert not (pkg / "genai_config.json").exists()
     assert "static dims" in spec["onnxruntime_genai"]["reason"]
+    # A past of static length is outside the GroupQueryAttention form too, and the compile says
+    # which layers kept their attention.
+    assert ("package: GroupQueryAttention: not applied: 2 attention layer(s) lack the form"
+            in run.stderr), run.stderr
     # A quantized KV cache with scale tensors at the interface (the blocks of a decoder without
     # the GroupQueryAttention form: -O1 fuses no attention) is outside it too, and the compile
     # says so.

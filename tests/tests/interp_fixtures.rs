@@ -160,6 +160,7 @@ fixture_tests!(
     clip,
     gpt2_kv,
     llama_gqa_kv,
+    mistral_sw_kv,
     llava,
     pipeline,
     prequant,

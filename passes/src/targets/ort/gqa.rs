@@ -7,7 +7,10 @@
 //! with the keys' padding: what onnxruntime-genai's model builder assumes of a decoder. The
 //! rewrite makes the same assumption, and only where the mask depends on no input value but
 //! `attention_mask` (the past and token inputs only through their shapes) and the past's length
-//! is symbolic (a fixed-shape export is left alone). A layer that does not
+//! is symbolic (a fixed-shape export is left alone). A sliding window in the mask becomes GQA's
+//! `local_window_size`, read from the mask computed for the context's last position
+//! ([`window`]); a mask that is not a causal band over the last keys keeps its layer as it is.
+//! A layer that does not
 //! have the export form (`Transpose(Reshape(x))` into the attention, optionally through a
 //! `RotaryEmbedding`, and `Reshape(Transpose(y))` out of it) is left as it is.
 //!
@@ -60,6 +63,10 @@ struct Layer {
     out: Value,
     heads: (i64, i64),
     scale: Option<f32>,
+    /// The attention bias (computed from the mask alone), where the layer has one.
+    bias: Option<Value>,
+    /// The sliding window: the keys a token attends, its own included (`local_window_size`).
+    window: Option<i64>,
 }
 
 /// How [`rewrite`] writes the layers.
@@ -112,6 +119,20 @@ fn rewrite_graph(m: &mut Module, g: GraphId, form: Form) -> Result<Rewritten, Pa
             None => kept += 1,
         }
     }
+    // Each mask's sliding window, once per mask; a layer whose mask holds something else than
+    // a causal band over the last keys is left as it is.
+    let mut windows: HashMap<Value, Result<Option<i64>, ()>> = HashMap::new();
+    let before = layers.len();
+    layers.retain_mut(|l| {
+        let Some(bias) = l.bias else {
+            return true;
+        };
+        let found = *windows
+            .entry(bias)
+            .or_insert_with(|| window(m, g, bias, mask, form.positions.max(2)));
+        found.map(|w| l.window = w).is_ok()
+    });
+    kept += before - layers.len();
     if layers.is_empty() {
         return Ok(Rewritten {
             kept,
@@ -299,6 +320,8 @@ fn mha_layer(
         out,
         heads: (*h, kvh),
         scale: *scale,
+        bias: at(5),
+        window: None,
     })
 }
 
@@ -432,6 +455,8 @@ fn layer(
         out,
         heads: (h, kvh),
         scale: *scale,
+        bias: ins.get(3).copied().flatten(),
+        window: None,
     })
 }
 
@@ -600,6 +625,130 @@ fn rotary_tables(
     })
 }
 
+/// The sliding window of attention bias `bias` of graph `g` (a function of `mask` and of input
+/// shapes alone), read from the bias itself: computed in the interpreter for one decode step at
+/// the context's last position (`context` keys, the mask all ones, the pasts `context - 1`
+/// long, one new token of id 0, other inputs empty). `Ok(None)` where that token attends every
+/// key (no window within the context), `Ok(Some(w))` where it attends its last `w` keys alone
+/// (a sliding window: Mistral's, Phi-3's); `Err` where it attends another set of keys, or the
+/// bias cannot be computed so.
+fn window(
+    m: &Module,
+    g: GraphId,
+    bias: Value,
+    mask: Value,
+    context: usize,
+) -> Result<Option<i64>, ()> {
+    let mut c = m.clone();
+    c.graphs[g].outputs = vec![bias];
+    Dce.run(&mut c, &PassOptions::default()).map_err(|_| ())?;
+    let mut e = Emit::new(&c, g, "window_probe");
+    let ones = e.i64_tensor(&mut c, vec![1, context as i64], &vec![1; context]);
+    c.replace_uses(mask, ones, g, &[]);
+    // The other inputs count through their shapes alone (the mask depends on no other input
+    // value): those of the probe step. A shape read of an input becomes a constant; an input
+    // still read otherwise (the token ids, through the embedding whose shape the mask reads)
+    // is fed zeros of its probe shape.
+    let inputs: Vec<Value> = c.graphs[g]
+        .inputs
+        .iter()
+        .copied()
+        .filter(|&v| v != mask)
+        .collect();
+    let readers = readers(&c, g);
+    let mut feeds = HashMap::new();
+    for v in inputs {
+        let dims = probe_dims(&c, v, context).ok_or(())?;
+        let mut other = false;
+        for &n in readers.get(&v).map_or(&[][..], Vec::as_slice) {
+            let Op::Shape { start, end } = c.nodes[n].op else {
+                other = true;
+                continue;
+            };
+            let rank = dims.len() as i64;
+            let at = |i: i64| (if i < 0 { i + rank } else { i }).clamp(0, rank) as usize;
+            let (a, b) = (at(start.unwrap_or(0)), at(end.unwrap_or(rank)));
+            let shape = e.i64s(&mut c, &dims[a..b.max(a)]);
+            let old = c.nodes[n].outputs.first().copied().flatten().ok_or(())?;
+            c.replace_uses(old, shape, g, &[]);
+        }
+        if other {
+            let name = c.values[v].name.clone().ok_or(())?;
+            let dtype = c.value_type(v).dtype().ok_or(())?;
+            let shape = dims
+                .iter()
+                .map(|&d| usize::try_from(d))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| ())?;
+            // Small by construction: one new token, or empty features.
+            if shape.iter().product::<usize>() > 1 << 20 {
+                return Err(());
+            }
+            let zeros = mmq_kernels::Tensor::zeros(dtype, shape).map_err(|_| ())?;
+            feeds.insert(
+                name,
+                mmq_kernels::RtValue::Tensor(std::sync::Arc::new(zeros)),
+            );
+        }
+    }
+    let fed: Vec<Value> = c.graphs[g]
+        .inputs
+        .iter()
+        .copied()
+        .filter(|&v| {
+            c.values[v]
+                .name
+                .as_ref()
+                .is_some_and(|n| feeds.contains_key(n))
+        })
+        .collect();
+    c.graphs[g].inputs = fed;
+    Dce.run(&mut c, &PassOptions::default()).map_err(|_| ())?;
+    let out = mmq_kernels::Interpreter::new(&c)
+        .run(g, &feeds)
+        .map_err(|_| ())?;
+    let t = out.first().and_then(|(_, v)| v.as_tensor()).ok_or(())?;
+    if t.shape.last() != Some(&context) {
+        return Err(());
+    }
+    // The last query row over the keys.
+    let attends: Vec<bool> = match &t.data {
+        mmq_kernels::Data::Bool(b) => b[b.len() - context..].to_vec(),
+        _ => {
+            let v = t.to_f32().map_err(|_| ())?;
+            v[v.len() - context..].iter().map(|&x| x > -1e30).collect()
+        }
+    };
+    let first = attends.iter().position(|&a| a).ok_or(())?;
+    if !attends[first..].iter().all(|&a| a) {
+        return Err(());
+    }
+    Ok((first > 0).then_some((context - first) as i64))
+}
+
+/// The shape input `v` has in [`window`]'s probe step: batch 1, a past's tokens `context - 1`,
+/// `input_ids`' and `position_ids`' one new token, any other symbolic dim 0 (image features
+/// at a decode step); `None` where a dim is left unknown.
+fn probe_dims(m: &Module, v: Value, context: usize) -> Option<Vec<i64>> {
+    let shape = m.value_type(v).shape()?;
+    let name = m.values[v].name.as_deref().unwrap_or("");
+    let past = name.to_ascii_lowercase().contains("past");
+    let rank = shape.len();
+    Some(
+        shape
+            .iter()
+            .enumerate()
+            .map(|(i, d)| match d.as_known() {
+                Some(n) => n,
+                None if i == 0 => 1,
+                None if past && rank == 4 && i == 2 => context as i64 - 1,
+                None if matches!(name, "input_ids" | "position_ids") => 1,
+                None => 0,
+            })
+            .collect(),
+    )
+}
+
 /// Whether `v` of graph `g` depends on no graph input but `input`, and on no subgraph. With
 /// `shapes_free`, what is read only through `Shape` or `Size` does not count.
 fn depends_only_on(m: &Module, g: GraphId, v: Value, input: Value, shapes_free: bool) -> bool {
@@ -705,6 +854,9 @@ fn emit_layer(
     };
     if let Some(s) = l.scale {
         attrs.push(("scale".to_owned(), Attr::Float(s)));
+    }
+    if let Some(w) = l.window {
+        attrs.push(("local_window_size".to_owned(), Attr::Int(w)));
     }
     // The new results take the names of the values they replace (the presents are outputs).
     let result = |m: &mut Module, v: Value| {
