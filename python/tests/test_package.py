@@ -196,6 +196,64 @@ def test_group_query_attention_form_computes_what_the_export_computes(mmq_bin, t
     same_logits(tmp_path / "plain.onnx", model)
 
 
+def with_fused_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with each attention block's Q, K and V projections (the three `MatMul`s of a
+    constant weight that read one activation) as one `MatMul` of the concatenated weights and
+    three `Slice`s of its last axis, as Phi-3's fused `qkv_proj` exports."""
+    inits = {t.name: t for t in model.graph.initializer}
+    by_input: dict[str, list] = {}
+    for n in model.graph.node:
+        if n.op_type == "MatMul" and n.input[1] in inits:
+            by_input.setdefault(n.input[0], []).append(n)
+    groups = {id(g[0]): g for g in by_input.values() if len(g) == 3}
+    dropped = {id(n) for g in groups.values() for n in g[1:]}
+    nodes = []
+    for n in model.graph.node:
+        if id(n) in dropped:
+            continue
+        group = groups.get(id(n))
+        if group is None:
+            nodes.append(n)
+            continue
+        weights = [onnx.numpy_helper.to_array(inits[g.input[1]]) for g in group]
+        fused = group[0].output[0] + "_qkv"
+        model.graph.initializer.append(
+            onnx.numpy_helper.from_array(np.concatenate(weights, axis=1), fused + "_w"))
+        nodes.append(onnx.helper.make_node("MatMul", [group[0].input[0], fused + "_w"], [fused]))
+        start = 0
+        for g, w in zip(group, weights):
+            bounds = [fused + f"_{start}", fused + f"_{start + w.shape[1]}", fused + "_axis"]
+            for name, value in zip(bounds, ([start], [start + w.shape[1]], [-1])):
+                if name not in {t.name for t in model.graph.initializer}:
+                    model.graph.initializer.append(
+                        onnx.numpy_helper.from_array(np.array(value, np.int64), name))
+            nodes.append(onnx.helper.make_node("Slice", [fused, *bounds], [g.output[0]]))
+            start += w.shape[1]
+    assert len(groups) == 2, len(groups)  # the fixture's two layers
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+def test_group_query_attention_takes_q_k_and_v_sliced_from_one_projection(mmq_bin, tmp_path):
+    """Q, K and V sliced from one projection (Phi-3's fused qkv_proj) reach GroupQueryAttention
+    packed, without the Slices, and the package computes what the same model compiled as a plain
+    model computes."""
+    src = tmp_path / "fused.onnx"
+    onnx.save(with_fused_qkv(onnx.load(fixture("llama_gqa_kv") / "model.onnx")), src)
+    gen = tmp_path / "gen.json"
+    gen.write_text(json.dumps(LLAMA))
+    compile_cmd(mmq_bin, src, "-O2", "--no-accuracy", "-o", tmp_path / "plain.onnx")
+    pkg = tmp_path / "pkg"
+    compile_cmd(mmq_bin, src, "--package", "--no-accuracy", "--generation-config", gen, "-o", pkg)
+    model = pkg / json.loads((pkg / "pipeline.json").read_text())["stages"][0]["file"]
+    nodes = onnx.load(str(model), load_external_data=False).graph.node
+    gqa = [n for n in nodes if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2 and all(list(n.input[1:3]) == ["", ""] for n in gqa)
+    assert not any(n.op_type == "Slice" for n in nodes)
+    same_logits(tmp_path / "plain.onnx", model)
+
+
 def same_logits(plain: Path, package_model: Path) -> None:
     """ONNX Runtime's logits of `package_model` at every step of `plain`'s greedy decode (teacher
     forced on its tokens) equal `plain`'s within 1e-4 of their largest."""

@@ -510,8 +510,65 @@ fn split_of(m: &Module, qkv: [Value; 3], widths: [i64; 3]) -> Option<Packed> {
     Some(Packed { x, bias })
 }
 
-/// The 3-D value `qkv` are the three results of, by one `Split` of its last axis into `widths`.
+/// The 3-D value `qkv` are the three results of, by one `Split` of its last axis into `widths`
+/// or by three `Slice`s of it that cover the axis in that order (Phi-3's fused `qkv_proj`).
 fn split_input(m: &Module, qkv: [Value; 3], widths: [i64; 3]) -> Option<Value> {
+    sliced_input(m, qkv, widths).or_else(|| split_result(m, qkv, widths))
+}
+
+/// The 3-D value `qkv` are `Slice`s of along its last axis, `[0, w0)`, `[w0, w0 + w1)`,
+/// `[w0 + w1, end)`, `end` the axis's length.
+fn sliced_input(m: &Module, qkv: [Value; 3], widths: [i64; 3]) -> Option<Value> {
+    let mut x = None;
+    let mut offset = 0;
+    for (v, w) in qkv.into_iter().zip(widths) {
+        let n = &m.nodes[def_of(m, v, mmq_ir::OpKind::Slice)?];
+        let at = |i: usize| n.inputs.get(i).copied().flatten();
+        let src = at(0)?;
+        if x.is_some_and(|x| x != src) {
+            return None;
+        }
+        x = Some(src);
+        let shape = m.value_type(src).shape()?;
+        let total = shape.get(2)?.as_known()?;
+        let (starts, ends, axes) = (
+            const_i64s(m, at(1)?)?,
+            const_i64s(m, at(2)?)?,
+            const_i64s(m, at(3)?)?,
+        );
+        let unit = at(4).is_none_or(|s| const_i64s(m, s).is_some_and(|s| s == [1]));
+        let end = ends.first().map(|&e| e.min(total));
+        if shape.len() != 3
+            || !matches!(axes.as_slice(), [2] | [-1])
+            || starts != [offset]
+            || end != Some(offset + w)
+            || !unit
+        {
+            return None;
+        }
+        offset += w;
+    }
+    let x = x?;
+    (m.value_type(x).shape()?.get(2)?.as_known()? == offset).then_some(x)
+}
+
+/// The values of an i64 constant `v`.
+fn const_i64s(m: &Module, v: Value) -> Option<Vec<i64>> {
+    let c = &m.consts[m.const_source(v)?];
+    if c.dtype != DType::I64 {
+        return None;
+    }
+    let bytes = c.raw_bytes()?;
+    Some(
+        bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()))
+            .collect(),
+    )
+}
+
+/// The 3-D value `qkv` are the three results of, by one `Split` of its last axis into `widths`.
+fn split_result(m: &Module, qkv: [Value; 3], widths: [i64; 3]) -> Option<Value> {
     let mut node = None;
     for (i, v) in qkv.into_iter().enumerate() {
         match m.values[v].def {
@@ -990,13 +1047,9 @@ fn past_length_read(m: &Module, n: Node, pasts: &HashSet<Value>) -> Option<bool>
                     end: None
                 }
             );
-            let index = &m.consts[m.const_source(node.inputs.get(1).copied()??)?];
-            let two = index.dtype == DType::I64
-                && index.shape.is_empty()
-                && index
-                    .raw_bytes()
-                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                    .is_some_and(|b| matches!(i64::from_le_bytes(b), 2 | -2));
+            let index = node.inputs.get(1).copied()??;
+            let two = m.value_type(index).shape().is_some_and(<[_]>::is_empty)
+                && matches!(const_i64s(m, index)?.as_slice(), [2 | -2]);
             (whole && two && of_past(&m.nodes[shape])).then_some(true)
         }
         _ => None,
