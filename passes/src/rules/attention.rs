@@ -283,14 +283,16 @@ fn build_guarded(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
     // whose Kᵀ is a plain transpose, which the fused op reads without a copy, and of those one
     // whose Q is not itself scaled (the whole scale merged after the product: the fused op's
     // `scale`, and the Q that decoder forms look behind, as a rotary embedding's result).
+    // `Mul(a, c)` with `c` a scalar scale.
+    let scaled = |mul: &[Id]| {
+        let mut t = s2.clone();
+        mul.len() == 2 && {
+            t.insert(var("?c"), mul[1]);
+            is_scale(eg, &t, "?c")
+        }
+    };
     let candidates: Vec<(Vec<Id>, Id)> = nodes_of(eg, x, OpKind::Mul)
-        .filter(|(mul, _)| {
-            let mut t = s2.clone();
-            mul.len() == 2 && {
-                t.insert(var("?c"), mul[1]);
-                is_scale(eg, &t, "?c")
-            }
-        })
+        .filter(|(mul, _)| scaled(mul))
         .flat_map(|(mul, _)| {
             nodes_of(eg, mul[0], OpKind::MatMul)
                 .filter(|(mm, _)| mm.len() == 2)
@@ -299,15 +301,8 @@ fn build_guarded(eg: &mut EG, _root: Id, s: &Subst) -> Option<Id> {
         })
         .collect();
     let plain_kt = |c: &(Vec<Id>, Id)| node_parts(eg, c.0[1], OpKind::Transpose).is_some();
-    let unscaled_q = |c: &(Vec<Id>, Id)| {
-        !nodes_of(eg, c.0[0], OpKind::Mul).any(|(mul, _)| {
-            let mut t = s2.clone();
-            mul.len() == 2 && {
-                t.insert(var("?c"), mul[1]);
-                is_scale(eg, &t, "?c")
-            }
-        })
-    };
+    let unscaled_q =
+        |c: &(Vec<Id>, Id)| !nodes_of(eg, c.0[0], OpKind::Mul).any(|(mul, _)| scaled(&mul));
     let scaled_form = candidates
         .iter()
         .find(|c| plain_kt(c) && unscaled_q(c))

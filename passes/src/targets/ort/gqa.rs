@@ -340,10 +340,7 @@ fn unguarded(m: &Module, readers: &HashMap<Value, Vec<Node>>, y: Value) -> Optio
     };
     let is_nan = m.nodes[nan].outputs.first().copied().flatten()?;
     let ins = &m.nodes[guard].inputs;
-    let zero = m.const_source(ins.get(1).copied().flatten()?)?;
-    let data = &m.consts[zero];
-    let mut values = vec![0.0; data.num_elements()];
-    data.read_f32(0, &mut values, &mut Vec::new()).ok()?;
+    let values = const_f32s(m, ins.get(1).copied().flatten()?)?;
     let zeros = !values.is_empty() && values.iter().all(|&x| x == 0.0);
     let guarded = ins.first().copied().flatten() == Some(is_nan)
         && ins.get(2).copied().flatten() == Some(y)
@@ -472,14 +469,11 @@ struct Packed {
 fn biased(m: &Module, v: Value) -> Option<(Value, Vec<f32>)> {
     let n = m.producer(v).filter(|n| matches!(n.op, Op::Add {}))?;
     let (a, b) = (n.inputs.first().copied()??, n.inputs.get(1).copied()??);
-    let constant = |c: Value| -> Option<Vec<f32>> {
+    let constant = |c: Value| {
         let data = &m.consts[m.const_source(c)?];
-        if data.dtype != DType::F32 || data.shape.len() != 1 {
-            return None;
-        }
-        let mut values = vec![0.0; data.num_elements()];
-        data.read_f32(0, &mut values, &mut Vec::new()).ok()?;
-        Some(values)
+        (data.dtype == DType::F32 && data.shape.len() == 1)
+            .then(|| const_f32s(m, c))
+            .flatten()
     };
     match (constant(b), constant(a)) {
         (Some(bias), _) => Some((a, bias)),
@@ -550,6 +544,14 @@ fn sliced_input(m: &Module, qkv: [Value; 3], widths: [i64; 3]) -> Option<Value> 
     }
     let x = x?;
     (m.value_type(x).shape()?.get(2)?.as_known()? == offset).then_some(x)
+}
+
+/// The values of a float constant `v`, as f32.
+fn const_f32s(m: &Module, v: Value) -> Option<Vec<f32>> {
+    let data = &m.consts[m.const_source(v)?];
+    let mut values = vec![0.0; data.num_elements()];
+    data.read_f32(0, &mut values, &mut Vec::new()).ok()?;
+    Some(values)
 }
 
 /// The values of an i64 constant `v`.
@@ -713,7 +715,7 @@ fn window(
         .filter(|&v| v != mask)
         .collect();
     let readers = readers(&c, g);
-    let mut feeds = HashMap::new();
+    let (mut feeds, mut fed) = (HashMap::new(), Vec::new());
     for v in inputs {
         let dims = probe_dims(&c, v, context).ok_or(())?;
         let mut other = false;
@@ -746,19 +748,9 @@ fn window(
                 name,
                 mmq_kernels::RtValue::Tensor(std::sync::Arc::new(zeros)),
             );
+            fed.push(v);
         }
     }
-    let fed: Vec<Value> = c.graphs[g]
-        .inputs
-        .iter()
-        .copied()
-        .filter(|&v| {
-            c.values[v]
-                .name
-                .as_ref()
-                .is_some_and(|n| feeds.contains_key(n))
-        })
-        .collect();
     c.graphs[g].inputs = fed;
     Dce.run(&mut c, &PassOptions::default()).map_err(|_| ())?;
     let out = mmq_kernels::Interpreter::new(&c)
